@@ -1,0 +1,9 @@
+//! graphcheck's core: the manifest format, the address index, the ownership graph, and
+//! the verify / explain / show / diff logic over them. No CLI, no Python, no GPU here;
+//! the CUDA walker lives behind the `cuda` feature.
+#![forbid(unsafe_code)]
+
+pub mod format;
+pub mod index;
+pub mod load;
+pub mod path;

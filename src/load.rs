@@ -1,0 +1,481 @@
+//! Reading manifests and live snapshots: parse, check the version, and check every
+//! reference, so that later stages can index without failing. Errors name the file and
+//! the JSON path of the bad value.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::format::{
+    Addr, Allocation, AllocationId, DocKind, Document, FORMAT_VERSION, Live, Manifest, Owner, Pool,
+    PoolId, Tensor, TensorId,
+};
+use crate::path;
+
+/// Why a document could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    #[error("failed to read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}:{column}: invalid document at `{json_path}`: {message}", path.display())]
+    Json {
+        path: PathBuf,
+        json_path: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error(
+        "{}: `format_version` is {found}, but this graphcheck reads version {FORMAT_VERSION} \
+         (re-record it, or use a graphcheck of that version)",
+        path.display()
+    )]
+    Version { path: PathBuf, found: String },
+    #[error("{}: `kind` is `{found}`, expected a `{expected}` document", path.display())]
+    Kind {
+        path: PathBuf,
+        found: DocKind,
+        expected: DocKind,
+    },
+    #[error("{}: invalid document at `{json_path}`: {message}", path.display())]
+    Invalid {
+        path: PathBuf,
+        json_path: String,
+        message: String,
+    },
+}
+
+/// A semantic error found after parsing: where, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub json_path: String,
+    pub message: String,
+}
+
+impl Invalid {
+    fn at(json_path: impl Into<String>, message: impl Into<String>) -> Invalid {
+        Invalid {
+            json_path: json_path.into(),
+            message: message.into(),
+        }
+    }
+    fn in_file(self, path: &Path) -> LoadError {
+        LoadError::Invalid {
+            path: path.to_path_buf(),
+            json_path: self.json_path,
+            message: self.message,
+        }
+    }
+}
+
+/// Reads and checks a manifest.
+pub fn load_manifest(path: &Path) -> Result<Manifest, LoadError> {
+    let bytes = read(path)?;
+    parse_manifest(&bytes, path)
+}
+
+/// Reads and checks a live snapshot.
+pub fn load_live(path: &Path) -> Result<Live, LoadError> {
+    let bytes = read(path)?;
+    parse_live(&bytes, path)
+}
+
+/// Reads and checks either document, by its `kind`.
+pub fn load_document(path: &Path) -> Result<Document, LoadError> {
+    let bytes = read(path)?;
+    match header(&bytes, path)? {
+        DocKind::Live => parse_live(&bytes, path).map(Document::Live),
+        _ => parse_manifest(&bytes, path).map(Document::Manifest),
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Parses and checks a manifest held in memory; `path` only names it in errors.
+pub fn parse_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, LoadError> {
+    let m: Manifest = parse_typed(bytes, path)?;
+    expect_kind(m.kind, DocKind::Manifest, path)?;
+    check_manifest(&m).map_err(|e| e.in_file(path))?;
+    Ok(m)
+}
+
+/// Parses and checks a live snapshot held in memory; `path` only names it in errors.
+pub fn parse_live(bytes: &[u8], path: &Path) -> Result<Live, LoadError> {
+    let l: Live = parse_typed(bytes, path)?;
+    expect_kind(l.kind, DocKind::Live, path)?;
+    check_live(&l).map_err(|e| e.in_file(path))?;
+    Ok(l)
+}
+
+fn expect_kind(found: DocKind, expected: DocKind, path: &Path) -> Result<(), LoadError> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(LoadError::Kind {
+            path: path.to_path_buf(),
+            found,
+            expected,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct Header {
+    format_version: Option<serde_json::Value>,
+    kind: Option<serde_json::Value>,
+}
+
+/// Reads only `format_version` and `kind`, skipping the rest.
+fn header(bytes: &[u8], path: &Path) -> Result<DocKind, LoadError> {
+    let h: Header = json_error(
+        path,
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes)),
+    )?;
+    check_version(h.format_version.as_ref(), path)?;
+    match h.kind.as_ref().and_then(|k| k.as_str()) {
+        Some("manifest") => Ok(DocKind::Manifest),
+        Some("live") => Ok(DocKind::Live),
+        _ => Err(LoadError::Invalid {
+            path: path.to_path_buf(),
+            json_path: "kind".into(),
+            message: format!(
+                "expected `\"manifest\"` or `\"live\"`, found {}",
+                h.kind.map_or("nothing".into(), |k| k.to_string())
+            ),
+        }),
+    }
+}
+
+fn check_version(v: Option<&serde_json::Value>, path: &Path) -> Result<(), LoadError> {
+    match v {
+        Some(v) if v.as_u64() == Some(u64::from(FORMAT_VERSION)) => Ok(()),
+        Some(v) => Err(LoadError::Version {
+            path: path.to_path_buf(),
+            found: v.to_string(),
+        }),
+        None => Err(LoadError::Invalid {
+            path: path.to_path_buf(),
+            json_path: ".".into(),
+            message: "missing field `format_version`: not a graphcheck document".into(),
+        }),
+    }
+}
+
+fn parse_typed<T: for<'de> Deserialize<'de>>(bytes: &[u8], path: &Path) -> Result<T, LoadError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(v) => {
+            de.end().map_err(|e| LoadError::Json {
+                path: path.to_path_buf(),
+                json_path: ".".into(),
+                line: e.line(),
+                column: e.column(),
+                message: strip_position(e.to_string()),
+            })?;
+            Ok(v)
+        }
+        Err(e) => {
+            // A document of another version fails somewhere in its body; say why instead.
+            if let Ok(h) = serde_json::from_slice::<Header>(bytes) {
+                check_version(h.format_version.as_ref(), path)?;
+            }
+            json_error(path, Err(e))
+        }
+    }
+}
+
+/// serde_json appends " at line L column C"; our errors lead with the position.
+fn strip_position(mut message: String) -> String {
+    if let Some(cut) = message.rfind(" at line ") {
+        message.truncate(cut);
+    }
+    message
+}
+
+fn json_error<T>(
+    path: &Path,
+    r: Result<T, serde_path_to_error::Error<serde_json::Error>>,
+) -> Result<T, LoadError> {
+    r.map_err(|e| {
+        let json_path = e.path().to_string();
+        let inner = e.into_inner();
+        let (line, column) = (inner.line(), inner.column());
+        let message = strip_position(inner.to_string());
+        LoadError::Json {
+            path: path.to_path_buf(),
+            json_path,
+            line,
+            column,
+            message,
+        }
+    })
+}
+
+/// Lookups over the records both documents share, built while checking them.
+#[derive(Debug, Default, Clone)]
+pub struct Tables {
+    pub pool_ix: HashMap<PoolId, usize>,
+    pub alloc_ix: HashMap<AllocationId, usize>,
+    pub tensor_ix: HashMap<TensorId, usize>,
+    /// Owners of each tensor, by the tensor's index: indices into `owners`.
+    pub owners_of: Vec<Vec<usize>>,
+    /// Owner index by path.
+    pub owner_by_path: HashMap<String, usize>,
+}
+
+impl Tables {
+    /// Checks ids, references and paths, and indexes them.
+    pub fn build(
+        pools: &[Pool],
+        allocations: &[Allocation],
+        tensors: &[Tensor],
+        owners: &[Owner],
+    ) -> Result<Tables, Invalid> {
+        let mut t = Tables::default();
+        for (i, p) in pools.iter().enumerate() {
+            if t.pool_ix.insert(p.id, i).is_some() {
+                return Err(Invalid::at(
+                    format!("pools[{i}].id"),
+                    format!("two pools claim id {}", p.id.0),
+                ));
+            }
+        }
+        let pool_ref = |t: &Tables, p: Option<PoolId>, at: &dyn Fn() -> String| match p {
+            Some(p) if !t.pool_ix.contains_key(&p) => {
+                Err(Invalid::at(at(), format!("no pool has id {}", p.0)))
+            }
+            _ => Ok(()),
+        };
+        for (i, a) in allocations.iter().enumerate() {
+            if t.alloc_ix.insert(a.id, i).is_some() {
+                return Err(Invalid::at(
+                    format!("allocations[{i}].id"),
+                    format!("two allocations claim id {}", a.id.0),
+                ));
+            }
+            if a.size == 0 || a.base.checked_add(a.size).is_none() {
+                return Err(Invalid::at(
+                    format!("allocations[{i}].size"),
+                    format!(
+                        "allocation at {} of {} bytes is empty or wraps",
+                        a.base, a.size
+                    ),
+                ));
+            }
+            pool_ref(&t, a.pool, &|| format!("allocations[{i}].pool"))?;
+        }
+        for (i, x) in tensors.iter().enumerate() {
+            if t.tensor_ix.insert(x.id, i).is_some() {
+                return Err(Invalid::at(
+                    format!("tensors[{i}].id"),
+                    format!("two tensors claim id {}", x.id.0),
+                ));
+            }
+            if x.shape.len() != x.stride.len() {
+                return Err(Invalid::at(
+                    format!("tensors[{i}].stride"),
+                    format!(
+                        "{} strides for {} dimensions",
+                        x.stride.len(),
+                        x.shape.len()
+                    ),
+                ));
+            }
+            if x.itemsize == 0 {
+                return Err(Invalid::at(
+                    format!("tensors[{i}].itemsize"),
+                    "itemsize is 0",
+                ));
+            }
+            if x.offset
+                .checked_add(x.nbytes)
+                .is_none_or(|end| end > x.storage_nbytes)
+                || x.storage_base.checked_add(x.storage_nbytes).is_none()
+            {
+                return Err(Invalid::at(
+                    format!("tensors[{i}].nbytes"),
+                    format!(
+                        "the view (offset {}, {} bytes) lies outside its storage of {} bytes",
+                        x.offset, x.nbytes, x.storage_nbytes
+                    ),
+                ));
+            }
+            if let Some(a) = x.allocation {
+                let Some(&ai) = t.alloc_ix.get(&a) else {
+                    return Err(Invalid::at(
+                        format!("tensors[{i}].allocation"),
+                        format!("no allocation has id {}", a.0),
+                    ));
+                };
+                let al = &allocations[ai];
+                if x.storage_base < al.base
+                    || x.storage_base.0 + x.storage_nbytes > al.base.0 + al.size
+                {
+                    return Err(Invalid::at(
+                        format!("tensors[{i}].storage_base"),
+                        format!(
+                            "storage {}+{} lies outside allocation {} ({}+{})",
+                            x.storage_base, x.storage_nbytes, a.0, al.base, al.size
+                        ),
+                    ));
+                }
+            }
+            pool_ref(&t, x.pool, &|| format!("tensors[{i}].pool"))?;
+        }
+        t.owners_of = vec![Vec::new(); tensors.len()];
+        for (i, o) in owners.iter().enumerate() {
+            path::parse(&o.path)
+                .map_err(|e| Invalid::at(format!("owners[{i}].path"), e.to_string()))?;
+            let Some(&ti) = t.tensor_ix.get(&o.tensor) else {
+                return Err(Invalid::at(
+                    format!("owners[{i}].tensor"),
+                    format!("no tensor has id {}", o.tensor.0),
+                ));
+            };
+            if let Some(prev) = t.owner_by_path.insert(o.path.clone(), i) {
+                return Err(Invalid::at(
+                    format!("owners[{i}].path"),
+                    format!("path {:?} is also owners[{prev}]", o.path),
+                ));
+            }
+            t.owners_of[ti].push(i);
+        }
+        Ok(t)
+    }
+
+    /// The tensor with this id; the id must have been checked.
+    pub fn tensor<'a>(&self, tensors: &'a [Tensor], id: TensorId) -> &'a Tensor {
+        &tensors[self.tensor_ix[&id]]
+    }
+}
+
+/// Checks every reference of a manifest.
+pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
+    let t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
+    let mut graph_ids = HashMap::new();
+    let mut at = String::new();
+    for (gi, g) in m.graphs.iter().enumerate() {
+        if graph_ids.insert(g.id, gi).is_some() {
+            return Err(Invalid::at(
+                format!("graphs[{gi}].id"),
+                format!("two graphs claim id {}", g.id.0),
+            ));
+        }
+        if let Some(p) = g.pool
+            && !t.pool_ix.contains_key(&p)
+        {
+            return Err(Invalid::at(
+                format!("graphs[{gi}].pool"),
+                format!("no pool has id {}", p.0),
+            ));
+        }
+        for (ni, n) in g.nodes.iter().enumerate() {
+            for (ti, touch) in n.touches.iter().enumerate() {
+                let mut here = |field: &str| {
+                    at.clear();
+                    let _ = write!(at, "graphs[{gi}].nodes[{ni}].touches[{ti}].{field}");
+                    at.clone()
+                };
+                if let Some(id) = touch.tensor {
+                    let Some(&x) = t.tensor_ix.get(&id) else {
+                        return Err(Invalid::at(
+                            here("tensor"),
+                            format!("no tensor has id {}", id.0),
+                        ));
+                    };
+                    let tensor = &m.tensors[x];
+                    if !tensor.contains(touch.addr) {
+                        return Err(Invalid::at(
+                            here("addr"),
+                            format!(
+                                "{} lies outside tensor {} ({}+{})",
+                                touch.addr,
+                                id.0,
+                                tensor.data_ptr(),
+                                tensor.nbytes
+                            ),
+                        ));
+                    }
+                }
+                if let Some(id) = touch.allocation {
+                    let Some(&a) = t.alloc_ix.get(&id) else {
+                        return Err(Invalid::at(
+                            here("allocation"),
+                            format!("no allocation has id {}", id.0),
+                        ));
+                    };
+                    let al = &m.allocations[a];
+                    if !(al.base <= touch.addr && touch.addr.0 - al.base.0 < al.size) {
+                        return Err(Invalid::at(
+                            here("addr"),
+                            format!(
+                                "{} lies outside allocation {} ({}+{})",
+                                touch.addr, id.0, al.base, al.size
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// Checks every reference of a live snapshot.
+pub fn check_live(l: &Live) -> Result<Tables, Invalid> {
+    let t = Tables::build(&l.pools, &l.allocations, &l.tensors, &l.owners)?;
+    for (i, p) in l.probes.iter().enumerate() {
+        if let Some(pool) = p.pool
+            && !t.pool_ix.contains_key(&pool)
+        {
+            return Err(Invalid::at(
+                format!("probes[{i}].pool"),
+                format!("no pool has id {}", pool.0),
+            ));
+        }
+        if let Some(a) = p.allocation
+            && !t.alloc_ix.contains_key(&a)
+        {
+            return Err(Invalid::at(
+                format!("probes[{i}].allocation"),
+                format!("no allocation has id {}", a.0),
+            ));
+        }
+    }
+    Ok(t)
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced,
+/// then renamed over `path`. A reader sees the old file or the new one, never a part.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".graphcheck-")
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Whether `addr` lies in `[base, base + size)`.
+pub fn in_range(addr: Addr, base: Addr, size: u64) -> bool {
+    base <= addr && addr.0 - base.0 < size
+}
