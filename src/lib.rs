@@ -3,7 +3,15 @@
 //! the CUDA walker lives behind the `cuda` feature.
 #![forbid(unsafe_code)]
 
+pub mod allow;
+pub mod diff;
+pub mod exit;
+pub mod explain;
 pub mod format;
+pub mod graph;
 pub mod index;
 pub mod load;
+pub mod normalize;
 pub mod path;
+pub mod report;
+pub mod verify;

@@ -1,1 +1,423 @@
-fn main() {}
+//! The `graphcheck` command line: parse, run, print, exit with a documented code.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use graphcheck::allow::Allowlist;
+use graphcheck::exit;
+use graphcheck::explain::{Query, explain};
+use graphcheck::format::Document;
+use graphcheck::load::{load_document, load_live, load_manifest, write_atomic};
+use graphcheck::normalize::{Symbolizer, normalized};
+use graphcheck::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  verify: no findings (allowed ones aside); diff: equal; explain: found
+  1  verify: findings; diff: the documents differ; explain: nothing matched
+  2  bad input or usage: unreadable or invalid document or allowlist, bad flag";
+
+/// Verify that captured CUDA graphs still read the tensors they were captured with.
+#[derive(Parser)]
+#[command(name = "graphcheck", version, about, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    /// A table for terminals and CI logs.
+    Table,
+    /// The report as JSON (versioned: `format_version`).
+    Json,
+    /// Markdown for a CI step summary (`>> $GITHUB_STEP_SUMMARY`).
+    Markdown,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a manifest alone (unregistered, unowned, mispooled) or against a live
+    /// snapshot (every finding kind).
+    #[command(after_help = EXIT_CODES)]
+    Verify {
+        /// The manifest recorded at capture.
+        manifest: PathBuf,
+        /// The live snapshot taken after sleep/wake or reload.
+        live: Option<PathBuf>,
+        /// An allowlist (TOML: [[allow]] path, kinds, reason).
+        #[arg(long, value_name = "FILE")]
+        allow: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+        /// Write the report to FILE (atomically) instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does.
+        #[arg(long)]
+        normalized: bool,
+    },
+    /// Trace an address, an owner path or a kernel through the ownership graph.
+    #[command(after_help = EXIT_CODES)]
+    Explain {
+        manifest: PathBuf,
+        /// A device address (0x…) or an owner path (model.layers[0].mlp.w).
+        #[arg(required_unless_present = "kernel", conflicts_with = "kernel")]
+        target: Option<String>,
+        /// Explain every node whose name contains PATTERN.
+        #[arg(long, value_name = "PATTERN")]
+        kernel: Option<String>,
+        /// Print Graphviz DOT instead of text.
+        #[arg(long)]
+        dot: bool,
+        /// Print addresses as symbolic ids.
+        #[arg(long)]
+        normalized: bool,
+    },
+    /// Summarize a manifest or live snapshot.
+    Show {
+        document: PathBuf,
+        /// The stable text snapshot tests store: symbolic addresses, sorted, complete.
+        #[arg(long)]
+        normalized: bool,
+    },
+    /// Compare two documents by owner path (tensor set, registration, layout, digests).
+    #[command(after_help = EXIT_CODES)]
+    Diff {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Print the JSON Schema of format v1 (manifest and live snapshot).
+    Schema,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::from(exit::BAD_INPUT as u8)
+        }
+    }
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+fn emit(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("failed to write to stdout"),
+    }
+}
+
+/// Progress for big inputs, on a terminal only, so CI logs and pipes stay clean.
+fn progress(path: &Path, what: &str) -> Option<Instant> {
+    let big = std::fs::metadata(path).is_ok_and(|m| m.len() > 16 << 20);
+    (big && std::io::stderr().is_terminal()).then(|| {
+        eprintln!("graphcheck: loading {what} {} …", path.display());
+        Instant::now()
+    })
+}
+
+fn done(t: Option<Instant>) {
+    if let Some(t) = t {
+        eprintln!("graphcheck:   done in {:.2} s", t.elapsed().as_secs_f64());
+    }
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Verify {
+            manifest,
+            live,
+            allow,
+            format,
+            output,
+            normalized,
+        } => {
+            let allow = match &allow {
+                Some(p) => Allowlist::load(p)?,
+                None => Allowlist::default(),
+            };
+            let t = progress(&manifest, "manifest");
+            let m = load_manifest(&manifest)?;
+            done(t);
+            let l = match &live {
+                Some(p) => {
+                    let t = progress(p, "live snapshot");
+                    let l = load_live(p)?;
+                    done(t);
+                    Some(l)
+                }
+                None => None,
+            };
+            let report = graphcheck::verify::verify(&m, l.as_ref(), &allow)?;
+            let sym;
+            let fmt: &dyn AddrFmt = if normalized {
+                sym = Symbolizer::for_manifest(&m);
+                &sym
+            } else {
+                &RawAddrs
+            };
+            let text = match format {
+                Format::Table => render_table(&report, fmt),
+                Format::Markdown => render_markdown(&report, fmt),
+                Format::Json if normalized => {
+                    Symbolizer::for_manifest(&m).redact(&render_json(&report))
+                }
+                Format::Json => render_json(&report),
+            };
+            match output {
+                Some(p) => write_atomic(&p, text.as_bytes())
+                    .with_context(|| format!("failed to write {}", p.display()))?,
+                None => emit(&text)?,
+            }
+            Ok(if report.ok { exit::OK } else { exit::FINDINGS })
+        }
+        Command::Explain {
+            manifest,
+            target,
+            kernel,
+            dot,
+            normalized,
+        } => {
+            let m = load_manifest(&manifest)?;
+            let query = match (kernel, target) {
+                (Some(k), _) => Query::Kernel(k),
+                (None, Some(t)) => Query::parse(&t),
+                (None, None) => unreachable!("clap requires one of them"),
+            };
+            let sym;
+            let fmt: &dyn AddrFmt = if normalized {
+                sym = Symbolizer::for_manifest(&m);
+                &sym
+            } else {
+                &RawAddrs
+            };
+            let e = explain(&m, &query, fmt);
+            if dot {
+                emit(&if normalized {
+                    Symbolizer::for_manifest(&m).redact(&e.dot)
+                } else {
+                    e.dot
+                })?;
+            } else {
+                emit(&e.text)?;
+            }
+            Ok(if e.found { exit::OK } else { exit::FINDINGS })
+        }
+        Command::Show {
+            document,
+            normalized: norm,
+        } => {
+            let d = load_document(&document)?;
+            emit(&if norm { normalized(&d) } else { summary(&d) })?;
+            Ok(exit::OK)
+        }
+        Command::Diff { a, b, format } => {
+            let da = load_document(&a)?;
+            let db = load_document(&b)?;
+            let r = graphcheck::diff::diff(&da, &db);
+            let text = match format {
+                Format::Json => {
+                    let mut s = serde_json::to_string_pretty(&r)?;
+                    s.push('\n');
+                    s
+                }
+                Format::Table | Format::Markdown => {
+                    diff_text(&r, &a, &b, matches!(format, Format::Markdown))
+                }
+            };
+            emit(&text)?;
+            Ok(if r.same { exit::OK } else { exit::FINDINGS })
+        }
+        Command::Schema => {
+            let mut s = serde_json::to_string_pretty(&graphcheck::format::json_schema())?;
+            s.push('\n');
+            emit(&s)?;
+            Ok(exit::OK)
+        }
+    }
+}
+
+fn summary(d: &Document) -> String {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let p = d.producer();
+    let _ = writeln!(
+        out,
+        "{} v1 by {} {}{}{}{}, rank {} of {}",
+        d.kind(),
+        p.tool,
+        p.tool_version,
+        p.gpu
+            .as_ref()
+            .map(|g| format!(" on {g}"))
+            .unwrap_or_default(),
+        p.driver_version
+            .map(|v| format!(", driver {v}"))
+            .unwrap_or_default(),
+        p.framework
+            .as_ref()
+            .map(|f| format!(", {f}"))
+            .unwrap_or_default(),
+        p.rank,
+        p.world_size
+    );
+    if let Document::Live(l) = d {
+        let _ = writeln!(out, "event: {}", l.event.name);
+    }
+    let mut regs: BTreeMap<String, usize> = BTreeMap::new();
+    for o in d.owners() {
+        *regs.entry(o.registration.to_string()).or_default() += 1;
+    }
+    let _ = writeln!(
+        out,
+        "tensors: {} views, {} owner paths ({})",
+        d.tensors().len(),
+        d.owners().len(),
+        regs.iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "pools: {}",
+        d.pools()
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    match d {
+        Document::Manifest(m) => {
+            let touches: usize = m
+                .graphs
+                .iter()
+                .flat_map(|g| &g.nodes)
+                .map(|n| n.touches.len())
+                .sum();
+            let _ = writeln!(
+                out,
+                "graphs: {}, {} address words held",
+                m.graphs.len(),
+                touches
+            );
+            for g in &m.graphs {
+                let counts: Vec<String> = g
+                    .node_counts
+                    .iter()
+                    .map(|(k, v)| format!("{v} {k}"))
+                    .collect();
+                let opaque = g.nodes.iter().filter(|n| n.opaque.is_some()).count();
+                let _ = writeln!(
+                    out,
+                    "  {}: {}{}{}",
+                    g.name,
+                    counts.join(", "),
+                    if g.unread.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {} unread", g.unread.len())
+                    },
+                    if opaque == 0 {
+                        String::new()
+                    } else {
+                        format!("; {opaque} opaque")
+                    }
+                );
+            }
+        }
+        Document::Live(l) => {
+            let mut states: BTreeMap<String, usize> = BTreeMap::new();
+            for p in &l.probes {
+                *states
+                    .entry(
+                        serde_json::to_value(p.state)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default(),
+                    )
+                    .or_default() += 1;
+            }
+            let _ = writeln!(
+                out,
+                "probes: {} ({})",
+                l.probes.len(),
+                states
+                    .iter()
+                    .map(|(k, v)| format!("{v} {k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    out
+}
+
+fn diff_text(r: &graphcheck::diff::DiffReport, a: &Path, b: &Path, markdown: bool) -> String {
+    use comfy_table::{ContentArrangement, Table, presets};
+    let mut out = if r.same {
+        format!("same: {} owner paths compared, no difference\n", r.compared)
+    } else {
+        format!(
+            "{} difference(s) between {} (A) and {} (B); {} owner paths in both\n",
+            r.differences.len() + r.graphs.len(),
+            a.display(),
+            b.display(),
+            r.compared
+        )
+    };
+    let rows: Vec<[String; 4]> = r
+        .graphs
+        .iter()
+        .map(|d| (format!("graph {}", d.path), d))
+        .chain(r.differences.iter().map(|d| (d.path.clone(), d)))
+        .map(|(p, d)| {
+            [
+                p,
+                serde_json::to_value(&d.change)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                d.a.clone().unwrap_or_else(|| "—".into()),
+                d.b.clone().unwrap_or_else(|| "—".into()),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return out;
+    }
+    if markdown {
+        out.push_str("\n| path | change | A | B |\n|---|---|---|---|\n");
+        for r in rows {
+            out.push_str(&format!(
+                "| `{}` | {} | {} | {} |\n",
+                r[0], r[1], r[2], r[3]
+            ));
+        }
+    } else {
+        let mut t = Table::new();
+        t.load_style(presets::UTF8_FULL_CONDENSED)
+            .set_content_arrangement(ContentArrangement::Disabled)
+            .set_header(["path", "change", "A", "B"]);
+        for r in rows {
+            t.add_row(r);
+        }
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,196 @@
+//! The allowlist: owner-path globs, each with the finding kinds it silences and a reason.
+//! An entry that silences nothing is itself reported, so the list cannot rot.
+//!
+//! ```toml
+//! [[allow]]
+//! path = "model.layers[*].self_attn.impl.workspace"
+//! kinds = ["unregistered"]          # optional; every kind when absent
+//! reason = "per-step scratch, rewritten before every read"
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::path::Glob;
+use crate::verify::{Allowed, Finding, FindingKind};
+
+/// Why an allowlist could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllowError {
+    #[error("failed to read allowlist {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: invalid allowlist: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    allow: Vec<RawEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEntry {
+    path: String,
+    #[serde(default)]
+    kinds: Option<Vec<FindingKind>>,
+    reason: String,
+}
+
+/// One entry.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub glob: Glob,
+    /// `None`: every kind.
+    pub kinds: Option<Vec<FindingKind>>,
+    pub reason: String,
+}
+
+impl Entry {
+    fn covers(&self, kind: FindingKind) -> bool {
+        self.kinds.as_ref().is_none_or(|k| k.contains(&kind))
+    }
+}
+
+/// A parsed allowlist; the default allows nothing.
+#[derive(Clone, Debug, Default)]
+pub struct Allowlist {
+    pub entries: Vec<Entry>,
+}
+
+impl Allowlist {
+    pub fn load(path: &Path) -> Result<Allowlist, AllowError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AllowError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Allowlist::parse(&text).map_err(|message| AllowError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error says where and what.
+    pub fn parse(text: &str) -> Result<Allowlist, String> {
+        let file: File = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+        let mut entries = Vec::with_capacity(file.allow.len());
+        for (i, e) in file.allow.into_iter().enumerate() {
+            let glob = Glob::new(&e.path).map_err(|err| format!("allow[{i}].path: {err}"))?;
+            if e.reason.trim().is_empty() {
+                return Err(format!(
+                    "allow[{i}].reason: every entry says why it is allowed"
+                ));
+            }
+            if let Some(k) = &e.kinds
+                && k.is_empty()
+            {
+                return Err(format!(
+                    "allow[{i}].kinds: an empty list allows nothing; leave it out to allow every kind"
+                ));
+            }
+            entries.push(Entry {
+                glob,
+                kinds: e.kinds,
+                reason: e.reason,
+            });
+        }
+        Ok(Allowlist { entries })
+    }
+
+    /// Splits findings into reported and allowed, and appends an `unused_allow` finding for
+    /// each entry that allowed nothing although one of its kinds was checked.
+    pub fn apply(
+        &self,
+        findings: Vec<Finding>,
+        checked: &[FindingKind],
+    ) -> (Vec<Finding>, Vec<Allowed>) {
+        let mut used = vec![false; self.entries.len()];
+        let mut reported = Vec::new();
+        let mut allowed = Vec::new();
+        for f in findings {
+            let hit = self.entries.iter().enumerate().find(|(_, e)| {
+                e.covers(f.kind) && f.owners.iter().any(|o| e.glob.is_match(&o.path))
+            });
+            match hit {
+                Some((i, e)) => {
+                    used[i] = true;
+                    allowed.push(Allowed {
+                        allowed_by: e.glob.as_str().to_string(),
+                        reason: e.reason.clone(),
+                        finding: f,
+                    });
+                }
+                None => reported.push(f),
+            }
+        }
+        for (e, used) in self.entries.iter().zip(used) {
+            let relevant = match &e.kinds {
+                None => true,
+                Some(k) => k.iter().any(|k| checked.contains(k)),
+            };
+            if !used && relevant {
+                reported.push(Finding {
+                    kind: FindingKind::UnusedAllow,
+                    subject: e.glob.as_str().to_string(),
+                    owners: Vec::new(),
+                    new_owners: Vec::new(),
+                    dtype: None,
+                    shape: None,
+                    stride: None,
+                    captured_addr: None,
+                    live_addr: None,
+                    pool: None,
+                    graphs: Vec::new(),
+                    kernels: Vec::new(),
+                    detail: format!(
+                        "allowed nothing in this run; remove it if the cause is gone (reason given: {})",
+                        e.reason
+                    ),
+                    alloc_site: Vec::new(),
+                });
+            }
+        }
+        (reported, allowed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_entries_and_rejects_bad_ones() {
+        let a = Allowlist::parse(
+            r#"
+            [[allow]]
+            path = "model.layers[*].ws"
+            kinds = ["unregistered", "stale"]
+            reason = "scratch"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(a.entries.len(), 1);
+        assert!(a.entries[0].covers(FindingKind::Stale));
+        assert!(!a.entries[0].covers(FindingKind::Drifted));
+
+        let err = Allowlist::parse("[[allow]]\npath = \"a\"\n").unwrap_err();
+        assert!(err.contains("reason"), "{err}");
+        let err =
+            Allowlist::parse("[[allow]]\npath = \"a\"\nreason = \"x\"\nkinds = [\"bogus\"]\n")
+                .unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+        let err =
+            Allowlist::parse("[[allow]]\npath = \"a\"\nreason = \"x\"\nkind = []\n").unwrap_err();
+        assert!(err.contains("unknown field"), "{err}");
+        let err = Allowlist::parse("[[allow]\n").unwrap_err();
+        assert!(err.contains("line 1"), "{err}");
+    }
+}

@@ -1,0 +1,184 @@
+//! Diff two documents (manifests or live snapshots) by owner path: which paths exist in
+//! one alone, and where registration, layout or contents differ. Addresses are not
+//! compared: the two usually come from different processes (a fresh load against a reload
+//! of the same weights, where every tensor must match).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::format::{Document, Tensor};
+
+/// What differs at one owner path.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Change {
+    /// In A alone.
+    Removed,
+    /// In B alone.
+    Added,
+    Registration,
+    Layout,
+    Digest,
+    Pool,
+}
+
+/// One difference.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Difference {
+    pub path: String,
+    pub change: Change,
+    /// A's side, in words.
+    pub a: Option<String>,
+    /// B's side, in words.
+    pub b: Option<String>,
+}
+
+/// All differences, path order.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiffReport {
+    pub format_version: u32,
+    pub same: bool,
+    pub compared: usize,
+    pub differences: Vec<Difference>,
+    /// Graphs (by name) in one manifest alone, or with other node counts.
+    pub graphs: Vec<Difference>,
+}
+
+fn pool_name(d: &Document, t: &Tensor) -> Option<String> {
+    let p = t.pool?;
+    d.pools().iter().find(|x| x.id == p).map(|x| x.name.clone())
+}
+
+/// Compares A and B by owner path.
+pub fn diff(a: &Document, b: &Document) -> DiffReport {
+    let index = |d: &Document| -> BTreeMap<String, (crate::format::Registration, usize)> {
+        let ix: HashMap<_, usize> = d
+            .tensors()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.id, i))
+            .collect();
+        d.owners()
+            .iter()
+            .filter_map(|o| Some((o.path.clone(), (o.registration, *ix.get(&o.tensor)?))))
+            .collect()
+    };
+    let (ia, ib) = (index(a), index(b));
+    let mut differences = Vec::new();
+    let mut compared = 0;
+    for (path, &(ra, ta)) in &ia {
+        let tensor_a = &a.tensors()[ta];
+        let Some(&(rb, tb)) = ib.get(path) else {
+            differences.push(Difference {
+                path: path.clone(),
+                change: Change::Removed,
+                a: Some(format!("{} ({ra})", tensor_a.layout())),
+                b: None,
+            });
+            continue;
+        };
+        compared += 1;
+        let tensor_b = &b.tensors()[tb];
+        if ra != rb {
+            differences.push(Difference {
+                path: path.clone(),
+                change: Change::Registration,
+                a: Some(ra.to_string()),
+                b: Some(rb.to_string()),
+            });
+        }
+        if tensor_a.shape != tensor_b.shape
+            || tensor_a.stride != tensor_b.stride
+            || tensor_a.dtype != tensor_b.dtype
+            || tensor_a.offset != tensor_b.offset
+        {
+            differences.push(Difference {
+                path: path.clone(),
+                change: Change::Layout,
+                a: Some(format!("{} offset {}", tensor_a.layout(), tensor_a.offset)),
+                b: Some(format!("{} offset {}", tensor_b.layout(), tensor_b.offset)),
+            });
+        }
+        if let (Some(da), Some(db)) = (&tensor_a.digest, &tensor_b.digest)
+            && da.algorithm() == db.algorithm()
+            && da != db
+        {
+            differences.push(Difference {
+                path: path.clone(),
+                change: Change::Digest,
+                a: Some(da.0.clone()),
+                b: Some(db.0.clone()),
+            });
+        }
+        let (pa, pb) = (pool_name(a, tensor_a), pool_name(b, tensor_b));
+        if pa.is_some() && pb.is_some() && pa != pb {
+            differences.push(Difference {
+                path: path.clone(),
+                change: Change::Pool,
+                a: pa,
+                b: pb,
+            });
+        }
+    }
+    for (path, &(rb, tb)) in &ib {
+        if !ia.contains_key(path) {
+            differences.push(Difference {
+                path: path.clone(),
+                change: Change::Added,
+                a: None,
+                b: Some(format!("{} ({rb})", b.tensors()[tb].layout())),
+            });
+        }
+    }
+    differences.sort_by(|x, y| (&x.path, &x.change).cmp(&(&y.path, &y.change)));
+
+    let mut graphs = Vec::new();
+    if let (Document::Manifest(ma), Document::Manifest(mb)) = (a, b) {
+        let ga: BTreeMap<&str, u64> = ma
+            .graphs
+            .iter()
+            .map(|g| (g.name.as_str(), g.node_counts.values().sum()))
+            .collect();
+        let gb: BTreeMap<&str, u64> = mb
+            .graphs
+            .iter()
+            .map(|g| (g.name.as_str(), g.node_counts.values().sum()))
+            .collect();
+        for (name, na) in &ga {
+            match gb.get(name) {
+                None => graphs.push(Difference {
+                    path: name.to_string(),
+                    change: Change::Removed,
+                    a: Some(format!("{na} nodes")),
+                    b: None,
+                }),
+                Some(nb) if nb != na => graphs.push(Difference {
+                    path: name.to_string(),
+                    change: Change::Layout,
+                    a: Some(format!("{na} nodes")),
+                    b: Some(format!("{nb} nodes")),
+                }),
+                _ => {}
+            }
+        }
+        for (name, nb) in &gb {
+            if !ga.contains_key(name) {
+                graphs.push(Difference {
+                    path: name.to_string(),
+                    change: Change::Added,
+                    a: None,
+                    b: Some(format!("{nb} nodes")),
+                });
+            }
+        }
+    }
+    DiffReport {
+        format_version: 1,
+        same: differences.is_empty() && graphs.is_empty(),
+        compared,
+        differences,
+        graphs,
+    }
+}

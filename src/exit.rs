@@ -1,0 +1,8 @@
+//! Process exit codes of the `graphcheck` command line: part of its public API.
+
+/// Verified clean; explained; documents equal.
+pub const OK: i32 = 0;
+/// `verify`: findings. `diff`: the documents differ. `explain`: nothing matched the query.
+pub const FINDINGS: i32 = 1;
+/// Bad input or usage: unreadable or invalid document or allowlist, unknown flag.
+pub const BAD_INPUT: i32 = 2;

@@ -1,0 +1,283 @@
+//! Explain: trace an address, an owner path or a kernel through the ownership graph, as
+//! text or DOT.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use crate::format::{Addr, Manifest};
+use crate::graph::{NodeW, OwnershipGraph};
+use crate::index::AddressIndex;
+use crate::report::AddrFmt;
+
+/// What to explain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Query {
+    /// A device address (`0x…`).
+    Address(Addr),
+    /// An owner path.
+    Owner(String),
+    /// Nodes whose name contains this text.
+    Kernel(String),
+}
+
+impl Query {
+    /// `0x…` is an address; anything else an owner path.
+    pub fn parse(s: &str) -> Query {
+        match s.strip_prefix("0x").and_then(|_| Addr::parse(s)) {
+            Some(a) => Query::Address(a),
+            None => Query::Owner(s.to_string()),
+        }
+    }
+}
+
+/// The result: text for people, DOT for graphviz; `found` is false when nothing matched.
+#[derive(Clone, Debug)]
+pub struct Explanation {
+    pub found: bool,
+    pub text: String,
+    pub dot: String,
+}
+
+/// Explains `q` in a checked manifest.
+pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
+    let og = OwnershipGraph::new(m);
+    let mut text = String::new();
+    let mut keep = BTreeSet::new();
+    let found = match q {
+        Query::Address(a) => {
+            let idx = AddressIndex::new(&m.tensors, &m.allocations);
+            let _ = writeln!(text, "address {}", fmt.addr(*a));
+            let allocs = idx.allocations_at(*a);
+            for &ai in &allocs {
+                let al = &m.allocations[ai];
+                let _ = writeln!(
+                    text,
+                    "  in allocation {}+{} ({} bytes in){}",
+                    fmt.addr(al.base),
+                    al.size,
+                    a.0 - al.base.0,
+                    pool_suffix(m, al.pool)
+                );
+                keep.insert(og.allocation_node(ai));
+            }
+            let views = idx.views_at(*a);
+            for &ti in &views {
+                text.push('\n');
+                tensor_text(&og, ti, fmt, &mut text);
+                keep.extend(og.neighbourhood(ti));
+            }
+            // Nodes that hold this address without naming a tensor.
+            let mut bare = Vec::new();
+            for (gi, g) in m.graphs.iter().enumerate() {
+                for (ni, n) in g.nodes.iter().enumerate() {
+                    for t in &n.touches {
+                        if t.tensor.is_none()
+                            && (t.addr == *a
+                                || allocs
+                                    .iter()
+                                    .any(|&ai| t.allocation == Some(m.allocations[ai].id)))
+                        {
+                            bare.push(format!(
+                                "    {}#{} {} param {} +{} holds {}",
+                                g.name,
+                                n.index,
+                                n.name,
+                                t.param,
+                                t.offset,
+                                fmt.addr(t.addr)
+                            ));
+                            keep.insert(og.kernel_node(gi as u32, ni as u32));
+                            keep.insert(og.graph_node(gi as u32));
+                        }
+                    }
+                }
+            }
+            if !bare.is_empty() {
+                let _ = writeln!(
+                    text,
+                    "\n  held without a tensor by {} node parameter(s):",
+                    bare.len()
+                );
+                for b in bare {
+                    text.push_str(&b);
+                    text.push('\n');
+                }
+            }
+            if views.is_empty() && allocs.is_empty() {
+                text.push_str("  in no allocation or tensor of the manifest\n");
+            }
+            !views.is_empty() || !allocs.is_empty()
+        }
+        Query::Owner(p) => match m.owners.iter().find(|o| &o.path == p) {
+            Some(o) => {
+                let ti = m
+                    .tensors
+                    .iter()
+                    .position(|t| t.id == o.tensor)
+                    .expect("checked manifest");
+                let _ = writeln!(text, "owner {p} ({})", o.registration);
+                tensor_text(&og, ti, fmt, &mut text);
+                keep.extend(og.neighbourhood(ti));
+                true
+            }
+            None => {
+                let _ = writeln!(text, "owner {p}: no such owner path in the manifest");
+                let near: Vec<&str> = m
+                    .owners
+                    .iter()
+                    .map(|o| o.path.as_str())
+                    .filter(|x| x.starts_with(p.as_str()) || p.starts_with(*x))
+                    .take(5)
+                    .collect();
+                if !near.is_empty() {
+                    let _ = writeln!(text, "  paths sharing a prefix: {}", near.join(", "));
+                }
+                false
+            }
+        },
+        Query::Kernel(pat) => {
+            let hits = og.kernels_matching(pat);
+            let _ = writeln!(text, "kernels matching {pat:?}: {}", hits.len());
+            for &(g, n) in &hits {
+                let graph = &m.graphs[g as usize];
+                let node = &graph.nodes[n as usize];
+                let _ = write!(
+                    text,
+                    "\n{}#{} {} {}",
+                    graph.name, node.index, node.kind, node.name
+                );
+                if let (Some(gr), Some(bl)) = (node.grid, node.block) {
+                    let _ = write!(text, " grid {gr:?} block {bl:?}");
+                }
+                text.push('\n');
+                if let Some(why) = &node.opaque {
+                    let _ = writeln!(text, "  opaque: {why}");
+                }
+                for t in &node.touches {
+                    let _ = writeln!(
+                        text,
+                        "  param {} +{}: {} -> {}",
+                        t.param,
+                        t.offset,
+                        fmt.addr(t.addr),
+                        touch_target(m, &og, t)
+                    );
+                }
+                keep.extend(og.kernel_neighbourhood(g, n));
+                for (_, _, w) in og.touched_by(g, n) {
+                    if let NodeW::Tensor(ti) = w {
+                        keep.extend(og.neighbourhood(ti as usize).into_iter().filter(|&x| {
+                            !matches!(og.graph[x], NodeW::Kernel(..) | NodeW::Graph(_))
+                        }));
+                    }
+                }
+            }
+            !hits.is_empty()
+        }
+    };
+    let dot = og.dot(&keep);
+    Explanation { found, text, dot }
+}
+
+fn pool_suffix(m: &Manifest, pool: Option<crate::format::PoolId>) -> String {
+    pool.and_then(|p| m.pools.iter().find(|x| x.id == p))
+        .map(|p| format!(", pool {}", p.name))
+        .unwrap_or_default()
+}
+
+fn touch_target(m: &Manifest, og: &OwnershipGraph<'_>, t: &crate::format::Touch) -> String {
+    if let Some(ti) = t
+        .tensor
+        .and_then(|id| m.tensors.iter().position(|x| x.id == id))
+    {
+        let chains = og.owner_chains(ti);
+        if chains.is_empty() {
+            return format!("{} (tensor with no owner)", m.tensors[ti].layout());
+        }
+        return chains
+            .iter()
+            .map(|(c, r)| format!("{} ({r})", c.last().map_or("", String::as_str)))
+            .collect::<Vec<_>>()
+            .join(" = ");
+    }
+    match t
+        .allocation
+        .and_then(|a| m.allocations.iter().find(|x| x.id == a))
+    {
+        Some(a) => {
+            let pool = a.pool.and_then(|p| m.pools.iter().find(|x| x.id == p));
+            match pool {
+                Some(p) if p.kind == crate::format::PoolKind::Graph => {
+                    format!("graph-pool intermediate (pool {})", p.name)
+                }
+                Some(p) => format!("no tensor; allocation in pool {}", p.name),
+                None => "no tensor; allocation in no known pool".to_string(),
+            }
+        }
+        None => "no tensor, no known allocation".to_string(),
+    }
+}
+
+fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut String) {
+    let m = og.manifest;
+    let t = &m.tensors[ti];
+    let _ = writeln!(
+        out,
+        "  tensor {} at {} (storage {}+{} bytes, offset {}){}",
+        t.layout(),
+        fmt.addr(t.data_ptr()),
+        fmt.addr(t.storage_base),
+        t.storage_nbytes,
+        t.offset,
+        pool_suffix(m, t.pool)
+    );
+    if let Some(d) = &t.digest {
+        let _ = writeln!(out, "  digest {}", d.0);
+    }
+    if !t.alloc_site.is_empty() {
+        out.push_str("  allocated at:\n");
+        for f in &t.alloc_site {
+            let _ = writeln!(out, "    {}:{} in {}", f.filename, f.line, f.name);
+        }
+    }
+    let chains = og.owner_chains(ti);
+    if chains.is_empty() {
+        out.push_str("  owners: none (no owner path reaches it)\n");
+    } else {
+        out.push_str("  owners:\n");
+        for (chain, reg) in &chains {
+            let leaf = chain.last().map_or("", String::as_str);
+            let holder = m
+                .owners
+                .iter()
+                .find(|o| o.path == leaf)
+                .and_then(|o| o.holder.as_deref())
+                .map(|h| format!(", on {h}"))
+                .unwrap_or_default();
+            let _ = writeln!(out, "    {leaf} ({reg}{holder})");
+            let _ = writeln!(out, "      chain: {}", chain.join(" → "));
+        }
+    }
+    let touches = og.touches_of(ti);
+    let graphs = og.graphs_touching(ti);
+    if touches.is_empty() {
+        out.push_str("  read by no captured node\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "  held by {} node parameter(s) in {} graph(s): {}",
+            touches.len(),
+            graphs.len(),
+            graphs.join(", ")
+        );
+        for (g, n, param, offset) in touches {
+            let graph = &m.graphs[g as usize];
+            let node = &graph.nodes[n as usize];
+            let _ = writeln!(
+                out,
+                "    {}#{} {} param {param} +{offset}",
+                graph.name, node.index, node.name
+            );
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! Rendering a verify report: a terminal table, Markdown for a CI step summary, or JSON.
+//! Addresses go through a caller's formatter so normalized output can hide them.
+
+use comfy_table::{ContentArrangement, Table, presets};
+
+use crate::format::Addr;
+use crate::verify::{Finding, FindingKind, KernelRef, Report};
+
+/// Formats an address for display: raw hex, or a symbolic id (see [`crate::normalize`]).
+pub trait AddrFmt {
+    fn addr(&self, a: Addr) -> String;
+}
+
+/// Plain `0x…` hex.
+pub struct RawAddrs;
+
+impl AddrFmt for RawAddrs {
+    fn addr(&self, a: Addr) -> String {
+        a.to_string()
+    }
+}
+
+const MAX_KERNELS_SHOWN: usize = 3;
+const MAX_NAME: usize = 72;
+
+fn shorten(name: &str, max: usize) -> String {
+    if name.chars().count() <= max {
+        name.to_string()
+    } else {
+        let head: String = name.chars().take(max - 1).collect();
+        format!("{head}…")
+    }
+}
+
+fn kernel_line(k: &KernelRef) -> String {
+    format!(
+        "{}#{} {} (param {} +{})",
+        k.graph,
+        k.node,
+        shorten(&k.name, MAX_NAME),
+        k.param,
+        k.offset
+    )
+}
+
+fn kernels_cell(f: &Finding) -> String {
+    let mut lines: Vec<String> = f
+        .kernels
+        .iter()
+        .take(MAX_KERNELS_SHOWN)
+        .map(kernel_line)
+        .collect();
+    if f.kernels.len() > MAX_KERNELS_SHOWN {
+        lines.push(format!("… {} more", f.kernels.len() - MAX_KERNELS_SHOWN));
+    }
+    lines.join("\n")
+}
+
+fn owner_cell(f: &Finding) -> String {
+    match f.kind {
+        FindingKind::UnusedAllow => format!("allow: {}", f.subject),
+        FindingKind::Unowned => "(no owner)".to_string(),
+        _ => f
+            .owners
+            .iter()
+            .map(|o| format!("{} ({})", o.path, o.registration))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
+}
+
+fn tensor_cell(f: &Finding) -> String {
+    match (&f.dtype, &f.shape) {
+        (Some(d), Some(s)) => {
+            let dims: Vec<String> = s.iter().map(u64::to_string).collect();
+            let mut c = format!("{d}[{}]", dims.join(", "));
+            if let Some(p) = &f.pool {
+                c.push_str(&format!("\npool {p}"));
+            }
+            c
+        }
+        _ => f
+            .pool
+            .as_ref()
+            .map(|p| format!("pool {p}"))
+            .unwrap_or_default(),
+    }
+}
+
+fn address_cell(f: &Finding, fmt: &dyn AddrFmt) -> String {
+    match (f.captured_addr, f.live_addr) {
+        (Some(c), Some(l)) if c != l => format!("{} → {}", fmt.addr(c), fmt.addr(l)),
+        (Some(c), _) => fmt.addr(c),
+        _ => String::new(),
+    }
+}
+
+fn headline(r: &Report) -> String {
+    let n = r.findings.len();
+    let mode = if r.checked.contains(&FindingKind::Drifted) {
+        "capture and live checks"
+    } else {
+        "capture-time checks only (no live snapshot)"
+    };
+    if n == 0 {
+        format!(
+            "graphcheck verify: ok — no findings in {} graphs, {} touched tensors ({mode})",
+            r.graphs, r.subjects
+        )
+    } else {
+        let by_kind: Vec<String> = r.summary.iter().map(|(k, c)| format!("{c} {k}")).collect();
+        format!(
+            "graphcheck verify: {n} finding{} ({}) in {} graphs, {} touched tensors ({mode})",
+            if n == 1 { "" } else { "s" },
+            by_kind.join(", "),
+            r.graphs,
+            r.subjects
+        )
+    }
+}
+
+/// The terminal table, with a headline, the recapture set and the allowed findings.
+pub fn render_table(r: &Report, fmt: &dyn AddrFmt) -> String {
+    let mut out = headline(r);
+    out.push('\n');
+    if !r.findings.is_empty() {
+        let mut t = Table::new();
+        t.load_style(presets::UTF8_FULL_CONDENSED)
+            .set_content_arrangement(ContentArrangement::Disabled)
+            .set_header(["kind", "owner", "tensor", "address", "kernels", "why"]);
+        for f in &r.findings {
+            t.add_row([
+                f.kind.to_string(),
+                owner_cell(f),
+                tensor_cell(f),
+                address_cell(f, fmt),
+                kernels_cell(f),
+                f.detail.clone(),
+            ]);
+        }
+        out.push_str(&t.to_string());
+        out.push('\n');
+        let rc = r.recapture();
+        if !rc.is_empty() {
+            out.push_str(&format!("recapture: {}\n", rc.join(", ")));
+        }
+    }
+    if !r.allowed.is_empty() {
+        out.push_str(&format!("allowed ({}):\n", r.allowed.len()));
+        for a in &r.allowed {
+            out.push_str(&format!(
+                "  {} {} — by `{}`: {}\n",
+                a.finding.kind, a.finding.subject, a.allowed_by, a.reason
+            ));
+        }
+    }
+    out
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', "<br>")
+}
+
+/// Markdown for a CI step summary (`$GITHUB_STEP_SUMMARY`).
+pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
+    let mut out = String::new();
+    let icon = if r.ok { "✅" } else { "❌" };
+    out.push_str(&format!("### {icon} {}\n\n", headline(r)));
+    if !r.findings.is_empty() {
+        out.push_str("| kind | owner | tensor | address | graphs | kernels | why |\n");
+        out.push_str("|---|---|---|---|---|---|---|\n");
+        for f in &r.findings {
+            let owner = match f.kind {
+                FindingKind::UnusedAllow => format!("allow `{}`", f.subject),
+                FindingKind::Unowned => "(no owner)".into(),
+                _ => f
+                    .owners
+                    .iter()
+                    .map(|o| format!("`{}` ({})", o.path, o.registration))
+                    .collect::<Vec<_>>()
+                    .join("<br>"),
+            };
+            out.push_str(&format!(
+                "| **{}** | {} | {} | {} | {} | {} | {} |\n",
+                f.kind,
+                md_escape(&owner),
+                md_escape(&tensor_cell(f)),
+                md_escape(&address_cell(f, fmt)),
+                md_escape(&f.graphs.join(", ")),
+                md_escape(&kernels_cell(f)),
+                md_escape(&f.detail)
+            ));
+        }
+        let rc = r.recapture();
+        if !rc.is_empty() {
+            out.push_str(&format!(
+                "\n**Recapture:** {}\n",
+                rc.iter()
+                    .map(|g| format!("`{g}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if !r.allowed.is_empty() {
+        out.push_str(&format!(
+            "\n<details><summary>Allowed ({})</summary>\n\n",
+            r.allowed.len()
+        ));
+        for a in &r.allowed {
+            out.push_str(&format!(
+                "- {} `{}` — by `{}`: {}\n",
+                a.finding.kind,
+                a.finding.subject,
+                a.allowed_by,
+                md_escape(&a.reason)
+            ));
+        }
+        out.push_str("\n</details>\n");
+    }
+    out
+}
+
+/// The report as pretty JSON, with a trailing newline.
+pub fn render_json(r: &Report) -> String {
+    let mut s = serde_json::to_string_pretty(r).expect("a report serializes");
+    s.push('\n');
+    s
+}
