@@ -109,9 +109,9 @@ impl JsonSchema for Addr {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "A device virtual address: \"0x\" and 1 to 16 lowercase hexadecimal digits.",
+            "description": "A device virtual address: \"0x\" and 1 to 16 hexadecimal digits (written lowercase).",
             "type": "string",
-            "pattern": "^0x[0-9a-f]{1,16}$"
+            "pattern": "^0x[0-9a-fA-F]{1,16}$"
         })
     }
 }

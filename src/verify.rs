@@ -713,3 +713,349 @@ pub fn touched(m: &Manifest) -> BTreeSet<TensorId> {
         .filter_map(|t| t.tensor)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{
+        Allocation, AllocationId, Digest, Event, Graph, GraphId, Node, NodeKind, Owner, Pool,
+        PoolId, Probe, Producer, Touch,
+    };
+
+    const W: PoolId = PoolId(0);
+    const KV: PoolId = PoolId(1);
+    const GP: PoolId = PoolId(2);
+    const BASE: u64 = 0x7f2c_0000_0000;
+
+    fn producer() -> Producer {
+        Producer {
+            tool: "unit".into(),
+            tool_version: "0".into(),
+            gpu: None,
+            driver_version: None,
+            framework: None,
+            rank: 0,
+            world_size: 1,
+        }
+    }
+
+    fn pools() -> Vec<Pool> {
+        vec![
+            Pool {
+                id: W,
+                name: "weights".into(),
+                kind: PoolKind::Weights,
+                sleep: SleepPolicy::Restored,
+            },
+            Pool {
+                id: KV,
+                name: "kv_cache".into(),
+                kind: PoolKind::KvCache,
+                sleep: SleepPolicy::Discarded,
+            },
+            Pool {
+                id: GP,
+                name: "graph".into(),
+                kind: PoolKind::Graph,
+                sleep: SleepPolicy::Untouched,
+            },
+        ]
+    }
+
+    /// A tensor of 256 bytes at `BASE + slot * 0x1000` in allocation `slot`.
+    fn tensor(id: u32, slot: u64, pool: PoolId) -> Tensor {
+        Tensor {
+            id: TensorId(id),
+            storage_base: Addr(BASE + slot * 0x1000),
+            storage_nbytes: 256,
+            offset: 0,
+            nbytes: 256,
+            shape: vec![128],
+            stride: vec![1],
+            dtype: "bfloat16".into(),
+            itemsize: 2,
+            device: "cuda:0".into(),
+            allocation: Some(AllocationId(slot as u32)),
+            pool: Some(pool),
+            digest: Some(Digest(format!("sum64:{id:016x}"))),
+            reference_digest: None,
+            alloc_site: vec![],
+        }
+    }
+
+    fn alloc(slot: u64, pool: PoolId) -> Allocation {
+        Allocation {
+            id: AllocationId(slot as u32),
+            base: Addr(BASE + slot * 0x1000),
+            size: 0x1000,
+            pool: Some(pool),
+        }
+    }
+
+    fn owner(path: &str, t: u32, r: Registration) -> Owner {
+        Owner {
+            path: path.into(),
+            tensor: TensorId(t),
+            registration: r,
+            holder: None,
+        }
+    }
+
+    fn touch(t: Option<u32>, slot: u64, off: u64) -> Touch {
+        Touch {
+            param: 0,
+            offset: 8,
+            addr: Addr(BASE + slot * 0x1000 + off),
+            tensor: t.map(TensorId),
+            allocation: Some(AllocationId(slot as u32)),
+        }
+    }
+
+    /// Slots: 0 weight (parameter), 1 scale (plain attribute), 2 meta (buffer in kv pool),
+    /// 3 graph-pool intermediate, 4 a global cache nobody owns; 5..8 spare for live.
+    fn manifest() -> Manifest {
+        let mut m = Manifest::new(producer());
+        m.pools = pools();
+        m.allocations = vec![alloc(0, W), alloc(1, W), alloc(2, KV), alloc(3, GP), {
+            let mut a = alloc(4, W);
+            a.pool = None;
+            a
+        }];
+        m.tensors = vec![tensor(0, 0, W), tensor(1, 1, W), tensor(2, 2, KV)];
+        m.owners = vec![
+            owner("model.w", 0, Registration::Parameter),
+            owner("model.scale", 1, Registration::ModuleAttribute),
+            owner("model.scale_alias", 1, Registration::ObjectAttribute),
+            owner("model.meta", 2, Registration::BufferNonPersistent),
+        ];
+        let node = |i: u32, touches: Vec<Touch>| Node {
+            index: i,
+            kind: NodeKind::Kernel,
+            name: format!("k{i}"),
+            grid: None,
+            block: None,
+            parent: None,
+            opaque: None,
+            touches,
+        };
+        m.graphs = vec![
+            Graph {
+                id: GraphId(0),
+                name: "bs1".into(),
+                pool: Some(GP),
+                node_counts: BTreeMap::from([("kernel".into(), 2)]),
+                unread: vec![],
+                nodes: vec![
+                    node(0, vec![touch(Some(0), 0, 0), touch(None, 3, 0x40)]),
+                    node(1, vec![touch(Some(2), 2, 0)]),
+                ],
+            },
+            Graph {
+                id: GraphId(1),
+                name: "bs8".into(),
+                pool: Some(GP),
+                node_counts: BTreeMap::from([("kernel".into(), 1)]),
+                unread: vec![],
+                nodes: vec![node(0, vec![touch(Some(1), 1, 0x10), touch(None, 4, 0)])],
+            },
+        ];
+        m
+    }
+
+    /// A live snapshot equal to the manifest: same owners, tensors and addresses, all active.
+    fn live(m: &Manifest, contents: Contents) -> Live {
+        let mut l = Live::new(
+            producer(),
+            Event {
+                name: "reload".into(),
+                contents,
+            },
+        );
+        l.pools = m.pools.clone();
+        l.allocations = m.allocations.clone();
+        l.tensors = m.tensors.clone();
+        l.owners = m.owners.clone();
+        l.probes = [0u64, 1, 2, 3, 4]
+            .iter()
+            .map(|&s| Probe {
+                addr: Addr(BASE + s * 0x1000),
+                state: AllocState::Active,
+                pool: None,
+                allocation: None,
+            })
+            .collect();
+        l
+    }
+
+    fn kinds(r: &Report) -> Vec<(FindingKind, String)> {
+        r.findings
+            .iter()
+            .map(|f| (f.kind, f.subject.clone()))
+            .collect()
+    }
+
+    const SCALE: &str = "model.scale = model.scale_alias";
+
+    #[test]
+    fn capture_time_checks() {
+        let m = manifest();
+        let r = verify(&m, None, &Allowlist::default()).unwrap();
+        assert_eq!(
+            kinds(&r),
+            vec![
+                (FindingKind::Unregistered, SCALE.into()),
+                (FindingKind::Mispooled, "model.meta".into()),
+                (FindingKind::Unowned, format!("{:#x}", BASE + 4 * 0x1000)),
+            ]
+        );
+        // The alias is one finding in the one graph that reads it.
+        assert_eq!(r.findings[0].graphs, vec!["bs8".to_string()]);
+        assert_eq!(r.findings[0].kernels[0].offset, 8);
+        assert!(!r.ok);
+        assert_eq!(r.subjects, 3);
+    }
+
+    #[test]
+    fn identical_live_adds_nothing() {
+        let m = manifest();
+        let l = live(&m, Contents::Preserved);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(r.findings.len(), 3, "{:?}", kinds(&r));
+        assert_eq!(r.checked.len(), FindingKind::ALL.len());
+    }
+
+    #[test]
+    fn drifted_and_freed_name_the_new_address() {
+        let m = manifest();
+        let mut l = live(&m, Contents::Updated);
+        l.allocations.push(alloc(5, W));
+        let mut moved = tensor(0, 5, W);
+        moved.id = TensorId(10);
+        l.tensors.push(moved);
+        l.owners[0].tensor = TensorId(10);
+        l.probes[0].state = AllocState::Free;
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        let k = kinds(&r);
+        assert!(
+            k.contains(&(FindingKind::Drifted, "model.w".into())),
+            "{k:?}"
+        );
+        assert!(k.contains(&(FindingKind::Freed, "model.w".into())), "{k:?}");
+        let d = r
+            .findings
+            .iter()
+            .find(|f| f.kind == FindingKind::Drifted)
+            .unwrap();
+        assert_eq!(d.live_addr, Some(Addr(BASE + 0x5000)));
+        assert_eq!(d.captured_addr, Some(Addr(BASE)));
+        assert_eq!(r.recapture(), vec!["bs1".to_string(), "bs8".to_string()]);
+    }
+
+    #[test]
+    fn reused_names_the_new_owner_and_unmapped_is_freed() {
+        let m = manifest();
+        let mut l = live(&m, Contents::Updated);
+        // model.w now lives elsewhere; its old storage belongs to model.other.
+        l.allocations.push(alloc(5, W));
+        let mut moved = tensor(0, 5, W);
+        moved.id = TensorId(10);
+        l.tensors.push(moved);
+        l.owners[0].tensor = TensorId(10);
+        l.owners
+            .push(owner("model.other", 0, Registration::Parameter));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        let f = r
+            .findings
+            .iter()
+            .find(|f| f.kind == FindingKind::Reused)
+            .expect("reused");
+        assert_eq!(f.new_owners, vec!["model.other".to_string()]);
+
+        let mut l = live(&m, Contents::Updated);
+        l.probes[2].state = AllocState::Unmapped;
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert!(kinds(&r).contains(&(FindingKind::Freed, "model.meta".into())));
+    }
+
+    #[test]
+    fn vanished_reshaped_and_stale() {
+        let m = manifest();
+        let mut l = live(&m, Contents::Preserved);
+        l.owners.retain(|o| o.path != "model.meta");
+        l.tensors[0].shape = vec![64, 2];
+        l.tensors[0].stride = vec![2, 1];
+        l.tensors[1].digest = Some(Digest("sum64:dead".into()));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        let k = kinds(&r);
+        assert!(
+            k.contains(&(FindingKind::Vanished, "model.meta".into())),
+            "{k:?}"
+        );
+        assert!(
+            k.contains(&(FindingKind::Reshaped, "model.w".into())),
+            "{k:?}"
+        );
+        assert!(k.contains(&(FindingKind::Stale, SCALE.into())), "{k:?}");
+
+        // New weights may change contents, unless a reference says otherwise.
+        let mut l = live(&m, Contents::Updated);
+        l.tensors[1].digest = Some(Digest("sum64:dead".into()));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert!(!kinds(&r).iter().any(|(k, _)| *k == FindingKind::Stale));
+        l.tensors[1].reference_digest = Some(Digest("sum64:beef".into()));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert!(kinds(&r).contains(&(FindingKind::Stale, SCALE.into())));
+        // Digests of different algorithms are never compared.
+        l.tensors[1].reference_digest = Some(Digest("sha256:beef".into()));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert!(!kinds(&r).iter().any(|(k, _)| *k == FindingKind::Stale));
+    }
+
+    #[test]
+    fn allowlist_silences_and_reports_unused_entries() {
+        let m = manifest();
+        let allow = Allowlist::parse(
+            "[[allow]]\npath = \"model.scale*\"\nkinds = [\"unregistered\"]\nreason = \"scratch\"\n\
+             [[allow]]\npath = \"model.gone\"\nreason = \"old\"\n\
+             [[allow]]\npath = \"model.w\"\nkinds = [\"stale\"]\nreason = \"live-only\"\n",
+        )
+        .unwrap();
+        let r = verify(&m, None, &allow).unwrap();
+        let k = kinds(&r);
+        assert!(
+            !k.contains(&(FindingKind::Unregistered, SCALE.into())),
+            "{k:?}"
+        );
+        assert_eq!(r.allowed.len(), 1);
+        assert_eq!(r.allowed[0].reason, "scratch");
+        // The stale-only entry is not judged without a live snapshot.
+        assert!(
+            k.contains(&(FindingKind::UnusedAllow, "model.gone".into())),
+            "{k:?}"
+        );
+        assert!(
+            !k.contains(&(FindingKind::UnusedAllow, "model.w".into())),
+            "{k:?}"
+        );
+        let l = live(&m, Contents::Preserved);
+        let r = verify(&m, Some(&l), &allow).unwrap();
+        assert!(kinds(&r).contains(&(FindingKind::UnusedAllow, "model.w".into())));
+    }
+
+    #[test]
+    fn inconsistent_documents_are_errors_not_panics() {
+        let mut m = manifest();
+        m.graphs[0].nodes[0].touches[0].tensor = Some(TensorId(99));
+        let e = verify(&m, None, &Allowlist::default()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("graphs[0].nodes[0].touches[0].tensor"),
+            "{e}"
+        );
+        let m = manifest();
+        let mut l = live(&m, Contents::Preserved);
+        l.owners[0].tensor = TensorId(42);
+        let e = verify(&m, Some(&l), &Allowlist::default()).unwrap_err();
+        assert!(e.to_string().contains("owners[0].tensor"), "{e}");
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every test of graphcheck, Rust and Python, installing what they need first.
+# Snapshots are checked, never written: a missing, changed or unreferenced snapshot fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "installing test tools"
+ci/install-tools.sh
+
+step "building (workspace, all targets)"
+cargo build --workspace --all-targets --locked
+
+step "Rust tests (insta: --check --unreferenced=reject)"
+CI=true cargo insta test --workspace --locked --check --unreferenced=reject
+
+step "Python tests"
+python3 -m pytest -q tests/python

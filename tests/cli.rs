@@ -1,0 +1,317 @@
+//! Integration tests of the `graphcheck` binary over the fixture corpus
+//! (`fixtures/index.json`): expected findings and exit codes per scenario, insta snapshots
+//! of `show --normalized`, `verify` (table, json) and `explain`, every bad-input class, and
+//! the committed JSON Schema.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn fixtures() -> PathBuf {
+    root().join("fixtures")
+}
+
+/// Runs the binary from the repository root, so paths in its output are stable.
+fn graphcheck(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_graphcheck"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("graphcheck runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8(b.to_vec()).expect("utf-8 output")
+}
+
+/// stdout, stderr and exit code as one snapshot.
+fn transcript(args: &[&str], out: &Output) -> String {
+    format!(
+        "$ graphcheck {}\nexit: {}\n--- stdout\n{}--- stderr\n{}",
+        args.join(" "),
+        out.status.code().map_or("signal".into(), |c| c.to_string()),
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
+fn index() -> Value {
+    let p = fixtures().join("index.json");
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).expect("index.json is JSON")
+}
+
+fn rel(p: &str) -> String {
+    format!("fixtures/{p}")
+}
+
+fn scenarios() -> Vec<Value> {
+    index()["scenarios"].as_array().expect("scenarios").clone()
+}
+
+fn verify_args(s: &Value, format: &str) -> Vec<String> {
+    let mut a = vec!["verify".to_string(), rel(s["manifest"].as_str().unwrap())];
+    if let Some(l) = s["live"].as_str() {
+        a.push(rel(l));
+    }
+    if let Some(al) = s["allow"].as_str() {
+        a.push("--allow".into());
+        a.push(rel(al));
+    }
+    a.push("--format".into());
+    a.push(format.into());
+    a
+}
+
+fn settings(name: &str, input: &Path) -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path(root().join("snapshots"));
+    s.set_prepend_module_to_snapshot(false);
+    s.set_input_file(input);
+    s.set_snapshot_suffix(name.to_string());
+    s
+}
+
+#[test]
+fn every_scenario_gives_exactly_its_expected_findings() {
+    let scenarios = scenarios();
+    assert!(
+        scenarios.len() >= 12,
+        "the corpus lists {} scenarios",
+        scenarios.len()
+    );
+    let mut failures = Vec::new();
+    for s in &scenarios {
+        let name = s["name"].as_str().unwrap();
+        let args = verify_args(s, "json");
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = graphcheck(&argv);
+        let expect = &s["expect"];
+        let code = out.status.code();
+        if code != expect["exit_code"].as_i64().map(|c| c as i32) {
+            failures.push(format!(
+                "{name}: exit {code:?}, expected {}\n{}",
+                expect["exit_code"],
+                text(&out.stderr)
+            ));
+            continue;
+        }
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{name}: report is not JSON: {e}\n{}", text(&out.stdout)));
+        let got: Vec<(String, String)> = report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["kind"].as_str().unwrap().into(),
+                    f["subject"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let mut want: Vec<(String, String)> = expect["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["kind"].as_str().unwrap().into(),
+                    f["subject"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let mut got_sorted = got.clone();
+        got_sorted.sort();
+        want.sort();
+        if got_sorted != want {
+            failures.push(format!("{name}: findings\n  got  {got:?}\n  want {want:?}"));
+        }
+        // Where the index names the graphs to recapture, they must match exactly.
+        for w in expect["findings"].as_array().unwrap() {
+            let Some(graphs) = w.get("graphs").and_then(Value::as_array) else {
+                continue;
+            };
+            let f = report["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["kind"] == w["kind"] && f["subject"] == w["subject"]);
+            if let Some(f) = f
+                && f["graphs"].as_array() != Some(graphs)
+            {
+                failures.push(format!(
+                    "{name}: {} {}: graphs {} , expected {:?}",
+                    w["kind"], w["subject"], f["graphs"], graphs
+                ));
+            }
+        }
+        if report["ok"].as_bool() != Some(want.is_empty()) {
+            failures.push(format!(
+                "{name}: ok is {}, findings {}",
+                report["ok"],
+                want.len()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn snapshots_per_scenario() {
+    for s in scenarios() {
+        let name = s["name"].as_str().unwrap().to_string();
+        let manifest = rel(s["manifest"].as_str().unwrap());
+        let input = root().join(&manifest);
+        let _guard = settings(&name, &input).bind_to_scope();
+
+        let show = ["show", manifest.as_str(), "--normalized"];
+        insta::assert_snapshot!("show_normalized", transcript(&show, &graphcheck(&show)));
+        if let Some(l) = s["live"].as_str() {
+            let live = rel(l);
+            let show = ["show", live.as_str(), "--normalized"];
+            insta::assert_snapshot!(
+                "show_live_normalized",
+                transcript(&show, &graphcheck(&show))
+            );
+        }
+        for format in ["table", "json"] {
+            let args = verify_args(&s, format);
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            insta::assert_snapshot!(
+                format!("verify_{format}"),
+                transcript(&argv, &graphcheck(&argv))
+            );
+        }
+        for (i, q) in s["explain"].as_array().into_iter().flatten().enumerate() {
+            let q = q.as_str().unwrap();
+            let mut argv = vec!["explain", manifest.as_str()];
+            argv.extend(q.split_whitespace().collect::<Vec<_>>().iter().copied());
+            if q.starts_with("--kernel ") {
+                argv.truncate(2);
+                argv.push("--kernel");
+                argv.push(q.trim_start_matches("--kernel ").trim());
+            }
+            insta::assert_snapshot!(
+                format!("explain_{i}"),
+                transcript(&argv, &graphcheck(&argv))
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_exit_2_naming_file_and_json_path() {
+    let bad = index()["bad"]
+        .as_array()
+        .expect("index lists bad inputs")
+        .clone();
+    assert!(bad.len() >= 7, "{} bad inputs", bad.len());
+    let any_manifest = rel(scenarios()[0]["manifest"].as_str().unwrap());
+    for b in bad {
+        let file = rel(b["file"].as_str().unwrap());
+        let args: Vec<&str> = match b["as"].as_str().unwrap() {
+            "allow" => vec!["verify", any_manifest.as_str(), "--allow", file.as_str()],
+            "live" => vec!["verify", any_manifest.as_str(), file.as_str()],
+            _ => vec!["verify", file.as_str()],
+        };
+        let out = graphcheck(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{file}: {err}");
+        assert!(!err.contains("panicked"), "{file} panicked: {err}");
+        assert!(err.starts_with("error: "), "{file}: {err}");
+        for want in b["error_contains"].as_array().unwrap() {
+            let want = want.as_str().unwrap();
+            assert!(err.contains(want), "{file}: stderr lacks {want:?}:\n{err}");
+        }
+        let stem = Path::new(&file)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace('.', "_");
+        let _guard = settings(&stem, &root().join(&file)).bind_to_scope();
+        insta::assert_snapshot!("bad_input", transcript(&args, &out));
+    }
+}
+
+#[test]
+fn missing_file_and_usage_errors_exit_2() {
+    let out = graphcheck(&["verify", "fixtures/does-not-exist.json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("fixtures/does-not-exist.json") && err.contains("No such file"),
+        "{err}"
+    );
+    let out = graphcheck(&["verify", "--format", "yaml", "x.json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = graphcheck(&["explain", "x.json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+#[test]
+fn committed_schema_is_what_the_binary_prints() {
+    let out = graphcheck(&["schema"]);
+    assert_eq!(out.status.code(), Some(0));
+    let committed = std::fs::read_to_string(root().join("schema/graphcheck-v1.schema.json"))
+        .expect("schema/graphcheck-v1.schema.json is committed");
+    assert!(
+        text(&out.stdout) == committed,
+        "schema/graphcheck-v1.schema.json is out of date: run `cargo run -p graphcheck-cli -- schema > schema/graphcheck-v1.schema.json`"
+    );
+}
+
+#[test]
+fn every_fixture_document_validates_against_the_schema_shape() {
+    // The schema's required keys of the top-level documents are present in every fixture:
+    // a cheap guard that the schema and the corpus describe the same format.
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("schema/graphcheck-v1.schema.json")).unwrap(),
+    )
+    .unwrap();
+    for s in scenarios() {
+        for (key, def) in [("manifest", "Manifest"), ("live", "Live")] {
+            let Some(p) = s[key].as_str() else { continue };
+            let doc: Value =
+                serde_json::from_str(&std::fs::read_to_string(fixtures().join(p)).unwrap())
+                    .unwrap();
+            for req in schema["$defs"][def]["required"].as_array().unwrap() {
+                assert!(doc.get(req.as_str().unwrap()).is_some(), "{p} lacks {req}");
+            }
+        }
+    }
+}
+
+#[test]
+fn verify_output_file_is_written_atomically_and_diff_of_a_document_with_itself_is_empty() {
+    let s = &scenarios()[0];
+    let manifest = rel(s["manifest"].as_str().unwrap());
+    let dir = std::env::temp_dir().join(format!("graphcheck-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out_file = dir.join("report.json");
+    let out_str = out_file.to_string_lossy().to_string();
+    let out = graphcheck(&[
+        "verify", &manifest, "--format", "json", "--output", &out_str,
+    ]);
+    assert!(out.stdout.is_empty());
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    assert_eq!(report["format_version"], 1);
+    // No temporary file is left beside it.
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let out = graphcheck(&["diff", &manifest, &manifest]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).starts_with("same: "));
+}
