@@ -182,3 +182,50 @@ pub fn diff(a: &Document, b: &Document) -> DiffReport {
         graphs,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Contents, Digest, Registration};
+    use crate::testkit::{live, manifest};
+
+    #[test]
+    fn same_model_is_same_and_every_change_is_named() {
+        let m = manifest();
+        let a = Document::Manifest(m.clone());
+        assert!(diff(&a, &a).same);
+        // Addresses do not matter; registration, layout, digest, tensor set do.
+        let mut l = live(&m, Contents::Preserved);
+        for t in &mut l.tensors {
+            t.storage_base.0 += 0x100_0000;
+        }
+        l.allocations.clear();
+        for t in &mut l.tensors {
+            t.allocation = None;
+        }
+        let b = Document::Live(l.clone());
+        let r = diff(&a, &b);
+        assert!(r.same, "{r:?}");
+        l.owners[0].registration = Registration::Buffer;
+        l.tensors[1].shape = vec![64, 2];
+        l.tensors[1].stride = vec![2, 1];
+        l.tensors[2].digest = Some(Digest("sum64:ff".into()));
+        l.owners.retain(|o| o.path != "model.scale_alias");
+        let r = diff(&a, &Document::Live(l));
+        let got: Vec<(&str, &Change)> = r
+            .differences
+            .iter()
+            .map(|d| (d.path.as_str(), &d.change))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("model.meta", &Change::Digest),
+                ("model.scale", &Change::Layout),
+                ("model.scale_alias", &Change::Removed),
+                ("model.w", &Change::Registration),
+            ]
+        );
+        assert!(!r.same);
+    }
+}

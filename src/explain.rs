@@ -281,3 +281,54 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::RawAddrs;
+    use crate::testkit::{BASE, manifest};
+
+    #[test]
+    fn queries_parse_and_explain_what_they_name() {
+        assert_eq!(
+            Query::parse("0x7f2c00001000"),
+            Query::Address(Addr(0x7f2c_0000_1000))
+        );
+        assert_eq!(Query::parse("model.w"), Query::Owner("model.w".into()));
+        let m = manifest();
+        let e = explain(&m, &Query::Owner("model.scale_alias".into()), &RawAddrs);
+        assert!(e.found);
+        assert!(
+            e.text.contains("model.scale (module_attribute)"),
+            "{}",
+            e.text
+        );
+        assert!(
+            e.text.contains("chain: model → model.scale_alias"),
+            "{}",
+            e.text
+        );
+        assert!(e.text.contains("bs8#0 k0 param 0 +8"), "{}", e.text);
+
+        let e = explain(&m, &Query::Address(Addr(BASE + 0x4000)), &RawAddrs);
+        assert!(e.found);
+        assert!(
+            e.text
+                .contains("held without a tensor by 1 node parameter(s)"),
+            "{}",
+            e.text
+        );
+
+        let e = explain(&m, &Query::Kernel("k0".into()), &RawAddrs);
+        assert!(
+            e.text.contains("graph-pool intermediate (pool graph)"),
+            "{}",
+            e.text
+        );
+        assert!(e.text.contains("-> model.w (parameter)"), "{}", e.text);
+
+        assert!(!explain(&m, &Query::Owner("model.nope".into()), &RawAddrs).found);
+        assert!(!explain(&m, &Query::Address(Addr(0x10)), &RawAddrs).found);
+        assert!(!explain(&m, &Query::Kernel("gemm".into()), &RawAddrs).found);
+    }
+}

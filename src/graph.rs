@@ -356,3 +356,57 @@ impl<'m> OwnershipGraph<'m> {
         self.graph_nodes[graph as usize]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::manifest;
+
+    #[test]
+    fn owner_chains_touches_and_kernel_queries() {
+        let m = manifest();
+        let og = OwnershipGraph::new(&m);
+        // Tensor 1 has two owners (an alias).
+        let chains = og.owner_chains(1);
+        assert_eq!(chains.len(), 2);
+        assert_eq!(
+            chains[0].0,
+            vec!["model".to_string(), "model.scale".to_string()]
+        );
+        assert_eq!(chains[0].1, Registration::ModuleAttribute);
+        assert_eq!(og.touches_of(1), vec![(1, 0, 0, 8)]);
+        assert_eq!(og.graphs_touching(1), vec!["bs8".to_string()]);
+        assert_eq!(og.graphs_touching(0), vec!["bs1".to_string()]);
+        assert_eq!(og.kernels_matching("k0"), vec![(0, 0), (1, 0)]);
+        // Node bs1#0 holds tensor 0 and a graph-pool allocation.
+        let held = og.touched_by(0, 0);
+        assert_eq!(held.len(), 2);
+        assert!(
+            held.iter().any(|h| matches!(h.2, NodeW::Tensor(0))),
+            "{held:?}"
+        );
+        assert!(
+            held.iter().any(|h| matches!(h.2, NodeW::Allocation(3))),
+            "{held:?}"
+        );
+    }
+
+    #[test]
+    fn dot_has_the_chain_and_the_reading_kernel() {
+        let m = manifest();
+        let og = OwnershipGraph::new(&m);
+        let dot = og.dot(&og.neighbourhood(1));
+        assert!(dot.starts_with("digraph graphcheck {"));
+        for want in [
+            "label=\"scale\"",
+            "label=\"scale_alias\"",
+            "#0 k0",
+            "label=\"bs8\"",
+            "module_attribute",
+            "param 0 +8",
+        ] {
+            assert!(dot.contains(want), "missing {want}:\n{dot}");
+        }
+        assert!(!dot.contains("label=\"bs1\""), "{dot}");
+    }
+}

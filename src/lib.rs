@@ -14,4 +14,6 @@ pub mod load;
 pub mod normalize;
 pub mod path;
 pub mod report;
+#[cfg(test)]
+mod testkit;
 pub mod verify;

@@ -105,7 +105,7 @@ fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
 
 /// Parses and checks a manifest held in memory; `path` only names it in errors.
 pub fn parse_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, LoadError> {
-    let m: Manifest = parse_typed(bytes, path)?;
+    let m: Manifest = parse_typed(bytes, path, DocKind::Manifest)?;
     expect_kind(m.kind, DocKind::Manifest, path)?;
     check_manifest(&m).map_err(|e| e.in_file(path))?;
     Ok(m)
@@ -113,7 +113,7 @@ pub fn parse_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, LoadError> 
 
 /// Parses and checks a live snapshot held in memory; `path` only names it in errors.
 pub fn parse_live(bytes: &[u8], path: &Path) -> Result<Live, LoadError> {
-    let l: Live = parse_typed(bytes, path)?;
+    let l: Live = parse_typed(bytes, path, DocKind::Live)?;
     expect_kind(l.kind, DocKind::Live, path)?;
     check_live(&l).map_err(|e| e.in_file(path))?;
     Ok(l)
@@ -173,7 +173,11 @@ fn check_version(v: Option<&serde_json::Value>, path: &Path) -> Result<(), LoadE
     }
 }
 
-fn parse_typed<T: for<'de> Deserialize<'de>>(bytes: &[u8], path: &Path) -> Result<T, LoadError> {
+fn parse_typed<T: for<'de> Deserialize<'de>>(
+    bytes: &[u8],
+    path: &Path,
+    expected: DocKind,
+) -> Result<T, LoadError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut de) {
         Ok(v) => {
@@ -182,17 +186,35 @@ fn parse_typed<T: for<'de> Deserialize<'de>>(bytes: &[u8], path: &Path) -> Resul
                 json_path: ".".into(),
                 line: e.line(),
                 column: e.column(),
-                message: strip_position(e.to_string()),
+                message: describe(&e),
             })?;
             Ok(v)
         }
         Err(e) => {
-            // A document of another version fails somewhere in its body; say why instead.
+            // A document of another version or kind fails somewhere in its body; say why.
             if let Ok(h) = serde_json::from_slice::<Header>(bytes) {
                 check_version(h.format_version.as_ref(), path)?;
+                let found = match h.kind.as_ref().and_then(|k| k.as_str()) {
+                    Some("manifest") => Some(DocKind::Manifest),
+                    Some("live") => Some(DocKind::Live),
+                    _ => None,
+                };
+                if let Some(found) = found {
+                    expect_kind(found, expected, path)?;
+                }
             }
             json_error(path, Err(e))
         }
+    }
+}
+
+/// serde_json's message, saying first whether the text is not JSON at all or cut short.
+fn describe(e: &serde_json::Error) -> String {
+    let m = strip_position(e.to_string());
+    match e.classify() {
+        serde_json::error::Category::Syntax => format!("not valid JSON: {m}"),
+        serde_json::error::Category::Eof => format!("truncated JSON: {m}"),
+        _ => m,
     }
 }
 
@@ -212,7 +234,7 @@ fn json_error<T>(
         let json_path = e.path().to_string();
         let inner = e.into_inner();
         let (line, column) = (inner.line(), inner.column());
-        let message = strip_position(inner.to_string());
+        let message = describe(&inner);
         LoadError::Json {
             path: path.to_path_buf(),
             json_path,
@@ -478,4 +500,78 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Whether `addr` lies in `[base, base + size)`.
 pub fn in_range(addr: Addr, base: Addr, size: u64) -> bool {
     base <= addr && addr.0 - base.0 < size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::manifest;
+
+    fn err(bytes: &[u8]) -> String {
+        parse_manifest(bytes, Path::new("m.json"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn round_trips_and_names_file_and_json_path_on_errors() {
+        let m = manifest();
+        let bytes = serde_json::to_vec(&m).unwrap();
+        assert_eq!(parse_manifest(&bytes, Path::new("m.json")).unwrap(), m);
+
+        let e = err(b"not json");
+        assert!(
+            e.starts_with("m.json:1:2: invalid document at `.`: not valid JSON"),
+            "{e}"
+        );
+        let e = err(&bytes[..bytes.len() / 2]);
+        assert!(e.contains("truncated JSON: EOF while parsing"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v["format_version"] = 2.into();
+        v["graphs"] = serde_json::json!({"renamed": true});
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(e.contains("`format_version` is 2"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v.as_object_mut().unwrap().remove("graphs");
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(e.contains("missing field `graphs`"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v["tensors"][1]["shape"][0] = "wide".into();
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(e.contains("`tensors[1].shape[0]`"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v["tensors"][2]["id"] = 0.into();
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(e.contains("`tensors[2].id`: two tensors claim id 0"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v["owners"][0]["path"] = "model..w".into();
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(e.contains("`owners[0].path`"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v["graphs"][1]["nodes"][0]["touches"][0]["addr"] = "0x10".into();
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(
+            e.contains("`graphs[1].nodes[0].touches[0].addr`: 0x10 lies outside tensor 1"),
+            "{e}"
+        );
+        let l = serde_json::to_vec(&crate::testkit::live(
+            &m,
+            crate::format::Contents::Preserved,
+        ))
+        .unwrap();
+        let e = err(&l);
+        assert!(e.contains("`kind` is `live`, expected a `manifest`"), "{e}");
+        let e = err(b"{\"format_version\": 1, \"kind\": \"manifest\"} trailing");
+        assert!(e.contains("missing field"), "{e}");
+    }
+
+    #[test]
+    fn write_atomic_replaces_whole_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.json");
+        write_atomic(&p, b"first").unwrap();
+        write_atomic(&p, b"second").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"second");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 }
