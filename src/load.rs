@@ -178,6 +178,11 @@ fn parse_typed<T: for<'de> Deserialize<'de>>(
     path: &Path,
     expected: DocKind,
 ) -> Result<T, LoadError> {
+    // The fast path tracks no JSON path; only a failed parse is repeated with tracking, so
+    // that its error can say where.
+    if let Ok(v) = serde_json::from_slice::<T>(bytes) {
+        return Ok(v);
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut de) {
         Ok(v) => {
