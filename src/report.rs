@@ -21,7 +21,7 @@ impl AddrFmt for RawAddrs {
 }
 
 const MAX_KERNELS_SHOWN: usize = 3;
-const MAX_NAME: usize = 72;
+const MAX_NAME: usize = 96;
 
 fn shorten(name: &str, max: usize) -> String {
     if name.chars().count() <= max {
@@ -119,7 +119,8 @@ fn headline(r: &Report) -> String {
     }
 }
 
-/// The terminal table, with a headline, the recapture set and the allowed findings.
+/// The terminal report: a headline, one table row per finding, then per subject what was
+/// seen and which node parameters hold it, the recapture set and the allowed findings.
 pub fn render_table(r: &Report, fmt: &dyn AddrFmt) -> String {
     let mut out = headline(r);
     out.push('\n');
@@ -127,26 +128,75 @@ pub fn render_table(r: &Report, fmt: &dyn AddrFmt) -> String {
         let mut t = Table::new();
         t.load_style(presets::UTF8_FULL_CONDENSED)
             .set_content_arrangement(ContentArrangement::Disabled)
-            .set_header(["kind", "owner", "tensor", "address", "kernels", "why"]);
+            .set_header(["kind", "owner", "tensor", "address", "graphs"]);
         for f in &r.findings {
             t.add_row([
                 f.kind.to_string(),
                 owner_cell(f),
                 tensor_cell(f),
                 address_cell(f, fmt),
-                kernels_cell(f),
-                f.detail.clone(),
+                f.graphs.join("\n"),
             ]);
         }
         out.push_str(&t.to_string());
         out.push('\n');
+
+        // Details, one block per subject, in table order.
+        let mut subjects: Vec<&str> = Vec::new();
+        for f in &r.findings {
+            if !subjects.contains(&f.subject.as_str()) {
+                subjects.push(&f.subject);
+            }
+        }
+        for subject in subjects {
+            let fs: Vec<&Finding> = r.findings.iter().filter(|f| f.subject == subject).collect();
+            out.push('\n');
+            out.push_str(&match fs[0].kind {
+                FindingKind::UnusedAllow => format!("allow entry `{subject}`"),
+                FindingKind::Unowned => format!(
+                    "unowned {}",
+                    fs[0]
+                        .captured_addr
+                        .map_or(subject.to_string(), |a| fmt.addr(a))
+                ),
+                _ => subject.to_string(),
+            });
+            out.push('\n');
+            for f in &fs {
+                out.push_str(&format!("  {:<13}{}\n", f.kind.as_str(), f.detail));
+                if !f.new_owners.is_empty() && f.kind == FindingKind::Reused {
+                    out.push_str(&format!(
+                        "  {:<13}{}\n",
+                        "now owned by",
+                        f.new_owners.join(", ")
+                    ));
+                }
+            }
+            if let Some(site) = fs[0].alloc_site.first() {
+                out.push_str(&format!(
+                    "  {:<13}{}:{} in {}\n",
+                    "allocated at", site.filename, site.line, site.name
+                ));
+            }
+            for (i, k) in fs[0].kernels.iter().enumerate() {
+                if i == MAX_KERNELS_SHOWN {
+                    out.push_str(&format!("  {:<13}… {} more\n", "", fs[0].kernels.len() - i));
+                    break;
+                }
+                out.push_str(&format!(
+                    "  {:<13}{}\n",
+                    if i == 0 { "held by" } else { "" },
+                    kernel_line(k)
+                ));
+            }
+        }
         let rc = r.recapture();
         if !rc.is_empty() {
-            out.push_str(&format!("recapture: {}\n", rc.join(", ")));
+            out.push_str(&format!("\nrecapture: {}\n", rc.join(", ")));
         }
     }
     if !r.allowed.is_empty() {
-        out.push_str(&format!("allowed ({}):\n", r.allowed.len()));
+        out.push_str(&format!("\nallowed ({}):\n", r.allowed.len()));
         for a in &r.allowed {
             out.push_str(&format!(
                 "  {} {} — by `{}`: {}\n",
