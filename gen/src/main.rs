@@ -1,1 +1,116 @@
-fn main() {}
+//! `graphcheck-gen`: writes the synthetic fixture corpus and the benchmark documents.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use graphcheck_gen::{bench, fixtures};
+
+/// Exit code: done, or `--check` found the folder equal to the generator.
+const EXIT_OK: u8 = 0;
+/// Exit code: `--check` found files that differ.
+const EXIT_DIFFERS: u8 = 1;
+/// Exit code: an error (usage, I/O).
+const EXIT_ERROR: u8 = 2;
+
+#[derive(Parser)]
+#[command(name = "graphcheck-gen", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write the synthetic scenario corpus (manifests, live snapshots, allowlists, broken
+    /// inputs, index.json).
+    Fixtures {
+        /// The fixtures folder.
+        #[arg(long, default_value = "fixtures")]
+        out: PathBuf,
+        /// Compare instead of writing; exit 1 listing the files that differ.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Write a large manifest and live snapshot for benchmarks.
+    Bench {
+        /// The folder to write manifest.json and live.json into.
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1_000_000)]
+        touches: u64,
+        #[arg(long, default_value_t = 100_000)]
+        tensors: u64,
+        #[arg(long, default_value_t = 64)]
+        graphs: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_ERROR } else { EXIT_OK });
+        }
+    };
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Command::Fixtures { out, check } => {
+            let files = fixtures::corpus();
+            if check {
+                let differ = fixtures::check(&out, &files);
+                if differ.is_empty() {
+                    eprintln!(
+                        "{}: {} files match the generator",
+                        out.display(),
+                        files.len()
+                    );
+                    return Ok(EXIT_OK);
+                }
+                eprintln!(
+                    "{}: {} files differ from the generator (run `cargo run -p graphcheck-gen -- fixtures`):",
+                    out.display(),
+                    differ.len()
+                );
+                for d in differ {
+                    eprintln!("  {d}");
+                }
+                Ok(EXIT_DIFFERS)
+            } else {
+                fixtures::write(&out, &files)?;
+                eprintln!("wrote {} files under {}", files.len(), out.display());
+                Ok(EXIT_OK)
+            }
+        }
+        Command::Bench {
+            out,
+            touches,
+            tensors,
+            graphs,
+            seed,
+        } => {
+            bench::run(
+                &out,
+                bench::BenchOpts {
+                    touches,
+                    tensors,
+                    graphs,
+                    seed,
+                },
+            )?;
+            Ok(EXIT_OK)
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Rendering the corpus to bytes, writing it, and checking a folder against it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::index::{INDEX_VERSION, Index, ScenarioEntry};
+use crate::scenarios::{self, Scenario};
+
+/// Every file of the corpus, by path relative to the fixtures folder.
+pub type Files = BTreeMap<String, Vec<u8>>;
+
+/// Pretty JSON with a trailing newline: the corpus' one spelling of a document.
+pub fn pretty<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut bytes = serde_json::to_vec_pretty(value).expect("format types serialize");
+    bytes.push(b'\n');
+    bytes
+}
+
+/// The whole corpus: scenarios, bad inputs and the index.
+pub fn corpus() -> Files {
+    corpus_of(&scenarios::all())
+}
+
+/// The corpus of these scenarios; the first is the base the bad inputs are cut from.
+pub fn corpus_of(all: &[Scenario]) -> Files {
+    let mut files = Files::new();
+    let mut entries = Vec::new();
+    for s in all {
+        let dir = format!("synthetic/{}", s.name);
+        let manifest = format!("{dir}/manifest.json");
+        files.insert(manifest.clone(), pretty(&s.manifest));
+        let live = s.live.as_ref().map(|l| {
+            let p = format!("{dir}/live.json");
+            files.insert(p.clone(), pretty(l));
+            p
+        });
+        let allow = s.allow.as_ref().map(|a| {
+            let p = format!("{dir}/allow.toml");
+            files.insert(p.clone(), a.as_bytes().to_vec());
+            p
+        });
+        entries.push(ScenarioEntry {
+            name: s.name.into(),
+            description: s.description.clone(),
+            made_by: s.made_by(),
+            manifest,
+            live,
+            allow,
+            explain: s.explain.clone(),
+            expect: s.expect.clone(),
+        });
+    }
+    let base = all.first().expect("at least one scenario");
+    let (bad_files, bad) = crate::bad::inputs(base);
+    files.extend(bad_files);
+    let index = Index {
+        format_version: INDEX_VERSION,
+        scenarios: entries,
+        bad,
+    };
+    files.insert("index.json".into(), pretty(&index));
+    files
+}
+
+/// Writes every file under `out`, atomically, creating folders as needed.
+pub fn write(out: &Path, files: &Files) -> anyhow::Result<()> {
+    for (rel, bytes) in files {
+        let path = out.join(rel);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("failed to create {}", dir.display()))?;
+        }
+        graphcheck::load::write_atomic(&path, bytes)
+            .with_context(|| format!("failed to write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// What differs between `out` and the corpus: files missing, files with other bytes, and
+/// files under the generated folders that the generator does not make. Sorted.
+pub fn check(out: &Path, files: &Files) -> Vec<String> {
+    let mut differ = Vec::new();
+    for (rel, bytes) in files {
+        match std::fs::read(out.join(rel)) {
+            Ok(have) if &have == bytes => {}
+            Ok(_) => differ.push(format!("{rel} (differs)")),
+            Err(_) => differ.push(format!("{rel} (missing)")),
+        }
+    }
+    for top in ["synthetic", "bad"] {
+        let mut stack = vec![out.join(top)];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if let Ok(rel) = path.strip_prefix(out) {
+                    let rel = rel.to_string_lossy().replace('\\', "/");
+                    if !files.contains_key(&rel) {
+                        differ.push(format!("{rel} (not generated)"));
+                    }
+                }
+            }
+        }
+    }
+    differ.sort();
+    differ
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeSet, HashSet};
+    use std::path::Path;
+
+    use super::*;
+    use crate::index::{Index, Kind};
+
+    fn index(files: &Files) -> Index {
+        serde_json::from_slice(&files["index.json"]).expect("index.json parses")
+    }
+
+    /// Every document of the corpus passes the loader's validation, under its own name.
+    #[test]
+    fn every_document_loads() {
+        let files = corpus();
+        let index = index(&files);
+        assert_eq!(index.scenarios.len(), 13);
+        for s in &index.scenarios {
+            graphcheck::load::parse_manifest(&files[&s.manifest], Path::new(&s.manifest))
+                .unwrap_or_else(|e| panic!("{e}"));
+            if let Some(l) = &s.live {
+                graphcheck::load::parse_live(&files[l], Path::new(l))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            if let Some(a) = &s.allow {
+                let text = std::str::from_utf8(&files[a]).unwrap();
+                toml::from_str::<toml::Value>(text).unwrap_or_else(|e| panic!("{a}: {e}"));
+            }
+        }
+    }
+
+    /// Two runs give the same bytes.
+    #[test]
+    fn corpus_is_deterministic() {
+        assert!(corpus() == corpus());
+    }
+
+    /// `--check` right after writing finds nothing, and finds an edit and a stray file.
+    #[test]
+    fn check_after_write_finds_no_difference() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = corpus();
+        write(dir.path(), &files).unwrap();
+        assert_eq!(check(dir.path(), &files), Vec::<String>::new());
+        std::fs::write(dir.path().join("index.json"), "{}").unwrap();
+        std::fs::write(dir.path().join("synthetic/stray.json"), "{}").unwrap();
+        assert_eq!(
+            check(dir.path(), &files),
+            vec![
+                "index.json (differs)".to_string(),
+                "synthetic/stray.json (not generated)".to_string()
+            ]
+        );
+    }
+
+    /// The committed `fixtures/` folder is what the generator writes.
+    #[test]
+    fn committed_fixtures_match_the_generator() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+        let differ = check(&dir, &corpus());
+        assert!(
+            differ.is_empty(),
+            "fixtures/ differs from the generator; run `cargo run -p graphcheck-gen -- fixtures`:\n{}",
+            differ.join("\n")
+        );
+    }
+
+    /// The hand-written expectations are well-formed: kinds in report order, subjects
+    /// sorted within a kind, every path of a subject an owner of the manifest, and where
+    /// `graphs` is given, it names exactly the graphs whose touches name those tensors.
+    #[test]
+    fn expectations_are_consistent_with_their_data() {
+        for s in scenarios::all() {
+            let m = &s.manifest;
+            for list in [&s.expect.findings, &s.expect.allowed] {
+                let keys: Vec<(Kind, &str)> =
+                    list.iter().map(|f| (f.kind, f.subject.as_str())).collect();
+                let mut sorted = keys.clone();
+                sorted.sort();
+                assert_eq!(keys, sorted, "{}: findings out of report order", s.name);
+            }
+            assert_eq!(
+                s.expect.exit_code,
+                i32::from(!s.expect.findings.is_empty()),
+                "{}",
+                s.name
+            );
+            for f in s.expect.findings.iter().chain(&s.expect.allowed) {
+                if matches!(f.kind, Kind::Unowned | Kind::UnusedAllow) {
+                    continue;
+                }
+                let paths: Vec<&str> = f.subject.split(" = ").collect();
+                let mut sorted = paths.clone();
+                sorted.sort();
+                assert_eq!(paths, sorted, "{}: {} paths unsorted", s.name, f.subject);
+                let tensors: HashSet<_> = paths
+                    .iter()
+                    .map(|p| {
+                        m.owners
+                            .iter()
+                            .find(|o| o.path == *p)
+                            .unwrap_or_else(|| panic!("{}: no owner {p}", s.name))
+                            .tensor
+                    })
+                    .collect();
+                if let Some(graphs) = &f.graphs {
+                    let touching: BTreeSet<&str> = m
+                        .graphs
+                        .iter()
+                        .filter(|g| {
+                            g.nodes
+                                .iter()
+                                .flat_map(|n| &n.touches)
+                                .any(|t| t.tensor.is_some_and(|id| tensors.contains(&id)))
+                        })
+                        .map(|g| g.name.as_str())
+                        .collect();
+                    let want: Vec<&str> = graphs.iter().map(String::as_str).collect();
+                    assert_eq!(
+                        want,
+                        touching.into_iter().collect::<Vec<_>>(),
+                        "{}: {:?} {}",
+                        s.name,
+                        f.kind,
+                        f.subject
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod consistency {
+    use graphcheck::format::PoolKind;
+
+    use crate::scenarios;
+
+    /// Each touch names the tensor its address lies in (when one does) and the allocation
+    /// that holds it, as a walker would resolve them; an address no tensor covers lies in
+    /// the graph pool, except where a scenario means it to be unowned.
+    #[test]
+    fn touches_resolve_as_a_walker_would() {
+        for s in scenarios::all() {
+            let m = &s.manifest;
+            for touch in m
+                .graphs
+                .iter()
+                .flat_map(|g| &g.nodes)
+                .flat_map(|n| &n.touches)
+            {
+                let containing: Vec<_> = m
+                    .tensors
+                    .iter()
+                    .filter(|t| t.contains(touch.addr))
+                    .map(|t| t.id)
+                    .collect();
+                match touch.tensor {
+                    Some(id) => assert!(containing.contains(&id), "{}: {touch:?}", s.name),
+                    None => assert!(containing.is_empty(), "{}: {touch:?}", s.name),
+                }
+                let alloc = m
+                    .allocations
+                    .iter()
+                    .find(|a| graphcheck::load::in_range(touch.addr, a.base, a.size))
+                    .unwrap_or_else(|| panic!("{}: {touch:?} in no allocation", s.name));
+                assert_eq!(touch.allocation, Some(alloc.id), "{}", s.name);
+                if touch.tensor.is_none() && s.name != "module_global_cache" {
+                    let pool = m.pools.iter().find(|p| Some(p.id) == alloc.pool).unwrap();
+                    assert_eq!(pool.kind, PoolKind::Graph, "{}: {touch:?}", s.name);
+                }
+            }
+            // Allocations never overlap.
+            let mut spans: Vec<(u64, u64)> = m
+                .allocations
+                .iter()
+                .map(|a| (a.base.0, a.base.0 + a.size))
+                .collect();
+            spans.sort();
+            assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{}", s.name);
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! `fixtures/index.json`: every scenario of the corpus, where its files are, what to ask
+//! `explain`, and what `verify` must report; and every deliberately broken input with the
+//! words its error must contain.
+
+use serde::{Deserialize, Serialize};
+
+/// The version of the index format.
+pub const INDEX_VERSION: u32 = 1;
+
+/// The whole index.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Index {
+    pub format_version: u32,
+    pub scenarios: Vec<ScenarioEntry>,
+    pub bad: Vec<BadEntry>,
+}
+
+/// One scenario. Paths are relative to the `fixtures/` folder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioEntry {
+    pub name: String,
+    /// What the model does, what the reload or sleep does, which upstream issue it models.
+    pub description: String,
+    /// How the files were made.
+    pub made_by: String,
+    pub manifest: String,
+    /// The live snapshot, for scenarios with a reload or sleep; `null` for capture-only.
+    pub live: Option<String>,
+    /// The allowlist `verify` is given, if any.
+    pub allow: Option<String>,
+    /// Queries to snapshot `explain` with: owner paths, hex addresses, or
+    /// `--kernel PATTERN`.
+    pub explain: Vec<String>,
+    pub expect: Expect,
+}
+
+/// What `graphcheck verify MANIFEST [LIVE] [--allow ALLOW]` must report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Expect {
+    pub exit_code: i32,
+    /// Every finding, in report order (kind, then subject); nothing else.
+    pub findings: Vec<ExpectedFinding>,
+    /// Findings the allowlist silences, in the same order.
+    pub allowed: Vec<ExpectedFinding>,
+}
+
+/// One finding, by kind and subject (see `docs/findings.md`, "Order, subject, exit code").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectedFinding {
+    pub kind: Kind,
+    /// Owner paths sorted and joined with ` = `; the hex address for `unowned`; the glob
+    /// for `unused_allow`.
+    pub subject: String,
+    /// The sorted names of the graphs whose touches name the subject's tensors (the set
+    /// to recapture), where the scenario pins it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graphs: Option<Vec<String>>,
+}
+
+/// The finding kinds, in report order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Vanished,
+    Drifted,
+    Freed,
+    Reused,
+    Reshaped,
+    Stale,
+    Unregistered,
+    Mispooled,
+    Unowned,
+    UnusedAllow,
+}
+
+/// A deliberately broken input.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BadEntry {
+    /// Relative to `fixtures/`.
+    pub file: String,
+    /// What the file is given to the CLI as: `manifest`, `live` or `allow`.
+    #[serde(rename = "as")]
+    pub as_: String,
+    /// Substrings the CLI's stderr must contain: the file's name, and the JSON path or
+    /// line of the fault where there is one.
+    pub error_contains: Vec<String>,
+}
