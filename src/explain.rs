@@ -81,7 +81,7 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
                                 "    {}#{} {} param {} +{} holds {}",
                                 g.name,
                                 n.index,
-                                n.name,
+                                crate::report::shorten(&n.name, 120),
                                 t.param,
                                 t.offset,
                                 fmt.addr(t.addr)
@@ -255,7 +255,16 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
                 .map(|h| format!(", on {h}"))
                 .unwrap_or_default();
             let _ = writeln!(out, "    {leaf} ({reg}{holder})");
-            let _ = writeln!(out, "      chain: {}", chain.join(" → "));
+            let hops: Vec<String> = chain
+                .iter()
+                .map(|p| {
+                    crate::path::parse(p)
+                        .ok()
+                        .and_then(|s| s.last().map(ToString::to_string))
+                        .unwrap_or_else(|| p.clone())
+                })
+                .collect();
+            let _ = writeln!(out, "      chain: {}", hops.join(" → "));
         }
     }
     let touches = og.touches_of(ti);
@@ -270,13 +279,26 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
             graphs.len(),
             graphs.join(", ")
         );
-        for (g, n, param, offset) in touches {
-            let graph = &m.graphs[g as usize];
-            let node = &graph.nodes[n as usize];
+        let mut lines: Vec<(&str, u32, u32, u32, &str)> = touches
+            .iter()
+            .map(|&(g, n, param, offset)| {
+                let graph = &m.graphs[g as usize];
+                let node = &graph.nodes[n as usize];
+                (
+                    graph.name.as_str(),
+                    node.index,
+                    param,
+                    offset,
+                    node.name.as_str(),
+                )
+            })
+            .collect();
+        lines.sort();
+        for (graph, index, param, offset, name) in lines {
             let _ = writeln!(
                 out,
-                "    {}#{} {} param {param} +{offset}",
-                graph.name, node.index, node.name
+                "    {graph}#{index} {} param {param} +{offset}",
+                crate::report::shorten(name, 120)
             );
         }
     }
@@ -303,11 +325,7 @@ mod tests {
             "{}",
             e.text
         );
-        assert!(
-            e.text.contains("chain: model → model.scale_alias"),
-            "{}",
-            e.text
-        );
+        assert!(e.text.contains("chain: model → scale_alias"), "{}", e.text);
         assert!(e.text.contains("bs8#0 k0 param 0 +8"), "{}", e.text);
 
         let e = explain(&m, &Query::Address(Addr(BASE + 0x4000)), &RawAddrs);

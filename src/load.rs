@@ -24,7 +24,7 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}:{line}:{column}: invalid document at `{json_path}`: {message}", path.display())]
+    #[error("{}:{line}:{column}: invalid document {}: {message}", path.display(), at(json_path))]
     Json {
         path: PathBuf,
         json_path: String,
@@ -44,12 +44,21 @@ pub enum LoadError {
         found: DocKind,
         expected: DocKind,
     },
-    #[error("{}: invalid document at `{json_path}`: {message}", path.display())]
+    #[error("{}: invalid document {}: {message}", path.display(), at(json_path))]
     Invalid {
         path: PathBuf,
         json_path: String,
         message: String,
     },
+}
+
+/// Where in the document, in words.
+fn at(json_path: &str) -> String {
+    if json_path == "." || json_path.is_empty() {
+        "at the top level".to_string()
+    } else {
+        format!("at `{json_path}`")
+    }
 }
 
 /// A semantic error found after parsing: where, and what.
@@ -503,7 +512,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
-        tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(mode))?;
     }
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
@@ -534,7 +544,7 @@ mod tests {
 
         let e = err(b"not json");
         assert!(
-            e.starts_with("m.json:1:2: invalid document at `.`: not valid JSON"),
+            e.starts_with("m.json:1:2: invalid document at the top level: not valid JSON"),
             "{e}"
         );
         let e = err(&bytes[..bytes.len() / 2]);

@@ -23,7 +23,8 @@ impl AddrFmt for RawAddrs {
 const MAX_KERNELS_SHOWN: usize = 3;
 const MAX_NAME: usize = 96;
 
-fn shorten(name: &str, max: usize) -> String {
+/// `name`, cut to `max` characters with an ellipsis.
+pub fn shorten(name: &str, max: usize) -> String {
     if name.chars().count() <= max {
         name.to_string()
     } else {
