@@ -1,0 +1,423 @@
+#!/usr/bin/env python3
+"""The benchmark's baseline: `graphcheck verify` in plain Python, json and dicts only.
+
+This script mirrors docs/findings.md, the contract `graphcheck verify` implements, so that
+benches/verify_bench.py can time graphcheck against what a competent Python engineer would
+write instead: `json.load` both documents, index them with dicts, and compute every
+finding kind (vanished, drifted, freed, reused, reshaped, stale, unregistered, mispooled,
+unowned, and unused_allow under an allowlist). Where an interval lookup is needed (probes
+inside a subject's span, live tensors containing an address) it uses sorted arrays with
+`bisect` and a sweep, never a quadratic scan. It is meant as a fair baseline, not a
+strawman; tests/python/test_baseline.py proves it reports what the fixture index expects.
+
+Usage: baseline_verify.py MANIFEST [LIVE] [--allow FILE]
+
+Prints a JSON list of {"kind", "subject"} in report order (kind, then subject) and exits
+0 when there is no finding, 1 when there are findings, 2 on bad input or usage.
+"""
+
+import argparse
+import gc
+import heapq
+import json
+import re
+import sys
+import tomllib
+from bisect import bisect_left
+
+KIND_ORDER = (
+    "vanished",
+    "drifted",
+    "freed",
+    "reused",
+    "reshaped",
+    "stale",
+    "unregistered",
+    "mispooled",
+    "unowned",
+    "unused_allow",
+)
+KIND_RANK = {k: i for i, k in enumerate(KIND_ORDER)}
+CAPTURE_TIME_KINDS = ("unregistered", "mispooled", "unowned", "unused_allow")
+
+REGISTERED = frozenset(("parameter", "buffer", "buffer_non_persistent", "held"))
+NOT_PERSISTENT = frozenset(("graph_input", "graph_pool", "runtime_state"))
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class BadInput(Exception):
+    """A document or allowlist this script cannot use."""
+
+
+def data_ptr(t):
+    """Address of a tensor view's first element."""
+    return int(t["storage_base"], 16) + t["offset"]
+
+
+def span_end(t, start):
+    """End (exclusive) of a view's span; an empty view spans one byte."""
+    return start + max(t["nbytes"], 1)
+
+
+def same_layout(a, b):
+    return (
+        a["shape"] == b["shape"]
+        and a["stride"] == b["stride"]
+        and a["dtype"] == b["dtype"]
+        and a["offset"] == b["offset"]
+    )
+
+
+def algorithm(digest):
+    """The part of `alg:hex` before the first colon ("" when there is none)."""
+    return digest.partition(":")[0] if ":" in digest else ""
+
+
+def differs(a, b):
+    """Two digests of the same algorithm that differ; absent ones never differ."""
+    return a is not None and b is not None and algorithm(a) == algorithm(b) and a != b
+
+
+class Subject:
+    """A touched storage view: touched tensors sharing a view key, with all their owners."""
+
+    __slots__ = ("tensor", "start", "end", "tensor_ids", "owners", "persistent")
+
+    def __init__(self, tensor, start):
+        self.tensor = tensor  # the first in document order: its layout, pool and digest
+        self.start = start
+        self.end = span_end(tensor, start)
+        self.tensor_ids = []
+        self.owners = []
+        self.persistent = []  # the owners whose tensor must survive sleep/wake and reload
+
+
+def subject_of(owners):
+    return " = ".join(sorted({o["path"] for o in owners}))
+
+
+# --- allowlist -------------------------------------------------------------------------
+
+
+def glob_regex(pattern):
+    """`*` matches a run without `.`, `**` any run; everything else (brackets too) is literal."""
+    parts = []
+    for token in re.split(r"(\*\*|\*)", pattern):
+        if token == "**":
+            parts.append(".*")
+        elif token == "*":
+            parts.append("[^.]*")
+        else:
+            parts.append(re.escape(token))
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def load_allowlist(path):
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise BadInput(f"{path}: invalid allowlist: {e}") from None
+    entries = []
+    for i, e in enumerate(doc.get("allow", [])):
+        if not isinstance(e.get("path"), str) or not e["path"]:
+            raise BadInput(f"{path}: allow[{i}].path: a non-empty glob is required")
+        if not isinstance(e.get("reason"), str) or not e["reason"].strip():
+            raise BadInput(f"{path}: allow[{i}].reason: every entry says why it is allowed")
+        kinds = e.get("kinds")
+        if kinds is not None and (not kinds or any(k not in KIND_RANK for k in kinds)):
+            raise BadInput(f"{path}: allow[{i}].kinds: a non-empty list of finding kinds")
+        entries.append((e["path"], glob_regex(e["path"]), None if kinds is None else set(kinds)))
+    return entries
+
+
+def apply_allowlist(findings, entries, checked):
+    """Splits findings into (reported, allowed), the first matching entry allowing one, and
+    reports every entry that allowed nothing although one of its kinds was checked."""
+    used = [False] * len(entries)
+    reported, allowed = [], []
+    for finding in findings:
+        kind, _, paths = finding
+        for i, (_, regex, kinds) in enumerate(entries):
+            if (kinds is None or kind in kinds) and any(regex.fullmatch(p) for p in paths):
+                used[i] = True
+                allowed.append(finding)
+                break
+        else:
+            reported.append(finding)
+    for (glob, _, kinds), was_used in zip(entries, used):
+        if not was_used and (kinds is None or any(k in checked for k in kinds)):
+            reported.append(("unused_allow", glob, ()))
+    return reported, allowed
+
+
+# --- verify ----------------------------------------------------------------------------
+
+
+def build_subjects(manifest):
+    """Touched tensors grouped by view key, plus the touches no owned tensor explains."""
+    tensors = manifest["tensors"]
+    owners_of = {}
+    for o in manifest["owners"]:
+        owners_of.setdefault(o["tensor"], []).append(o)
+
+    # The hot loop: one pass over every touch, as a comprehension.
+    touched = {
+        touch.get("tensor")
+        for graph in manifest["graphs"]
+        for node in graph["nodes"]
+        for touch in node.get("touches", ())
+    }
+    # Touches naming no tensor, or a tensor without owners, are `unowned` candidates; they
+    # are rare, so a second pass collects them only when there are any.
+    suspects = []  # (touch, tensor id or None)
+    if None in touched or any(tid not in owners_of for tid in touched):
+        for graph in manifest["graphs"]:
+            for node in graph["nodes"]:
+                for touch in node.get("touches", ()):
+                    tid = touch.get("tensor")
+                    if tid is None or tid not in owners_of:
+                        suspects.append((touch, tid))
+    touched.discard(None)
+
+    by_key = {}
+    subject_of_tensor = {}
+    for t in tensors:
+        tid = t["id"]
+        if tid not in touched:
+            continue
+        start = data_ptr(t)
+        key = (start, tuple(t["shape"]), tuple(t["stride"]), t["dtype"])
+        s = by_key.get(key)
+        if s is None:
+            s = by_key[key] = Subject(t, start)
+        s.tensor_ids.append(tid)
+        s.owners.extend(owners_of.get(tid, ()))
+        subject_of_tensor[tid] = s
+    subjects = list(by_key.values())
+    for s in subjects:
+        s.persistent = [o for o in s.owners if o["registration"] not in NOT_PERSISTENT]
+    return subjects, subject_of_tensor, suspects
+
+
+def capture_checks(manifest, subjects, out):
+    pool_sleep = {p["id"]: p["sleep"] for p in manifest.get("pools", ())}
+    for s in subjects:
+        persistent = s.persistent
+        if not persistent:
+            continue
+        paths = [o["path"] for o in persistent]
+        if not any(o["registration"] in REGISTERED for o in persistent):
+            out.append(("unregistered", subject_of(persistent), paths))
+        pool = s.tensor.get("pool")
+        if pool is not None and pool_sleep.get(pool) == "discarded":
+            out.append(("mispooled", subject_of(persistent), paths))
+
+
+class AllocationLookup:
+    """The allocation containing an address, for touches that do not name theirs."""
+
+    def __init__(self, allocations):
+        ordered = sorted(allocations, key=lambda a: int(a["base"], 16))
+        self.starts = [int(a["base"], 16) for a in ordered]
+        self.ends = [s + a["size"] for s, a in zip(self.starts, ordered)]
+        self.allocs = ordered
+        # Running maximum of ends lets the backward scan stop early despite overlaps.
+        self.max_end = []
+        m = 0
+        for e in self.ends:
+            m = max(m, e)
+            self.max_end.append(m)
+
+    def at(self, addr):
+        i = bisect_left(self.starts, addr + 1) - 1
+        found = None
+        while i >= 0 and self.max_end[i] > addr:
+            if self.ends[i] > addr:
+                found = self.allocs[i]  # keep going: the smallest start wins
+            i -= 1
+        return found
+
+
+def unowned_checks(manifest, subject_of_tensor, suspects, out):
+    allocations = {a["id"]: a for a in manifest.get("allocations", ())}
+    pool_kind = {p["id"]: p["kind"] for p in manifest.get("pools", ())}
+    tensors = {t["id"]: t for t in manifest["tensors"]} if suspects else {}
+    lookup = None
+    subjects = set()
+    for touch, tid in suspects:
+        if tid is not None and subject_of_tensor[tid].owners:
+            continue  # an alias of this view has an owner
+        aid = touch.get("allocation")
+        if aid is not None:
+            alloc = allocations[aid]
+        else:
+            if lookup is None:
+                lookup = AllocationLookup(allocations.values())
+            alloc = lookup.at(int(touch["addr"], 16))
+        if alloc is not None and pool_kind.get(alloc.get("pool")) == "graph":
+            continue
+        # Named by the ownerless tensor, else by the allocation, else by the address.
+        if tid is not None:
+            subjects.add(hex(data_ptr(tensors[tid])))
+        elif alloc is not None:
+            subjects.add(hex(int(alloc["base"], 16)))
+        else:
+            subjects.add(hex(int(touch["addr"], 16)))
+    out.extend(("unowned", addr, ()) for addr in subjects)
+
+
+def live_owner_checks(live, subjects, out):
+    preserved = live["event"]["contents"] == "preserved"
+    live_tensors = {t["id"]: t for t in live["tensors"]}
+    tensor_at_path = {o["path"]: live_tensors[o["tensor"]] for o in live["owners"]}
+    live_ptr = {}  # live tensor id -> data pointer, computed once
+    for s in subjects:
+        persistent = s.persistent
+        if not persistent:
+            continue
+        t = s.tensor
+        vanished, drifted, reshaped, stale = [], [], [], []
+        for o in persistent:
+            path = o["path"]
+            lt = tensor_at_path.get(path)
+            if lt is None:
+                vanished.append(path)
+                continue
+            ptr = live_ptr.get(lt["id"])
+            if ptr is None:
+                ptr = live_ptr[lt["id"]] = data_ptr(lt)
+            if ptr != s.start:
+                drifted.append(path)
+            elif not same_layout(t, lt):
+                reshaped.append(path)
+            elif differs(lt.get("reference_digest"), lt.get("digest")) or (
+                preserved and differs(t.get("digest"), lt.get("digest"))
+            ):
+                stale.append(path)
+        for kind, paths in (
+            ("vanished", vanished),
+            ("drifted", drifted),
+            ("reshaped", reshaped),
+            ("stale", stale),
+        ):
+            if paths:
+                out.append((kind, " = ".join(sorted(set(paths))), paths))
+
+
+def live_address_checks(live, subjects, out):
+    probes = live["probes"]
+    probe_addr = [int(p["addr"], 16) for p in probes]
+    by_addr = sorted(range(len(probes)), key=probe_addr.__getitem__)
+    sorted_addr = [probe_addr[i] for i in by_addr]
+
+    # Subjects whose first probe (in document order) says the address is still active.
+    active = []
+    for s in subjects:
+        persistent = s.persistent
+        if not persistent:
+            continue
+        lo = bisect_left(sorted_addr, s.start)
+        hi = bisect_left(sorted_addr, s.end, lo)
+        if lo == hi:
+            continue
+        state = probes[min(by_addr[lo:hi])]["state"]
+        if state == "active":
+            active.append((s, persistent))
+        else:  # free or unmapped
+            out.append(("freed", subject_of(persistent), [o["path"] for o in persistent]))
+    if not active:
+        return
+
+    # Which owned live tensors contain each active subject's data pointer: a sweep over
+    # addresses, keeping the tensors open at the current point (a heap evicts by end).
+    paths_of = {}
+    for o in live["owners"]:
+        paths_of.setdefault(o["tensor"], []).append(o["path"])
+    spans = []
+    for t in live["tensors"]:
+        paths = paths_of.get(t["id"])
+        if paths:
+            start = data_ptr(t)
+            spans.append((start, span_end(t, start), paths))
+    spans.sort(key=lambda x: x[0])
+    active.sort(key=lambda x: x[0].start)
+    open_spans = {}
+    ends = []
+    j = 0
+    for s, persistent in active:
+        point = s.start
+        while j < len(spans) and spans[j][0] <= point:
+            heapq.heappush(ends, (spans[j][1], j))
+            open_spans[j] = spans[j][2]
+            j += 1
+        while ends and ends[0][0] <= point:
+            del open_spans[heapq.heappop(ends)[1]]
+        if not open_spans:
+            continue
+        # "An owner path of the subject": any of its owners, persistent or not.
+        mine = {o["path"] for o in s.owners}
+        if not any(p in mine for paths in open_spans.values() for p in paths):
+            out.append(("reused", subject_of(persistent), [o["path"] for o in persistent]))
+
+
+def report_order(found):
+    pairs = [(kind, subject) for kind, subject, _ in found]
+    pairs.sort(key=lambda f: (KIND_RANK[f[0]], f[1]))
+    return pairs
+
+
+def verify(manifest, live=None, allow=None):
+    """(findings, allowed): (kind, subject) pairs, each list in report order."""
+    subjects, subject_of_tensor, suspects = build_subjects(manifest)
+    found = []  # (kind, subject, the owner paths an allowlist entry may match)
+    capture_checks(manifest, subjects, found)
+    unowned_checks(manifest, subject_of_tensor, suspects, found)
+    if live is not None:
+        live_owner_checks(live, subjects, found)
+        live_address_checks(live, subjects, found)
+    allowed = []
+    if allow is not None:
+        checked = KIND_ORDER if live is not None else CAPTURE_TIME_KINDS
+        found, allowed = apply_allowlist(found, allow, checked)
+    return report_order(found), report_order(allowed)
+
+
+def load_document(path, kind):
+    try:
+        with open(path, "rb") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{path}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format_version") != 1 or doc.get("kind") != kind:
+        raise BadInput(f"{path}: not a format-1 `{kind}` document")
+    return doc
+
+
+def main(argv=None):
+    # Loading builds millions of dicts; the cyclic collector would rescan them again and
+    # again for nothing (the documents hold no cycles). Every bulk loader does this.
+    gc.disable()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("manifest")
+    parser.add_argument("live", nargs="?")
+    parser.add_argument("--allow", metavar="FILE", help="allowlist (TOML)")
+    args = parser.parse_args(argv)
+    try:
+        manifest = load_document(args.manifest, "manifest")
+        live = load_document(args.live, "live") if args.live else None
+        allow = load_allowlist(args.allow) if args.allow else None
+        findings, _ = verify(manifest, live, allow)
+    except (BadInput, KeyError, TypeError, ValueError) as e:
+        print(f"baseline_verify: bad input: {e!r}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    out = sys.stdout
+    out.write("[\n" if findings else "[")
+    out.write(",\n".join(json.dumps({"kind": k, "subject": s}) for k, s in findings))
+    out.write("\n]\n" if findings else "]\n")
+    return EXIT_FINDINGS if findings else EXIT_CLEAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())
