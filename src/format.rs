@@ -125,6 +125,12 @@ macro_rules! id_type {
         #[serde(transparent)]
         pub struct $name(pub u32);
 
+        impl crate::ids::RawId for $name {
+            fn raw(self) -> u32 {
+                self.0
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 write!(f, concat!($prefix, "{}"), self.0)

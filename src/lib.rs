@@ -9,6 +9,7 @@ pub mod exit;
 pub mod explain;
 pub mod format;
 pub mod graph;
+pub mod ids;
 pub mod index;
 pub mod load;
 pub mod normalize;

@@ -2,7 +2,7 @@
 //! reference, so that later stages can index without failing. Errors name the file and
 //! the JSON path of the bad value.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -12,6 +12,7 @@ use crate::format::{
     Addr, Allocation, AllocationId, DocKind, Document, FORMAT_VERSION, Live, Manifest, Owner, Pool,
     PoolId, Tensor, TensorId,
 };
+use crate::ids::IdIndex;
 use crate::path;
 
 /// Why a document could not be loaded.
@@ -86,14 +87,33 @@ impl Invalid {
 
 /// Reads and checks a manifest.
 pub fn load_manifest(path: &Path) -> Result<Manifest, LoadError> {
-    let bytes = read(path)?;
-    parse_manifest(&bytes, path)
+    load_manifest_checked(path).map(|(m, _)| m)
 }
 
 /// Reads and checks a live snapshot.
 pub fn load_live(path: &Path) -> Result<Live, LoadError> {
+    load_live_checked(path).map(|(l, _)| l)
+}
+
+/// Reads and checks a manifest, keeping the lookups checking built (for
+/// [`crate::verify::verify_checked`]).
+pub fn load_manifest_checked(path: &Path) -> Result<(Manifest, Tables), LoadError> {
     let bytes = read(path)?;
-    parse_live(&bytes, path)
+    let m: Manifest = parse_typed(&bytes, path, DocKind::Manifest)?;
+    drop(bytes);
+    expect_kind(m.kind, DocKind::Manifest, path)?;
+    let t = check_manifest(&m).map_err(|e| e.in_file(path))?;
+    Ok((m, t))
+}
+
+/// Reads and checks a live snapshot, keeping the lookups checking built.
+pub fn load_live_checked(path: &Path) -> Result<(Live, Tables), LoadError> {
+    let bytes = read(path)?;
+    let l: Live = parse_typed(&bytes, path, DocKind::Live)?;
+    drop(bytes);
+    expect_kind(l.kind, DocKind::Live, path)?;
+    let t = check_live(&l).map_err(|e| e.in_file(path))?;
+    Ok((l, t))
 }
 
 /// Reads and checks either document, by its `kind`.
@@ -262,13 +282,13 @@ fn json_error<T>(
 /// Lookups over the records both documents share, built while checking them.
 #[derive(Debug, Default, Clone)]
 pub struct Tables {
-    pub pool_ix: HashMap<PoolId, usize>,
-    pub alloc_ix: HashMap<AllocationId, usize>,
-    pub tensor_ix: HashMap<TensorId, usize>,
+    pub pool_ix: IdIndex<PoolId>,
+    pub alloc_ix: IdIndex<AllocationId>,
+    pub tensor_ix: IdIndex<TensorId>,
     /// Owners of each tensor, by the tensor's index: indices into `owners`.
     pub owners_of: Vec<Vec<usize>>,
     /// Owner index by path.
-    pub owner_by_path: HashMap<String, usize>,
+    pub owner_by_path: FxHashMap<String, usize>,
 }
 
 impl Tables {
@@ -279,7 +299,12 @@ impl Tables {
         tensors: &[Tensor],
         owners: &[Owner],
     ) -> Result<Tables, Invalid> {
-        let mut t = Tables::default();
+        let mut t = Tables {
+            pool_ix: IdIndex::with_capacity(pools.len()),
+            alloc_ix: IdIndex::with_capacity(allocations.len()),
+            tensor_ix: IdIndex::with_capacity(tensors.len()),
+            ..Tables::default()
+        };
         for (i, p) in pools.iter().enumerate() {
             if t.pool_ix.insert(p.id, i).is_some() {
                 return Err(Invalid::at(
@@ -349,7 +374,7 @@ impl Tables {
                 ));
             }
             if let Some(a) = x.allocation {
-                let Some(&ai) = t.alloc_ix.get(&a) else {
+                let Some(ai) = t.alloc_ix.get(&a) else {
                     return Err(Invalid::at(
                         format!("tensors[{i}].allocation"),
                         format!("no allocation has id {}", a.0),
@@ -374,7 +399,7 @@ impl Tables {
         for (i, o) in owners.iter().enumerate() {
             path::parse(&o.path)
                 .map_err(|e| Invalid::at(format!("owners[{i}].path"), e.to_string()))?;
-            let Some(&ti) = t.tensor_ix.get(&o.tensor) else {
+            let Some(ti) = t.tensor_ix.get(&o.tensor) else {
                 return Err(Invalid::at(
                     format!("owners[{i}].tensor"),
                     format!("no tensor has id {}", o.tensor.0),
@@ -393,14 +418,14 @@ impl Tables {
 
     /// The tensor with this id; the id must have been checked.
     pub fn tensor<'a>(&self, tensors: &'a [Tensor], id: TensorId) -> &'a Tensor {
-        &tensors[self.tensor_ix[&id]]
+        &tensors[self.tensor_ix[&id] as usize]
     }
 }
 
 /// Checks every reference of a manifest.
 pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
     let t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
-    let mut graph_ids = HashMap::new();
+    let mut graph_ids = FxHashMap::default();
     let mut at = String::new();
     for (gi, g) in m.graphs.iter().enumerate() {
         if graph_ids.insert(g.id, gi).is_some() {
@@ -425,7 +450,7 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
                     at.clone()
                 };
                 if let Some(id) = touch.tensor {
-                    let Some(&x) = t.tensor_ix.get(&id) else {
+                    let Some(x) = t.tensor_ix.get(&id) else {
                         return Err(Invalid::at(
                             here("tensor"),
                             format!("no tensor has id {}", id.0),
@@ -446,7 +471,7 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
                     }
                 }
                 if let Some(id) = touch.allocation {
-                    let Some(&a) = t.alloc_ix.get(&id) else {
+                    let Some(a) = t.alloc_ix.get(&id) else {
                         return Err(Invalid::at(
                             here("allocation"),
                             format!("no allocation has id {}", id.0),

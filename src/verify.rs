@@ -1,7 +1,9 @@
 //! Verify: classify every touched storage view of a manifest, alone (capture-time checks)
 //! or against a live snapshot (all checks). The rules are `docs/findings.md`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 use std::fmt;
 
 use serde::Serialize;
@@ -200,14 +202,65 @@ struct Subject<'m> {
     owners: Vec<usize>,
 }
 
-/// Where each tensor is touched: (graph index, node index, touch index).
+/// Where a tensor is touched: (graph index, node index, touch index).
 type TouchRef = (u32, u32, u32);
+
+/// The touches of each manifest tensor, in one flat array (compressed rows): a million
+/// touches cost two allocations, not one per tensor.
+struct TouchIndex {
+    start: Vec<u32>,
+    refs: Vec<TouchRef>,
+}
+
+impl TouchIndex {
+    /// Also returns the touches that name no tensor.
+    fn new(m: &Manifest, mt: &Tables) -> (TouchIndex, Vec<TouchRef>) {
+        let touches = || {
+            m.graphs.iter().enumerate().flat_map(|(gi, g)| {
+                g.nodes.iter().enumerate().flat_map(move |(ni, n)| {
+                    n.touches
+                        .iter()
+                        .enumerate()
+                        .map(move |(ki, t)| ((gi as u32, ni as u32, ki as u32), t.tensor))
+                })
+            })
+        };
+        let mut start = vec![0u32; m.tensors.len() + 1];
+        let mut bare = Vec::new();
+        for (r, t) in touches() {
+            match t {
+                Some(id) => start[mt.tensor_ix[&id] as usize + 1] += 1,
+                None => bare.push(r),
+            }
+        }
+        for i in 1..start.len() {
+            start[i] += start[i - 1];
+        }
+        let mut fill = start.clone();
+        let mut refs = vec![(0, 0, 0); start[m.tensors.len()] as usize];
+        for (r, t) in touches() {
+            if let Some(id) = t {
+                let slot = &mut fill[mt.tensor_ix[&id] as usize];
+                refs[*slot as usize] = r;
+                *slot += 1;
+            }
+        }
+        (TouchIndex { start, refs }, bare)
+    }
+}
+
+impl std::ops::Index<usize> for TouchIndex {
+    type Output = [TouchRef];
+    fn index(&self, tensor: usize) -> &[TouchRef] {
+        &self.refs[self.start[tensor] as usize..self.start[tensor + 1] as usize]
+    }
+}
 
 struct Ctx<'m> {
     m: &'m Manifest,
-    mt: Tables,
+    mt: &'m Tables,
     /// Touch references per manifest tensor index.
-    touches_of: Vec<Vec<TouchRef>>,
+    touches_of: TouchIndex,
 }
 
 impl<'m> Ctx<'m> {
@@ -237,7 +290,7 @@ impl<'m> Ctx<'m> {
 
     fn pool_name(&self, t: &Tensor) -> Option<String> {
         t.pool
-            .map(|p| self.m.pools[self.mt.pool_ix[&p]].name.clone())
+            .map(|p| self.m.pools[self.mt.pool_ix[&p] as usize].name.clone())
     }
 
     fn finding(
@@ -292,31 +345,29 @@ pub enum VerifyError {
     Live(crate::load::Invalid),
 }
 
-/// Verifies a manifest, alone or against a live snapshot, under an allowlist.
+/// Verifies a manifest, alone or against a live snapshot, under an allowlist. Checks both
+/// documents first, so an inconsistent one is an error, never a panic.
 pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Report, VerifyError> {
     let mt = check_manifest(m).map_err(VerifyError::Manifest)?;
     let lt = live
         .map(|l| check_live(l).map_err(VerifyError::Live))
         .transpose()?;
+    Ok(verify_checked(m, &mt, live.zip(lt.as_ref()), allow))
+}
 
-    // One pass over all touches: who touches each tensor; which addresses no tensor explains.
-    let mut touches_of: Vec<Vec<TouchRef>> = vec![Vec::new(); m.tensors.len()];
-    let mut bare: Vec<TouchRef> = Vec::new();
-    for (gi, g) in m.graphs.iter().enumerate() {
-        for (ni, n) in g.nodes.iter().enumerate() {
-            for (ki, t) in n.touches.iter().enumerate() {
-                let r = (gi as u32, ni as u32, ki as u32);
-                match t.tensor {
-                    Some(id) => touches_of[mt.tensor_ix[&id]].push(r),
-                    None => bare.push(r),
-                }
-            }
-        }
-    }
+/// [`verify`] for documents already checked (the loaders in [`crate::load`] return their
+/// [`Tables`]); the tables must be those of these documents.
+pub fn verify_checked(
+    m: &Manifest,
+    mt: &Tables,
+    live: Option<(&Live, &Tables)>,
+    allow: &Allowlist,
+) -> Report {
+    let (touches_of, bare) = TouchIndex::new(m, mt);
     let ctx = Ctx { m, mt, touches_of };
 
     // Subjects: touched tensors grouped by view key, in document order of first tensor.
-    let mut by_key: HashMap<ViewKey<'_>, usize> = HashMap::new();
+    let mut by_key: FxHashMap<ViewKey<'_>, usize> = FxHashMap::default();
     let mut subjects: Vec<Subject<'_>> = Vec::new();
     for (ti, t) in m.tensors.iter().enumerate() {
         if ctx.touches_of[ti].is_empty() {
@@ -339,7 +390,7 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
         capture_checks(&ctx, s, &mut findings);
     }
     unowned(&ctx, &bare, &subjects, &mut findings);
-    if let (Some(l), Some(lt)) = (live, lt.as_ref()) {
+    if let Some((l, lt)) = live {
         let live_index = AddressIndex::new(&l.tensors, &l.allocations);
         let probes = ProbeIndex::new(l);
         for s in &subjects {
@@ -363,7 +414,7 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
     for f in &findings {
         *summary.entry(f.kind).or_insert(0) += 1;
     }
-    Ok(Report {
+    Report {
         format_version: REPORT_VERSION,
         ok: findings.is_empty(),
         checked,
@@ -372,7 +423,7 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
         allowed,
         subjects: subjects.len(),
         graphs: m.graphs.len(),
-    })
+    }
 }
 
 fn persistent(ctx: &Ctx<'_>, s: &Subject<'_>) -> Vec<usize> {
@@ -411,7 +462,7 @@ fn capture_checks(ctx: &Ctx<'_>, s: &Subject<'_>, out: &mut Vec<Finding>) {
         ));
     }
     if let Some(pool) = s.tensor.pool {
-        let pool = &ctx.m.pools[ctx.mt.pool_ix[&pool]];
+        let pool = &ctx.m.pools[ctx.mt.pool_ix[&pool] as usize];
         if pool.sleep == SleepPolicy::Discarded {
             out.push(ctx.finding(
                 FindingKind::Mispooled,
@@ -437,12 +488,12 @@ fn unowned<'m>(ctx: &Ctx<'m>, bare: &[TouchRef], subjects: &[Subject<'m>], out: 
     let mut groups: BTreeMap<Addr, UnownedGroup<'m>> = BTreeMap::new();
     let in_graph_pool = |a: Option<usize>| {
         a.and_then(|a| m.allocations[a].pool)
-            .is_some_and(|p| m.pools[ctx.mt.pool_ix[&p]].kind == PoolKind::Graph)
+            .is_some_and(|p| m.pools[ctx.mt.pool_ix[&p] as usize].kind == PoolKind::Graph)
     };
     let mut add = |r: TouchRef, tensor: Option<&'m Tensor>, index: &mut Option<AddressIndex>| {
         let touch = &m.graphs[r.0 as usize].nodes[r.1 as usize].touches[r.2 as usize];
         let alloc = match touch.allocation {
-            Some(a) => Some(ctx.mt.alloc_ix[&a]),
+            Some(a) => Some(ctx.mt.alloc_ix[&a] as usize),
             None => index
                 .get_or_insert_with(|| AddressIndex::new(&m.tensors, &m.allocations))
                 .allocations_at(touch.addr)
@@ -493,7 +544,7 @@ fn unowned<'m>(ctx: &Ctx<'m>, bare: &[TouchRef], subjects: &[Subject<'m>], out: 
         kernels.dedup();
         let pool = alloc
             .and_then(|a| m.allocations[a].pool)
-            .map(|p| m.pools[ctx.mt.pool_ix[&p]].name.clone());
+            .map(|p| m.pools[ctx.mt.pool_ix[&p] as usize].name.clone());
         let detail = match (tensor, alloc) {
             (Some(_), _) => "a tensor the graphs read, but no owner path reaches it".to_string(),
             (None, Some(a)) => format!(
