@@ -8,4 +8,4 @@ if ! cargo insta --version 2>/dev/null | grep -q "$INSTA_VERSION"; then
     echo "installing cargo-insta $INSTA_VERSION (about a minute)" >&2
     cargo install cargo-insta --version "$INSTA_VERSION" --locked --quiet
 fi
-python3 -m pip install --quiet --disable-pip-version-check -r ci/requirements-test.txt
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -r ci/requirements-test.txt

@@ -13,7 +13,7 @@ step "building (workspace, all targets)"
 cargo build --workspace --all-targets --locked
 
 step "Rust tests (insta: --check --unreferenced=reject)"
-CI=true cargo insta test --workspace --locked --check --unreferenced=reject
+CI=true cargo insta test --workspace --check --unreferenced=reject
 
 step "Python tests"
 python3 -m pytest -q tests/python
