@@ -263,29 +263,40 @@ struct Ctx<'m> {
     touches_of: TouchIndex,
 }
 
+/// The graphs (sorted names) and node parameters of some touches, deduplicated.
+fn kernel_refs(
+    m: &Manifest,
+    refs: impl Iterator<Item = TouchRef>,
+) -> (Vec<String>, Vec<KernelRef>) {
+    let mut graphs = BTreeSet::new();
+    let mut kernels = Vec::new();
+    for (g, n, k) in refs {
+        let graph = &m.graphs[g as usize];
+        let node = &graph.nodes[n as usize];
+        let touch = &node.touches[k as usize];
+        graphs.insert(graph.name.as_str());
+        kernels.push(KernelRef {
+            graph: graph.name.clone(),
+            node: node.index,
+            name: node.name.clone(),
+            param: touch.param,
+            offset: touch.offset,
+            addr: touch.addr,
+        });
+    }
+    kernels.sort();
+    kernels.dedup();
+    (graphs.into_iter().map(String::from).collect(), kernels)
+}
+
 impl<'m> Ctx<'m> {
     fn kernels(&self, tensors: &[usize]) -> (Vec<String>, Vec<KernelRef>) {
-        let mut graphs = BTreeSet::new();
-        let mut kernels = Vec::new();
-        for &t in tensors {
-            for &(g, n, k) in &self.touches_of[t] {
-                let graph = &self.m.graphs[g as usize];
-                let node = &graph.nodes[n as usize];
-                let touch = &node.touches[k as usize];
-                graphs.insert(graph.name.clone());
-                kernels.push(KernelRef {
-                    graph: graph.name.clone(),
-                    node: node.index,
-                    name: node.name.clone(),
-                    param: touch.param,
-                    offset: touch.offset,
-                    addr: touch.addr,
-                });
-            }
-        }
-        kernels.sort();
-        kernels.dedup();
-        (graphs.into_iter().collect(), kernels)
+        kernel_refs(
+            self.m,
+            tensors
+                .iter()
+                .flat_map(|&t| self.touches_of[t].iter().copied()),
+        )
     }
 
     fn pool_name(&self, t: &Tensor) -> Option<String> {
@@ -524,24 +535,7 @@ fn unowned<'m>(ctx: &Ctx<'m>, bare: &[TouchRef], subjects: &[Subject<'m>], out: 
         }
     }
     for (key, (refs, alloc, tensor)) in groups {
-        let mut graphs = BTreeSet::new();
-        let mut kernels = Vec::new();
-        for (g, n, k) in refs {
-            let graph = &m.graphs[g as usize];
-            let node = &graph.nodes[n as usize];
-            let touch = &node.touches[k as usize];
-            graphs.insert(graph.name.clone());
-            kernels.push(KernelRef {
-                graph: graph.name.clone(),
-                node: node.index,
-                name: node.name.clone(),
-                param: touch.param,
-                offset: touch.offset,
-                addr: touch.addr,
-            });
-        }
-        kernels.sort();
-        kernels.dedup();
+        let (graphs, kernels) = kernel_refs(m, refs.into_iter());
         let pool = alloc
             .and_then(|a| m.allocations[a].pool)
             .map(|p| m.pools[ctx.mt.pool_ix[&p] as usize].name.clone());
@@ -566,7 +560,7 @@ fn unowned<'m>(ctx: &Ctx<'m>, bare: &[TouchRef], subjects: &[Subject<'m>], out: 
             captured_addr: Some(key),
             live_addr: None,
             pool,
-            graphs: graphs.into_iter().collect(),
+            graphs,
             kernels,
             detail,
             alloc_site: tensor.map(|t| t.alloc_site.clone()).unwrap_or_default(),
