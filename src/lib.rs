@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allow;
+pub mod build;
 pub mod diff;
 pub mod exit;
 pub mod explain;

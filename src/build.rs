@@ -1,0 +1,466 @@
+//! Building a manifest from what a walker read (raw address words per node) and what the
+//! framework knows (tensor views, owners, pools): every word is resolved to a tensor view
+//! through the address index, or left a bare allocation. GPU-free, so CI tests it; the
+//! CUDA walker (`cuda` feature) and the Python front both feed it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{
+    Addr, Allocation, AllocationId, Digest, Frame, Graph, GraphId, Manifest, Node, NodeKind, Owner,
+    Pool, PoolId, PoolKind, Producer, Registration, SleepPolicy, Tensor, TensorId, Touch, Unread,
+};
+use crate::index::{AddressIndex, IntervalIndex};
+use crate::load::{Invalid, check_manifest};
+
+/// One parameter word that held a device address, as a walker found it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RawWord {
+    pub param: u32,
+    pub offset: u32,
+    pub addr: Addr,
+    /// The driver allocation holding `addr` (`cuMemGetAddressRange`): base and size.
+    pub allocation: Option<(Addr, u64)>,
+}
+
+/// One node as a walker read it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WalkedNode {
+    pub index: u32,
+    pub kind: NodeKind,
+    pub name: String,
+    pub grid: Option<[u32; 3]>,
+    pub block: Option<[u32; 3]>,
+    pub parent: Option<u32>,
+    pub opaque: Option<String>,
+    pub words: Vec<RawWord>,
+}
+
+/// One graph as a walker read it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WalkedGraph {
+    pub node_counts: BTreeMap<String, u64>,
+    pub unread: Vec<Unread>,
+    pub nodes: Vec<WalkedNode>,
+}
+
+impl WalkedGraph {
+    /// Address words over all nodes.
+    pub fn word_count(&self) -> usize {
+        self.nodes.iter().map(|n| n.words.len()).sum()
+    }
+}
+
+/// A tensor view as the framework describes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    pub storage_base: Addr,
+    pub storage_nbytes: u64,
+    pub offset: u64,
+    pub nbytes: u64,
+    pub shape: Vec<u64>,
+    pub stride: Vec<i64>,
+    pub dtype: String,
+    pub itemsize: u32,
+    pub device: String,
+    #[serde(default)]
+    pub pool: Option<PoolId>,
+    #[serde(default)]
+    pub digest: Option<Digest>,
+    #[serde(default)]
+    pub alloc_site: Vec<Frame>,
+}
+
+/// Why a manifest could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    #[error("owner path {path:?} is given twice, for tensors {first} and {second}")]
+    DuplicateOwner {
+        path: String,
+        first: TensorId,
+        second: TensorId,
+    },
+    #[error(transparent)]
+    Path(#[from] crate::path::PathError),
+    #[error("no tensor has id {0}")]
+    UnknownTensor(TensorId),
+    #[error("no pool has id {0}")]
+    UnknownPool(PoolId),
+    #[error("the built manifest is inconsistent at `{}`: {}", .0.json_path, .0.message)]
+    Inconsistent(Invalid),
+}
+
+/// Collects pools, tensors, owners and walked graphs; [`ManifestBuilder::finish`] resolves.
+#[derive(Debug)]
+pub struct ManifestBuilder {
+    producer: Producer,
+    pools: Vec<Pool>,
+    pool_ranges: Vec<(u64, u64, PoolId)>,
+    known_allocations: Vec<(Addr, u64)>,
+    tensors: Vec<Tensor>,
+    views: HashMap<(Addr, Vec<u64>, Vec<i64>, String), TensorId>,
+    owners: Vec<Owner>,
+    owner_paths: HashMap<String, TensorId>,
+    graphs: Vec<(String, Option<PoolId>, WalkedGraph)>,
+}
+
+impl ManifestBuilder {
+    pub fn new(producer: Producer) -> ManifestBuilder {
+        ManifestBuilder {
+            producer,
+            pools: Vec::new(),
+            pool_ranges: Vec::new(),
+            known_allocations: Vec::new(),
+            tensors: Vec::new(),
+            views: HashMap::new(),
+            owners: Vec::new(),
+            owner_paths: HashMap::new(),
+            graphs: Vec::new(),
+        }
+    }
+
+    /// Declares a pool; returns its id.
+    pub fn add_pool(&mut self, name: &str, kind: PoolKind, sleep: SleepPolicy) -> PoolId {
+        let id = PoolId(self.pools.len() as u32);
+        self.pools.push(Pool {
+            id,
+            name: name.to_string(),
+            kind,
+            sleep,
+        });
+        id
+    }
+
+    /// Declares that `[base, base + size)` belongs to a pool (a segment of it).
+    pub fn add_pool_range(
+        &mut self,
+        base: Addr,
+        size: u64,
+        pool: PoolId,
+    ) -> Result<(), BuildError> {
+        if pool.0 as usize >= self.pools.len() {
+            return Err(BuildError::UnknownPool(pool));
+        }
+        self.pool_ranges
+            .push((base.0, base.0.saturating_add(size), pool));
+        Ok(())
+    }
+
+    /// Declares an allocation the walk may not have seen (one holding a registered tensor
+    /// no kernel touches).
+    pub fn add_allocation(&mut self, base: Addr, size: u64) {
+        self.known_allocations.push((base, size));
+    }
+
+    /// Adds a tensor view, or returns the id of the equal view already added.
+    pub fn add_tensor(&mut self, spec: TensorSpec) -> Result<TensorId, BuildError> {
+        if let Some(p) = spec.pool
+            && p.0 as usize >= self.pools.len()
+        {
+            return Err(BuildError::UnknownPool(p));
+        }
+        let data_ptr = Addr(spec.storage_base.0.wrapping_add(spec.offset));
+        let key = (
+            data_ptr,
+            spec.shape.clone(),
+            spec.stride.clone(),
+            spec.dtype.clone(),
+        );
+        if let Some(&id) = self.views.get(&key) {
+            return Ok(id);
+        }
+        let id = TensorId(self.tensors.len() as u32);
+        self.tensors.push(Tensor {
+            id,
+            storage_base: spec.storage_base,
+            storage_nbytes: spec.storage_nbytes,
+            offset: spec.offset,
+            nbytes: spec.nbytes,
+            shape: spec.shape,
+            stride: spec.stride,
+            dtype: spec.dtype,
+            itemsize: spec.itemsize,
+            device: spec.device,
+            allocation: None,
+            pool: spec.pool,
+            digest: spec.digest,
+            reference_digest: None,
+            alloc_site: spec.alloc_site,
+        });
+        self.views.insert(key, id);
+        Ok(id)
+    }
+
+    /// Adds an owner path of a tensor. The same path for the same tensor is accepted once
+    /// more (walks meet aliases twice); for another tensor it is an error.
+    pub fn add_owner(
+        &mut self,
+        path: &str,
+        tensor: TensorId,
+        registration: Registration,
+        holder: Option<String>,
+    ) -> Result<(), BuildError> {
+        crate::path::parse(path)?;
+        if tensor.0 as usize >= self.tensors.len() {
+            return Err(BuildError::UnknownTensor(tensor));
+        }
+        match self.owner_paths.get(path) {
+            Some(&t) if t == tensor => return Ok(()),
+            Some(&t) => {
+                return Err(BuildError::DuplicateOwner {
+                    path: path.to_string(),
+                    first: t,
+                    second: tensor,
+                });
+            }
+            None => {}
+        }
+        self.owner_paths.insert(path.to_string(), tensor);
+        self.owners.push(Owner {
+            path: path.to_string(),
+            tensor,
+            registration,
+            holder,
+        });
+        Ok(())
+    }
+
+    /// Adds a walked graph.
+    pub fn add_graph(&mut self, name: &str, pool: Option<PoolId>, walked: WalkedGraph) -> GraphId {
+        let id = GraphId(self.graphs.len() as u32);
+        self.graphs.push((name.to_string(), pool, walked));
+        id
+    }
+
+    /// Resolves every word and returns the checked manifest.
+    pub fn finish(self) -> Result<Manifest, BuildError> {
+        let pool_index = IntervalIndex::new(self.pool_ranges.clone());
+        let pool_at = |a: u64| pool_index.stab_vec(a).first().copied();
+
+        // Allocations: every range the walk saw, plus the declared ones, by base.
+        let mut ranges: BTreeMap<Addr, u64> = BTreeMap::new();
+        for (_, _, g) in &self.graphs {
+            for n in &g.nodes {
+                for w in &n.words {
+                    if let Some((base, size)) = w.allocation {
+                        let e = ranges.entry(base).or_insert(size);
+                        *e = (*e).max(size);
+                    }
+                }
+            }
+        }
+        for &(base, size) in &self.known_allocations {
+            let e = ranges.entry(base).or_insert(size);
+            *e = (*e).max(size);
+        }
+        let allocations: Vec<Allocation> = ranges
+            .into_iter()
+            .filter(|&(_, size)| size > 0)
+            .enumerate()
+            .map(|(i, (base, size))| Allocation {
+                id: AllocationId(i as u32),
+                base,
+                size,
+                pool: pool_at(base.0),
+            })
+            .collect();
+        let by_base: HashMap<Addr, AllocationId> =
+            allocations.iter().map(|a| (a.base, a.id)).collect();
+
+        let mut tensors = self.tensors;
+        let alloc_index = AddressIndex::new(&[], &allocations);
+        for t in &mut tensors {
+            let holder = alloc_index
+                .allocations_at(t.storage_base)
+                .into_iter()
+                .find(|&i| {
+                    let a = &allocations[i];
+                    t.storage_base.0 + t.storage_nbytes <= a.base.0 + a.size
+                });
+            t.allocation = holder.map(|i| allocations[i].id);
+            if t.pool.is_none() {
+                t.pool = holder
+                    .and_then(|i| allocations[i].pool)
+                    .or_else(|| pool_at(t.storage_base.0));
+            }
+        }
+
+        let owned: Vec<bool> = {
+            let mut v = vec![false; tensors.len()];
+            for o in &self.owners {
+                v[o.tensor.0 as usize] = true;
+            }
+            v
+        };
+        let view_index = AddressIndex::new(&tensors, &[]);
+        let resolve = |addr: Addr| -> Option<TensorId> {
+            let hits = view_index.views_at(addr);
+            // A view that starts at the address, owned, widest first: the kernel was most
+            // likely handed the whole tensor. Else the narrowest view around it.
+            let starting = hits
+                .iter()
+                .copied()
+                .filter(|&i| tensors[i].data_ptr() == addr)
+                .max_by_key(|&i| (owned[i], tensors[i].nbytes, std::cmp::Reverse(i)));
+            starting
+                .or_else(|| {
+                    hits.iter()
+                        .copied()
+                        .min_by_key(|&i| (!owned[i], tensors[i].nbytes, i))
+                })
+                .map(|i| tensors[i].id)
+        };
+
+        let graphs = self
+            .graphs
+            .into_iter()
+            .enumerate()
+            .map(|(gi, (name, pool, walked))| Graph {
+                id: GraphId(gi as u32),
+                name,
+                pool,
+                node_counts: walked.node_counts,
+                unread: walked.unread,
+                nodes: walked
+                    .nodes
+                    .into_iter()
+                    .map(|n| Node {
+                        index: n.index,
+                        kind: n.kind,
+                        name: n.name,
+                        grid: n.grid,
+                        block: n.block,
+                        parent: n.parent,
+                        opaque: n.opaque,
+                        touches: n
+                            .words
+                            .into_iter()
+                            .map(|w| Touch {
+                                param: w.param,
+                                offset: w.offset,
+                                addr: w.addr,
+                                tensor: resolve(w.addr),
+                                allocation: w
+                                    .allocation
+                                    .and_then(|(b, _)| by_base.get(&b).copied()),
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect();
+
+        let mut m = Manifest::new(self.producer);
+        m.pools = self.pools;
+        m.allocations = allocations;
+        m.tensors = tensors;
+        m.owners = self.owners;
+        m.graphs = graphs;
+        check_manifest(&m).map_err(BuildError::Inconsistent)?;
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::producer;
+
+    fn spec(base: u64, offset: u64, nbytes: u64, storage: u64) -> TensorSpec {
+        TensorSpec {
+            storage_base: Addr(base),
+            storage_nbytes: storage,
+            offset,
+            nbytes,
+            shape: vec![nbytes / 2],
+            stride: vec![1],
+            dtype: "bfloat16".into(),
+            itemsize: 2,
+            device: "cuda:0".into(),
+            pool: None,
+            digest: None,
+            alloc_site: vec![],
+        }
+    }
+
+    fn word(param: u32, offset: u32, addr: u64, alloc: Option<(u64, u64)>) -> RawWord {
+        RawWord {
+            param,
+            offset,
+            addr: Addr(addr),
+            allocation: alloc.map(|(b, s)| (Addr(b), s)),
+        }
+    }
+
+    #[test]
+    fn words_resolve_to_views_allocations_and_pools() {
+        let mut b = ManifestBuilder::new(producer());
+        let weights = b.add_pool("weights", PoolKind::Weights, SleepPolicy::Restored);
+        let graph_pool = b.add_pool("graph", PoolKind::Graph, SleepPolicy::Untouched);
+        b.add_pool_range(Addr(0x10_0000), 0x20_0000, weights)
+            .unwrap();
+        b.add_pool_range(Addr(0x40_0000), 0x20_0000, graph_pool)
+            .unwrap();
+        let w = b.add_tensor(spec(0x10_0000, 0, 0x1000, 0x1000)).unwrap();
+        // The second half of w, as a row view, and an alias of w under another path.
+        let half = b.add_tensor(spec(0x10_0000, 0x800, 0x800, 0x1000)).unwrap();
+        assert_eq!(b.add_tensor(spec(0x10_0000, 0, 0x1000, 0x1000)).unwrap(), w);
+        b.add_owner("model.w", w, Registration::Parameter, None)
+            .unwrap();
+        b.add_owner("model.w_half", half, Registration::ObjectAttribute, None)
+            .unwrap();
+        b.add_owner("model.w_alias", w, Registration::ModuleAttribute, None)
+            .unwrap();
+        b.add_owner("model.w", w, Registration::Parameter, None)
+            .unwrap();
+        assert!(matches!(
+            b.add_owner("model.w", half, Registration::Parameter, None),
+            Err(BuildError::DuplicateOwner { .. })
+        ));
+        assert!(
+            b.add_owner("model..x", w, Registration::Parameter, None)
+                .is_err()
+        );
+        let seg_w = Some((0x10_0000, 0x20_0000));
+        let seg_g = Some((0x40_0000, 0x20_0000));
+        let walked = WalkedGraph {
+            node_counts: BTreeMap::from([("kernel".into(), 1)]),
+            unread: vec![],
+            nodes: vec![WalkedNode {
+                index: 0,
+                kind: NodeKind::Kernel,
+                name: "k".into(),
+                grid: Some([1, 1, 1]),
+                block: Some([32, 1, 1]),
+                parent: None,
+                opaque: None,
+                words: vec![
+                    word(0, 0, 0x10_0000, seg_w), // start of w: w, not its half
+                    word(0, 8, 0x10_0900, seg_w), // inside the half: the narrower owned view
+                    word(1, 0, 0x40_0100, seg_g), // a graph-pool intermediate
+                ],
+            }],
+        };
+        b.add_graph("bs1", Some(graph_pool), walked);
+        let m = b.finish().unwrap();
+        let t = &m.graphs[0].nodes[0].touches;
+        assert_eq!(t[0].tensor, Some(w));
+        assert_eq!(t[1].tensor, Some(half));
+        assert_eq!(t[2].tensor, None);
+        assert_eq!(m.allocations.len(), 2);
+        assert_eq!(m.allocations[1].pool, Some(graph_pool));
+        assert_eq!(m.tensors[0].pool, Some(weights));
+        assert_eq!(m.tensors[0].allocation, Some(m.allocations[0].id));
+        // The result verifies: the plain-attribute alias keeps w registered, nothing unowned.
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert!(
+            r.findings
+                .iter()
+                .all(|f| f.kind != crate::verify::FindingKind::Unowned),
+            "{:?}",
+            r.findings
+        );
+    }
+}
