@@ -1,10 +1,14 @@
 //! graphcheck's core: the manifest format, the address index, the ownership graph, and
 //! the verify / explain / show / diff logic over them. No CLI, no Python, no GPU here;
 //! the CUDA walker lives behind the `cuda` feature.
-#![forbid(unsafe_code)]
+// Unsafe code is denied everywhere but in the fenced driver layer, `cuda::driver`.
+#![deny(unsafe_code)]
 
 pub mod allow;
 pub mod build;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod demangle;
 pub mod diff;
 pub mod exit;
 pub mod explain;

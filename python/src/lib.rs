@@ -1,6 +1,162 @@
 //! `graphcheck._native`: conversions between Python and the core; no logic of its own.
+//!
+//! Every function takes documents as a path (`str` or `os.PathLike`) or as JSON text (a
+//! `str` whose first non-blank character is `{`, or `bytes`), does its work with the GIL
+//! released, and returns plain strings, booleans and tuples; the Python package
+//! (`python/graphcheck/`) builds objects from them. Every error the core reports is raised
+//! as `graphcheck.GraphcheckError` with the core's message (file and JSON path included);
+//! nothing here panics on bad input.
 
+use std::path::{Path, PathBuf};
+
+use graphcheck::allow::Allowlist;
+use graphcheck::build::{ManifestBuilder, TensorSpec, WalkedGraph};
+use graphcheck::explain::Query;
+use graphcheck::format::{
+    Addr, Document, Live, Manifest, PoolId, PoolKind, Producer, Registration, SleepPolicy, TensorId,
+};
+use graphcheck::load::{self as loader, Tables};
+use graphcheck::normalize::Symbolizer;
+use graphcheck::path::Glob;
+use graphcheck::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+use serde::Deserialize;
+
+mod text;
+
+create_exception!(
+    graphcheck,
+    GraphcheckError,
+    PyException,
+    "A bad document, allowlist or argument: the message says what and where."
+);
+
+/// Turns a core error and its causes into one `GraphcheckError`.
+fn error(e: &dyn std::error::Error) -> PyErr {
+    GraphcheckError::new_err(chain(e))
+}
+
+/// A document as the caller handed it: a file, or JSON text named for error messages.
+enum Source {
+    Path(PathBuf),
+    Text { bytes: Vec<u8>, name: PathBuf },
+}
+
+impl Source {
+    /// `str` starting with `{` (after blanks) or `bytes`: JSON text; any other `str` or an
+    /// `os.PathLike`: a path. `name` names text in error messages (default `<string>`).
+    fn extract(obj: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<Source> {
+        let name = || PathBuf::from(name.unwrap_or("<string>"));
+        if let Ok(s) = obj.cast::<PyString>() {
+            let s = s.to_cow()?;
+            return Ok(if s.trim_start().starts_with('{') {
+                Source::Text {
+                    bytes: s.as_bytes().to_vec(),
+                    name: name(),
+                }
+            } else {
+                Source::Path(PathBuf::from(s.as_ref()))
+            });
+        }
+        if let Ok(b) = obj.cast::<PyBytes>() {
+            return Ok(Source::Text {
+                bytes: b.as_bytes().to_vec(),
+                name: name(),
+            });
+        }
+        obj.extract::<PathBuf>().map(Source::Path).map_err(|_| {
+            GraphcheckError::new_err(format!(
+                "expected a path or JSON text (str, bytes or os.PathLike), got {}",
+                obj.get_type()
+                    .name()
+                    .map_or_else(|_| "?".to_string(), |n| n.to_string())
+            ))
+        })
+    }
+
+    /// What error messages and `diff` call the document.
+    fn display_name(&self) -> &Path {
+        match self {
+            Source::Path(p) => p,
+            Source::Text { name, .. } => name,
+        }
+    }
+
+    fn manifest(&self) -> Result<(Manifest, Tables), String> {
+        match self {
+            Source::Path(p) => loader::load_manifest_checked(p).map_err(|e| chain(&e)),
+            Source::Text { bytes, name } => {
+                let m = loader::parse_manifest(bytes, name).map_err(|e| chain(&e))?;
+                let t = loader::check_manifest(&m).map_err(|e| {
+                    format!(
+                        "{}: invalid document at `{}`: {}",
+                        name.display(),
+                        e.json_path,
+                        e.message
+                    )
+                })?;
+                Ok((m, t))
+            }
+        }
+    }
+
+    fn live(&self) -> Result<(Live, Tables), String> {
+        match self {
+            Source::Path(p) => loader::load_live_checked(p).map_err(|e| chain(&e)),
+            Source::Text { bytes, name } => {
+                let l = loader::parse_live(bytes, name).map_err(|e| chain(&e))?;
+                let t = loader::check_live(&l).map_err(|e| {
+                    format!(
+                        "{}: invalid document at `{}`: {}",
+                        name.display(),
+                        e.json_path,
+                        e.message
+                    )
+                })?;
+                Ok((l, t))
+            }
+        }
+    }
+
+    fn document(&self) -> Result<Document, String> {
+        match self {
+            Source::Path(p) => loader::load_document(p).map_err(|e| chain(&e)),
+            Source::Text { bytes, name } => {
+                // `kind` picks the parser; a document without one fails in the manifest
+                // parser, whose error says what is missing.
+                #[derive(Deserialize)]
+                struct Kind {
+                    kind: Option<serde_json::Value>,
+                }
+                let live = serde_json::from_slice::<Kind>(bytes)
+                    .ok()
+                    .and_then(|k| k.kind)
+                    .is_some_and(|k| k == "live");
+                if live {
+                    loader::parse_live(bytes, name).map(Document::Live)
+                } else {
+                    loader::parse_manifest(bytes, name).map(Document::Manifest)
+                }
+                .map_err(|e| chain(&e))
+            }
+        }
+    }
+}
+
+/// An error and its causes as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(": ");
+        message.push_str(&c.to_string());
+        cause = c.source();
+    }
+    message
+}
 
 /// The version of the core this module was built from.
 #[pyfunction]
@@ -8,8 +164,359 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+/// Loads and checks a manifest or live snapshot; returns `(kind, json)`, the document as
+/// the core reads it (fields it does not know dropped). `expect` ("manifest" or "live")
+/// makes the other kind an error.
+#[pyfunction]
+#[pyo3(signature = (document, expect=None, name=None))]
+fn load(
+    py: Python<'_>,
+    document: &Bound<'_, PyAny>,
+    expect: Option<&str>,
+    name: Option<&str>,
+) -> PyResult<(&'static str, String)> {
+    let src = Source::extract(document, name)?;
+    let expect = expect.map(str::to_owned);
+    py.detach(move || -> Result<(&'static str, String), String> {
+        let (kind, json) = match expect.as_deref() {
+            Some("manifest") => ("manifest", serde_json::to_string(&src.manifest()?.0)),
+            Some("live") => ("live", serde_json::to_string(&src.live()?.0)),
+            None => match src.document()? {
+                Document::Manifest(m) => ("manifest", serde_json::to_string(&m)),
+                Document::Live(l) => ("live", serde_json::to_string(&l)),
+            },
+            Some(other) => {
+                return Err(format!("expect is \"manifest\" or \"live\", not {other:?}"));
+            }
+        };
+        Ok((kind, json.map_err(|e| e.to_string())?))
+    })
+    .map_err(GraphcheckError::new_err)
+}
+
+/// Runs verify; returns `(ok, report_json, table, markdown)`. `allow` is an allowlist
+/// file, `allow_text` its TOML text (one of them at most). `normalized` prints addresses as
+/// symbolic ids, as `graphcheck verify --normalized` does.
+#[pyfunction]
+#[pyo3(signature = (manifest, live=None, allow=None, allow_text=None, normalized=false))]
+fn verify(
+    py: Python<'_>,
+    manifest: &Bound<'_, PyAny>,
+    live: Option<&Bound<'_, PyAny>>,
+    allow: Option<PathBuf>,
+    allow_text: Option<String>,
+    normalized: bool,
+) -> PyResult<(bool, String, String, String)> {
+    let m_src = Source::extract(manifest, Some("<manifest>"))?;
+    let l_src = live
+        .map(|l| Source::extract(l, Some("<live>")))
+        .transpose()?;
+    py.detach(move || -> Result<_, String> {
+        let allow = match (allow, allow_text) {
+            (Some(_), Some(_)) => return Err("give allow or allow_text, not both".into()),
+            (Some(p), None) => Allowlist::load(&p).map_err(|e| chain(&e))?,
+            (None, Some(t)) => {
+                Allowlist::parse(&t).map_err(|m| format!("<allowlist>: invalid allowlist: {m}"))?
+            }
+            (None, None) => Allowlist::default(),
+        };
+        // The two documents parse on two threads, as in the CLI: parsing is most of it.
+        let (m, l) = std::thread::scope(|s| {
+            let live_job = l_src.as_ref().map(|l| s.spawn(move || l.live()));
+            let m = m_src.manifest();
+            let l = live_job.map(|j| j.join().unwrap_or_else(|_| Err("loader failed".into())));
+            (m, l)
+        });
+        let (m, mt) = m?;
+        let l = l.transpose()?;
+        let report =
+            graphcheck::verify::verify_checked(&m, &mt, l.as_ref().map(|(l, t)| (l, t)), &allow);
+        let sym;
+        let fmt: &dyn AddrFmt = if normalized {
+            sym = Symbolizer::for_manifest(&m);
+            &sym
+        } else {
+            &RawAddrs
+        };
+        let json = if normalized {
+            Symbolizer::for_manifest(&m).redact(&render_json(&report))
+        } else {
+            render_json(&report)
+        };
+        Ok((
+            report.ok,
+            json,
+            render_table(&report, fmt),
+            render_markdown(&report, fmt),
+        ))
+    })
+    .map_err(GraphcheckError::new_err)
+}
+
+/// The stable text of a document (`graphcheck show --normalized`).
+#[pyfunction]
+#[pyo3(signature = (document, name=None))]
+fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
+    let src = Source::extract(document, name)?;
+    py.detach(move || {
+        src.document()
+            .map(|d| graphcheck::normalize::normalized(&d))
+    })
+    .map_err(GraphcheckError::new_err)
+}
+
+/// The summary of a document (`graphcheck show`).
+#[pyfunction]
+#[pyo3(signature = (document, name=None))]
+fn summary(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
+    let src = Source::extract(document, name)?;
+    py.detach(move || src.document().map(|d| text::summary(&d)))
+        .map_err(GraphcheckError::new_err)
+}
+
+/// Traces an address (`0x…`), an owner path, or with `kernel` every node whose name
+/// contains it; returns `(found, text)` (DOT with `dot=True`).
+#[pyfunction]
+#[pyo3(signature = (manifest, target=None, kernel=None, dot=false, normalized=false))]
+fn explain(
+    py: Python<'_>,
+    manifest: &Bound<'_, PyAny>,
+    target: Option<String>,
+    kernel: Option<String>,
+    dot: bool,
+    normalized: bool,
+) -> PyResult<(bool, String)> {
+    let src = Source::extract(manifest, Some("<manifest>"))?;
+    let query = match (kernel, target) {
+        (Some(k), None) => Query::Kernel(k),
+        (None, Some(t)) => Query::parse(&t),
+        _ => {
+            return Err(GraphcheckError::new_err(
+                "explain takes a target (address or owner path) or kernel, exactly one",
+            ));
+        }
+    };
+    py.detach(move || -> Result<_, String> {
+        let (m, _) = src.manifest()?;
+        let sym = Symbolizer::for_manifest(&m);
+        let fmt: &dyn AddrFmt = if normalized { &sym } else { &RawAddrs };
+        let e = graphcheck::explain::explain(&m, &query, fmt);
+        let text = match (dot, normalized) {
+            (true, true) => sym.redact(&e.dot),
+            (true, false) => e.dot,
+            (false, _) => e.text,
+        };
+        Ok((e.found, text))
+    })
+    .map_err(GraphcheckError::new_err)
+}
+
+/// Compares two documents by owner path; returns `(same, text)`. `format` is `table`,
+/// `markdown` or `json`.
+#[pyfunction]
+#[pyo3(signature = (a, b, format="table"))]
+fn diff(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    format: &str,
+) -> PyResult<(bool, String)> {
+    let (a, b) = (
+        Source::extract(a, Some("<A>"))?,
+        Source::extract(b, Some("<B>"))?,
+    );
+    let format = format.to_owned();
+    py.detach(move || -> Result<_, String> {
+        let (da, db) = (a.document()?, b.document()?);
+        let r = graphcheck::diff::diff(&da, &db);
+        let text = match format.as_str() {
+            "json" => {
+                let mut s = serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?;
+                s.push('\n');
+                s
+            }
+            "table" | "markdown" => {
+                text::diff_text(&r, a.display_name(), b.display_name(), format == "markdown")
+            }
+            other => return Err(format!("format is table, markdown or json, not {other:?}")),
+        };
+        Ok((r.same, text))
+    })
+    .map_err(GraphcheckError::new_err)
+}
+
+/// The JSON Schema of format v1, as `graphcheck schema` prints it.
+#[pyfunction]
+fn schema() -> String {
+    let mut s = serde_json::to_string_pretty(&graphcheck::format::json_schema())
+        .expect("the schema is plain JSON");
+    s.push('\n');
+    s
+}
+
+/// What `build_manifest` takes: pools, tensors and owners from the Python registry walk,
+/// and graphs as walkers read them. Ids of pools are their positions in `pools`; owners
+/// name tensors by their position in `tensors`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BuildSpec {
+    producer: Producer,
+    #[serde(default)]
+    pools: Vec<PoolSpec>,
+    #[serde(default)]
+    pool_ranges: Vec<PoolRange>,
+    #[serde(default)]
+    allocations: Vec<AllocationSpec>,
+    #[serde(default)]
+    tensors: Vec<TensorSpec>,
+    #[serde(default)]
+    owners: Vec<OwnerSpec>,
+    #[serde(default)]
+    graphs: Vec<GraphSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolSpec {
+    name: String,
+    kind: PoolKind,
+    sleep: SleepPolicy,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolRange {
+    base: Addr,
+    size: u64,
+    pool: PoolId,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllocationSpec {
+    base: Addr,
+    size: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OwnerSpec {
+    path: String,
+    /// Position in `tensors`.
+    tensor: usize,
+    registration: Registration,
+    #[serde(default)]
+    holder: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GraphSpec {
+    name: String,
+    #[serde(default)]
+    pool: Option<PoolId>,
+    walked: WalkedGraph,
+}
+
+fn build(spec: &[u8]) -> Result<String, String> {
+    let name = "<build spec>";
+    let mut de = serde_json::Deserializer::from_slice(spec);
+    let spec: BuildSpec = serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| format!("{name}: invalid spec at `{}`: {}", e.path(), e.inner()))?;
+    de.end().map_err(|e| format!("{name}: invalid spec: {e}"))?;
+    let at = |what: String, e: &dyn std::error::Error| format!("{name}: {what}: {}", chain(e));
+    let mut b = ManifestBuilder::new(spec.producer);
+    for p in &spec.pools {
+        b.add_pool(&p.name, p.kind, p.sleep);
+    }
+    for (i, r) in spec.pool_ranges.iter().enumerate() {
+        b.add_pool_range(r.base, r.size, r.pool)
+            .map_err(|e| at(format!("pool_ranges[{i}]"), &e))?;
+    }
+    for a in &spec.allocations {
+        b.add_allocation(a.base, a.size);
+    }
+    // Equal views collapse into one tensor; owners refer to spec positions.
+    let mut ids: Vec<TensorId> = Vec::with_capacity(spec.tensors.len());
+    for (i, t) in spec.tensors.into_iter().enumerate() {
+        ids.push(
+            b.add_tensor(t)
+                .map_err(|e| at(format!("tensors[{i}]"), &e))?,
+        );
+    }
+    for (i, o) in spec.owners.into_iter().enumerate() {
+        let tensor = *ids.get(o.tensor).ok_or_else(|| {
+            format!(
+                "{name}: owners[{i}].tensor: no tensor at position {} ({} given)",
+                o.tensor,
+                ids.len()
+            )
+        })?;
+        b.add_owner(&o.path, tensor, o.registration, o.holder)
+            .map_err(|e| at(format!("owners[{i}]"), &e))?;
+    }
+    for g in spec.graphs {
+        b.add_graph(&g.name, g.pool, g.walked);
+    }
+    let m = b.finish().map_err(|e| at("failed to build".into(), &e))?;
+    serde_json::to_string(&m).map_err(|e| e.to_string())
+}
+
+/// Builds a manifest from a build spec (JSON, see `BuildSpec`): resolves every walked
+/// word to a tensor view, allocation and pool, checks the result, returns its JSON.
+#[pyfunction]
+fn build_manifest(py: Python<'_>, spec: &Bound<'_, PyAny>) -> PyResult<String> {
+    let bytes = match Source::extract(spec, Some("<build spec>"))? {
+        Source::Text { bytes, .. } => bytes,
+        Source::Path(p) => std::fs::read(&p).map_err(|e| {
+            GraphcheckError::new_err(format!("failed to read {}: {e}", p.display()))
+        })?,
+    };
+    py.detach(move || build(&bytes))
+        .map_err(GraphcheckError::new_err)
+}
+
+/// For each path, whether it matches the owner-path glob (`*` within one hop, `**`
+/// across hops, brackets literal).
+#[pyfunction]
+fn glob_match(pattern: &str, paths: Vec<String>) -> PyResult<Vec<bool>> {
+    let glob = Glob::new(pattern).map_err(|e| error(&e))?;
+    Ok(paths.iter().map(|p| glob.is_match(p)).collect())
+}
+
+/// Checks an owner path against the core's grammar; returns its canonical spelling.
+#[pyfunction]
+fn check_path(path: &str) -> PyResult<String> {
+    graphcheck::path::parse(path)
+        .map(|segs| graphcheck::path::join(&segs))
+        .map_err(|e| error(&e))
+}
+
+/// Writes `data` to `path` atomically (the file is replaced whole or not at all).
+#[pyfunction]
+fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
+    py.detach(|| loader::write_atomic(&path, &data))
+        .map_err(|e| GraphcheckError::new_err(format!("failed to write {}: {e}", path.display())))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("GraphcheckError", m.py().get_type::<GraphcheckError>())?;
+    m.add("FORMAT_VERSION", graphcheck::format::FORMAT_VERSION)?;
+    m.add("EXIT_OK", graphcheck::exit::OK)?;
+    m.add("EXIT_FINDINGS", graphcheck::exit::FINDINGS)?;
+    m.add("EXIT_BAD_INPUT", graphcheck::exit::BAD_INPUT)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(normalized, m)?)?;
+    m.add_function(wrap_pyfunction!(summary, m)?)?;
+    m.add_function(wrap_pyfunction!(explain, m)?)?;
+    m.add_function(wrap_pyfunction!(diff, m)?)?;
+    m.add_function(wrap_pyfunction!(schema, m)?)?;
+    m.add_function(wrap_pyfunction!(build_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(glob_match, m)?)?;
+    m.add_function(wrap_pyfunction!(check_path, m)?)?;
+    m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     Ok(())
 }

@@ -1,0 +1,392 @@
+//! The one fenced unsafe layer: raw CUDA driver calls for reading captured graphs, each
+//! wrapped in a function that returns `Result`. Handles are borrowed: nothing here creates
+//! or destroys a graph, a node or a context. Everything above this module is safe code.
+//!
+//! Node types are read into a `u32`, never into cudarc's `#[repr(u32)]` enum: a type from
+//! a newer driver would be undefined behaviour there; here it is counted as unread.
+
+use std::ffi::{CStr, c_void};
+use std::marker::PhantomData;
+
+use cudarc::driver::sys;
+
+use super::CudaError;
+
+/// The oldest driver with `cuFuncGetParamInfo` (12.4).
+pub const MIN_DRIVER_VERSION: i32 = 12040;
+
+/// Turns a `CUresult` into our error, naming the call.
+fn check(call: &'static str, r: sys::CUresult) -> Result<(), CudaError> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Call {
+            call,
+            code: r as u32,
+            name: error_name(r),
+        })
+    }
+}
+
+fn error_name(r: sys::CUresult) -> String {
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string, or leaves it null.
+    let ok = unsafe { sys::cuGetErrorName(r, &mut p) } == sys::CUresult::CUDA_SUCCESS;
+    if ok && !p.is_null() {
+        // SAFETY: the driver returned a NUL-terminated static string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    } else {
+        format!("CUresult {}", r as u32)
+    }
+}
+
+/// Loads the driver, initializes it and checks its version. Never panics: cudarc's
+/// dynamic loading panics on a missing library, so its presence is checked first.
+pub fn init() -> Result<i32, CudaError> {
+    // SAFETY: only probes for the library with dlopen.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::NoDriver);
+    }
+    // SAFETY: cuInit may be called any number of times.
+    check("cuInit", unsafe { sys::cuInit(0) })?;
+    let mut v = 0;
+    // SAFETY: writes one int.
+    check("cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut v)
+    })?;
+    if v < MIN_DRIVER_VERSION {
+        return Err(CudaError::OldDriver { found: v });
+    }
+    Ok(v)
+}
+
+/// Whether the calling thread has a current context (cuMemGetAddressRange needs one).
+pub fn has_current_context() -> Result<bool, CudaError> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle.
+    check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+    Ok(!ctx.is_null())
+}
+
+/// The name of device 0 (for the manifest's producer).
+pub fn device_name(ordinal: i32) -> Result<String, CudaError> {
+    let mut dev = 0;
+    // SAFETY: writes one int.
+    check("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut dev, ordinal)
+    })?;
+    let mut buf = [0 as std::ffi::c_char; 256];
+    // SAFETY: the buffer holds 256 bytes and the driver NUL-terminates within them.
+    check("cuDeviceGetName", unsafe {
+        sys::cuDeviceGetName(buf.as_mut_ptr(), 256, dev)
+    })?;
+    // SAFETY: NUL-terminated by the call above.
+    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned())
+}
+
+/// A graph we read but do not own.
+#[derive(Clone, Copy, Debug)]
+pub struct GraphRef<'a> {
+    raw: sys::CUgraph,
+    _life: PhantomData<&'a ()>,
+}
+
+impl<'a> GraphRef<'a> {
+    /// Borrows a raw graph handle.
+    ///
+    /// # Safety
+    /// `raw` must be a valid `CUgraph` for all of `'a`, neither destroyed nor modified
+    /// (nor read by another thread) meanwhile: the driver does not synchronize graphs.
+    pub unsafe fn from_raw(raw: sys::CUgraph) -> GraphRef<'a> {
+        GraphRef {
+            raw,
+            _life: PhantomData,
+        }
+    }
+
+    /// The nodes, in the driver's order.
+    pub fn nodes(self) -> Result<Vec<NodeRef<'a>>, CudaError> {
+        let mut n = 0usize;
+        // SAFETY: a null array asks for the count only.
+        check("cuGraphGetNodes", unsafe {
+            sys::cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut n)
+        })?;
+        let mut raw = vec![std::ptr::null_mut(); n];
+        // SAFETY: `raw` has room for `n` handles; the driver writes at most `n`.
+        check("cuGraphGetNodes", unsafe {
+            sys::cuGraphGetNodes(self.raw, raw.as_mut_ptr(), &mut n)
+        })?;
+        raw.truncate(n);
+        Ok(raw
+            .into_iter()
+            .map(|raw| NodeRef {
+                raw,
+                _life: PhantomData,
+            })
+            .collect())
+    }
+}
+
+/// A node of a borrowed graph.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeRef<'a> {
+    raw: sys::CUgraphNode,
+    _life: PhantomData<&'a ()>,
+}
+
+/// What a kernel node launches, and with what.
+pub struct KernelNode<'a> {
+    func: sys::CUfunction,
+    kern: sys::CUkernel,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    _life: PhantomData<&'a ()>,
+}
+
+/// A kernel's parameter bytes: one slice per parameter, or one packed buffer.
+pub enum ParamBytes<'a> {
+    PerParam(Vec<&'a [u8]>),
+    Packed(&'a [u8]),
+    None,
+}
+
+impl<'a> NodeRef<'a> {
+    /// The node type as the driver numbers it.
+    pub fn type_number(self) -> Result<u32, CudaError> {
+        let mut t: u32 = u32::MAX;
+        // SAFETY: CUgraphNodeType is a 4-byte C enum; the driver writes one value, which we
+        // keep as an integer so that an unknown value is not an invalid Rust enum.
+        check("cuGraphNodeGetType", unsafe {
+            sys::cuGraphNodeGetType(self.raw, (&mut t as *mut u32).cast())
+        })?;
+        Ok(t)
+    }
+
+    /// The launch of a kernel node.
+    pub fn kernel(self) -> Result<KernelNode<'a>, CudaError> {
+        // SAFETY: a plain C struct of handles, integers and pointers: all-zero is valid.
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: writes the struct; the pointers in it stay owned by the node.
+        check("cuGraphKernelNodeGetParams", unsafe {
+            sys::cuGraphKernelNodeGetParams_v2(self.raw, &mut p)
+        })?;
+        Ok(KernelNode {
+            func: p.func,
+            kern: p.kern,
+            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+            kernel_params: p.kernelParams,
+            extra: p.extra,
+            _life: PhantomData,
+        })
+    }
+
+    /// The destination of a memset node.
+    pub fn memset_dst(self) -> Result<u64, CudaError> {
+        // SAFETY: plain C struct; all-zero is valid.
+        let mut p: sys::CUDA_MEMSET_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: writes the struct.
+        check("cuGraphMemsetNodeGetParams", unsafe {
+            sys::cuGraphMemsetNodeGetParams(self.raw, &mut p)
+        })?;
+        Ok(p.dst)
+    }
+
+    /// The device ends of a memcpy node: (destination, source); host or array ends are
+    /// `None`.
+    pub fn memcpy_ends(self) -> Result<(Option<u64>, Option<u64>), CudaError> {
+        // SAFETY: plain C struct; all-zero is valid.
+        let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+        // SAFETY: writes the struct.
+        check("cuGraphMemcpyNodeGetParams", unsafe {
+            sys::cuGraphMemcpyNodeGetParams(self.raw, &mut p)
+        })?;
+        let device = |t: sys::CUmemorytype, d: u64| {
+            let t = t as u32;
+            // CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_UNIFIED = 4.
+            (t == 2 || t == 4).then_some(d)
+        };
+        Ok((
+            device(p.dstMemoryType, p.dstDevice),
+            device(p.srcMemoryType, p.srcDevice),
+        ))
+    }
+
+    /// The body of a child-graph node, owned by the node.
+    pub fn child_graph(self) -> Result<GraphRef<'a>, CudaError> {
+        let mut g: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: writes one handle, owned by the node; we never destroy it.
+        check("cuGraphChildGraphNodeGetGraph", unsafe {
+            sys::cuGraphChildGraphNodeGetGraph(self.raw, &mut g)
+        })?;
+        Ok(GraphRef {
+            raw: g,
+            _life: PhantomData,
+        })
+    }
+
+    /// The bodies of a conditional node, owned by the node. Reading them takes
+    /// `cuGraphNodeGetParams`, which drivers before CUDA 13 lack.
+    pub fn conditional_bodies(self) -> Result<Vec<GraphRef<'a>>, CudaError> {
+        type GetParams =
+            unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNodeParams) -> sys::CUresult;
+        static GET: std::sync::OnceLock<Option<(libloading::Library, GetParams)>> =
+            std::sync::OnceLock::new();
+        let get = GET.get_or_init(|| {
+            // SAFETY: loading the driver library runs no initializer beyond what cudarc
+            // already ran by loading the same library.
+            let lib = unsafe { libloading::Library::new("libcuda.so.1") }.ok()?;
+            // SAFETY: the symbol, where present, has this C signature (cuda.h, 13.0).
+            let f: GetParams = *unsafe { lib.get::<GetParams>(b"cuGraphNodeGetParams\0") }.ok()?;
+            Some((lib, f))
+        });
+        let Some((_, get)) = get else {
+            return Err(CudaError::Call {
+                call: "cuGraphNodeGetParams",
+                code: 0,
+                name: "not in this driver (needs CUDA 13)".into(),
+            });
+        };
+        // SAFETY: a C struct with a union of C structs; all-zero is valid.
+        let mut p: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
+        // SAFETY: writes the struct, whose layout is the same in the 12.8 and 13 headers.
+        check("cuGraphNodeGetParams", unsafe { get(self.raw, &mut p) })?;
+        // SAFETY: the node is a conditional node (the caller checked its type), so the union
+        // holds `conditional`, whose `phGraph_out` points to `size` graphs owned by the node.
+        let bodies = unsafe {
+            let c = p.__bindgen_anon_1.conditional;
+            if c.phGraph_out.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(c.phGraph_out, c.size as usize).to_vec()
+            }
+        };
+        Ok(bodies
+            .into_iter()
+            .map(|raw| GraphRef {
+                raw,
+                _life: PhantomData,
+            })
+            .collect())
+    }
+}
+
+impl<'a> KernelNode<'a> {
+    /// Identifies the launched function (function and library-kernel handles), so that
+    /// its name and layout are read once per walk, not once per node.
+    pub fn function_key(&self) -> (usize, usize) {
+        (self.func as usize, self.kern as usize)
+    }
+
+    /// The kernel's name as the driver has it (mangled for C++ kernels).
+    pub fn raw_name(&self) -> Result<String, CudaError> {
+        let mut p: *const std::ffi::c_char = std::ptr::null();
+        if !self.func.is_null() {
+            // SAFETY: writes a pointer to a string owned by the module.
+            check("cuFuncGetName", unsafe {
+                sys::cuFuncGetName(&mut p, self.func)
+            })?;
+        } else if !self.kern.is_null() {
+            // SAFETY: as above, for a library kernel.
+            check("cuKernelGetName", unsafe {
+                sys::cuKernelGetName(&mut p, self.kern)
+            })?;
+        } else {
+            return Err(CudaError::NoFunction);
+        }
+        if p.is_null() {
+            return Ok(String::new());
+        }
+        // SAFETY: NUL-terminated, owned by the loaded module, alive while the node is.
+        Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+
+    /// The parameter layout, (offset, size) per parameter, read by asking for parameter
+    /// 0, 1, … until the driver says there is no such parameter (`CUDA_ERROR_INVALID_VALUE`).
+    /// Any other answer to the first question is an error: the layout is unknown.
+    pub fn param_layout(&self) -> Result<Vec<(usize, usize)>, CudaError> {
+        let mut out = Vec::new();
+        for i in 0..4096usize {
+            let (mut off, mut size) = (0usize, 0usize);
+            let r = if !self.func.is_null() {
+                // SAFETY: writes two integers.
+                unsafe { sys::cuFuncGetParamInfo(self.func, i, &mut off, &mut size) }
+            } else if !self.kern.is_null() {
+                // SAFETY: writes two integers.
+                unsafe { sys::cuKernelGetParamInfo(self.kern, i, &mut off, &mut size) }
+            } else {
+                break;
+            };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                if i == 0 && r != sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+                    check("cuFuncGetParamInfo", r)?;
+                }
+                break;
+            }
+            out.push((off, size));
+        }
+        Ok(out)
+    }
+
+    /// The parameter bytes: through `kernelParams` (one pointer per parameter, sized by
+    /// `layout`) or through the packed `extra` buffer.
+    pub fn param_bytes(&self, layout: &[(usize, usize)]) -> ParamBytes<'a> {
+        if !self.kernel_params.is_null() {
+            let mut v = Vec::with_capacity(layout.len());
+            for (i, &(_, size)) in layout.iter().enumerate() {
+                // SAFETY: `kernelParams` holds one pointer per parameter of the kernel, and
+                // `layout` has exactly the kernel's parameters; each points to `size` bytes
+                // owned by the node.
+                let p = unsafe { *self.kernel_params.add(i) };
+                if p.is_null() {
+                    v.push(&[][..]);
+                } else {
+                    // SAFETY: see above.
+                    v.push(unsafe { std::slice::from_raw_parts(p as *const u8, size) });
+                }
+            }
+            return ParamBytes::PerParam(v);
+        }
+        if !self.extra.is_null() {
+            // `extra` is (key, value) pairs ended by CU_LAUNCH_PARAM_END (0):
+            // BUFFER_POINTER (1) → the packed buffer, BUFFER_SIZE (2) → its size.
+            let (mut buf, mut size): (*const u8, Option<usize>) = (std::ptr::null(), None);
+            let mut j = 0;
+            loop {
+                // SAFETY: the array is terminated by a null key (CU_LAUNCH_PARAM_END); we
+                // read pairs until it, and bound the walk in case a driver breaks that.
+                let key = unsafe { *self.extra.add(j) } as usize;
+                if key == 0 || j > 64 {
+                    break;
+                }
+                // SAFETY: a non-END key is followed by its value.
+                let val = unsafe { *self.extra.add(j + 1) };
+                match key {
+                    1 => buf = val as *const u8,
+                    // SAFETY: BUFFER_SIZE's value points to a size_t.
+                    2 if !val.is_null() => size = Some(unsafe { *(val as *const usize) }),
+                    _ => {}
+                }
+                j += 2;
+            }
+            if let (false, Some(size)) = (buf.is_null(), size) {
+                // SAFETY: the driver keeps `size` bytes at `buf` for the node's lifetime.
+                return ParamBytes::Packed(unsafe { std::slice::from_raw_parts(buf, size) });
+            }
+        }
+        ParamBytes::None
+    }
+}
+
+/// The driver allocation holding `addr`, as (base, size); `None` when no allocation does.
+/// Needs a current context.
+pub fn address_range(addr: u64) -> Option<(u64, u64)> {
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: writes two integers; any address may be asked about.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
+    (r == sys::CUresult::CUDA_SUCCESS && size > 0).then_some((base, size as u64))
+}

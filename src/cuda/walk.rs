@@ -1,0 +1,410 @@
+//! The graph walker: every node of a captured graph (recursing into child-graph and
+//! conditional bodies), every 8-byte-aligned word of every kernel's parameters, memset
+//! destinations and memcpy ends; a word that lies in a live driver allocation becomes an
+//! address word (parameter index, byte offset, address, allocation). Nodes whose types
+//! hold addresses graphcheck does not read are counted and listed, never skipped silently.
+
+use std::sync::OnceLock;
+
+use rustc_hash::FxHashSet;
+
+use super::CudaError;
+use super::driver::{self, GraphRef, NodeRef, ParamBytes};
+use crate::build::{RawWord, WalkedGraph, WalkedNode};
+use crate::demangle::demangle;
+use crate::format::{Addr, NodeKind, Unread};
+
+/// What a walk cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkStats {
+    /// Nodes visited, bodies of child graphs included.
+    pub nodes: usize,
+    /// Parameter words looked at.
+    pub words: usize,
+    /// Words that lay in an allocation.
+    pub addresses: usize,
+    /// `cuMemGetAddressRange` calls (the rest were answered from the cache).
+    pub driver_lookups: usize,
+}
+
+/// The driver's name for a node type.
+pub fn node_type_name(t: u32) -> String {
+    match t {
+        0 => "kernel",
+        1 => "memcpy",
+        2 => "memset",
+        3 => "host",
+        4 => "child_graph",
+        5 => "empty",
+        6 => "wait_event",
+        7 => "event_record",
+        8 => "ext_semaphore_signal",
+        9 => "ext_semaphore_wait",
+        10 => "mem_alloc",
+        11 => "mem_free",
+        12 => "batch_mem_op",
+        13 => "conditional",
+        _ => return format!("type_{t}"),
+    }
+    .to_string()
+}
+
+static DRIVER: OnceLock<Result<i32, String>> = OnceLock::new();
+
+/// Initializes the driver once per process; returns its version.
+pub fn driver_version() -> Result<i32, CudaError> {
+    match DRIVER.get_or_init(|| driver::init().map_err(|e| e.to_string())) {
+        Ok(v) => Ok(*v),
+        Err(_) => driver::init(),
+    }
+}
+
+/// Ranges of allocations already seen, and words known to be in none.
+#[derive(Default)]
+struct RangeCache {
+    ranges: Vec<(u64, u64)>,
+    misses: FxHashSet<u64>,
+    lookups: usize,
+}
+
+impl RangeCache {
+    fn lookup(&mut self, v: u64) -> Option<(u64, u64)> {
+        // Small integers and non-canonical values are never device addresses.
+        if !(0x10000..(1u64 << 57)).contains(&v) {
+            return None;
+        }
+        let i = self.ranges.partition_point(|&(b, _)| b <= v);
+        if i > 0 {
+            let (b, s) = self.ranges[i - 1];
+            if v - b < s {
+                return Some((b, s));
+            }
+        }
+        if self.misses.contains(&v) {
+            return None;
+        }
+        self.lookups += 1;
+        match driver::address_range(v) {
+            Some((b, s)) => {
+                let at = self.ranges.partition_point(|&(x, _)| x < b);
+                if self.ranges.get(at).map(|r| r.0) != Some(b) {
+                    self.ranges.insert(at, (b, s));
+                }
+                Some((b, s))
+            }
+            None => {
+                self.misses.insert(v);
+                None
+            }
+        }
+    }
+}
+
+/// A function's demangled name and parameter layout (or why the layout is unknown).
+type FunctionInfo = (String, Result<std::rc::Rc<[(usize, usize)]>, String>);
+
+struct Walker {
+    cache: RangeCache,
+    functions: rustc_hash::FxHashMap<(usize, usize), FunctionInfo>,
+    out: WalkedGraph,
+    next: u32,
+    stats: WalkStats,
+}
+
+/// Walks a captured graph. Needs a current CUDA context on this thread (the one the
+/// graph's allocations belong to).
+pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError> {
+    driver_version()?;
+    if !driver::has_current_context()? {
+        return Err(CudaError::NoContext);
+    }
+    let mut w = Walker {
+        cache: RangeCache::default(),
+        functions: Default::default(),
+        out: WalkedGraph::default(),
+        next: 0,
+        stats: WalkStats::default(),
+    };
+    w.walk(g, None)?;
+    w.stats.driver_lookups = w.cache.lookups;
+    Ok((w.out, w.stats))
+}
+
+impl Walker {
+    fn walk(&mut self, g: GraphRef<'_>, parent: Option<u32>) -> Result<(), CudaError> {
+        for node in g.nodes()? {
+            let index = self.next;
+            self.next += 1;
+            self.stats.nodes += 1;
+            let t = match node.type_number() {
+                Ok(t) => t,
+                Err(e) => {
+                    *self.out.node_counts.entry("unknown".into()).or_default() += 1;
+                    self.out.unread.push(Unread {
+                        index,
+                        node_type: "unknown".into(),
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let type_name = node_type_name(t);
+            *self.out.node_counts.entry(type_name.clone()).or_default() += 1;
+            match t {
+                0 => self.kernel(node, index, parent),
+                1 => self.memcpy(node, index, parent),
+                2 => self.memset(node, index, parent),
+                4 => match node.child_graph() {
+                    Ok(body) => self.walk(body, Some(index))?,
+                    Err(e) => self.unread(index, type_name, format!("its body could not be read: {e}")),
+                },
+                13 => match node.conditional_bodies() {
+                    Ok(bodies) => {
+                        for body in bodies {
+                            self.walk(body, Some(index))?;
+                        }
+                    }
+                    Err(e) => self.unread(index, type_name, format!("its bodies could not be read: {e}")),
+                },
+                // No device address to read.
+                3 | 5 | 6 | 7 => {}
+                8..=12 => self.unread(
+                    index,
+                    type_name,
+                    "graphcheck does not read this node type's parameters; any address it holds is not checked".into(),
+                ),
+                _ => self.unread(
+                    index,
+                    type_name,
+                    format!("node type {t} is unknown to graphcheck (a newer driver?)"),
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    fn unread(&mut self, index: u32, node_type: String, reason: String) {
+        self.out.unread.push(Unread {
+            index,
+            node_type,
+            reason,
+        });
+    }
+
+    fn push(&mut self, node: WalkedNode) {
+        self.stats.addresses += node.words.len();
+        self.out.nodes.push(node);
+    }
+
+    fn kernel(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+        let k = match node.kernel() {
+            Ok(k) => k,
+            Err(e) => {
+                return self.push(WalkedNode {
+                    index,
+                    kind: NodeKind::Kernel,
+                    name: "(unreadable kernel node)".into(),
+                    grid: None,
+                    block: None,
+                    parent,
+                    opaque: Some(format!("its launch parameters could not be read: {e}")),
+                    words: Vec::new(),
+                });
+            }
+        };
+        // Graphs launch few distinct functions many times: name and layout once each.
+        let (name, layout) = self
+            .functions
+            .entry(k.function_key())
+            .or_insert_with(|| {
+                let name = k
+                    .raw_name()
+                    .map(|n| demangle(&n))
+                    .unwrap_or_else(|e| format!("(name unavailable: {e})"));
+                (
+                    name,
+                    k.param_layout().map(Into::into).map_err(|e| e.to_string()),
+                )
+            })
+            .clone();
+        let layout = match layout {
+            Ok(l) => l,
+            Err(e) => {
+                return self.push(WalkedNode {
+                    index,
+                    kind: NodeKind::Kernel,
+                    name,
+                    grid: Some(k.grid),
+                    block: Some(k.block),
+                    parent,
+                    opaque: Some(format!("its parameter layout could not be read: {e}")),
+                    words: Vec::new(),
+                });
+            }
+        };
+        let mut words = Vec::new();
+        let mut opaque = None;
+        match k.param_bytes(&layout) {
+            ParamBytes::PerParam(params) => {
+                for (i, bytes) in params.iter().enumerate() {
+                    self.scan(bytes, i as u32, |_| None, &mut words);
+                }
+            }
+            ParamBytes::Packed(buf) => {
+                // Map a buffer offset to (parameter, offset in it) through the layout.
+                let map = |o: usize| -> Option<(u32, u32)> {
+                    let i = layout.partition_point(|&(off, _)| off <= o);
+                    (i > 0).then(|| ((i - 1) as u32, (o - layout[i - 1].0) as u32))
+                };
+                self.scan(buf, 0, map, &mut words);
+            }
+            ParamBytes::None => {
+                if !layout.is_empty() {
+                    opaque = Some(format!(
+                        "the kernel takes {} parameters but the node holds neither kernelParams nor a packed buffer",
+                        layout.len()
+                    ));
+                }
+            }
+        }
+        self.push(WalkedNode {
+            index,
+            kind: NodeKind::Kernel,
+            name,
+            grid: Some(k.grid),
+            block: Some(k.block),
+            parent,
+            opaque,
+            words,
+        });
+    }
+
+    /// Scans every 8-byte-aligned word of `bytes`; `map` turns a byte offset into
+    /// (parameter, offset) where the bytes span several parameters.
+    fn scan(
+        &mut self,
+        bytes: &[u8],
+        param: u32,
+        map: impl Fn(usize) -> Option<(u32, u32)>,
+        out: &mut Vec<RawWord>,
+    ) {
+        for (k, chunk) in bytes.chunks_exact(8).enumerate() {
+            self.stats.words += 1;
+            let v = u64::from_le_bytes(chunk.try_into().expect("chunks of 8"));
+            if let Some((base, size)) = self.cache.lookup(v) {
+                let off = k * 8;
+                let (param, offset) = map(off).unwrap_or((param, off as u32));
+                out.push(RawWord {
+                    param,
+                    offset,
+                    addr: Addr(v),
+                    allocation: Some((Addr(base), size)),
+                });
+            }
+        }
+    }
+
+    fn memset(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+        let (words, opaque) = match node.memset_dst() {
+            Ok(dst) => (self.ends(&[dst]), None),
+            Err(e) => (
+                Vec::new(),
+                Some(format!("its parameters could not be read: {e}")),
+            ),
+        };
+        self.push(WalkedNode {
+            index,
+            kind: NodeKind::Memset,
+            name: "memset".into(),
+            grid: None,
+            block: None,
+            parent,
+            opaque,
+            words,
+        });
+    }
+
+    fn memcpy(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+        let (words, opaque) = match node.memcpy_ends() {
+            Ok((dst, src)) => {
+                // Parameter 0 is the destination, 1 the source; host or array ends hold no
+                // device address.
+                let mut w = Vec::new();
+                for (param, end) in [(0u32, dst), (1, src)] {
+                    if let Some(a) = end {
+                        self.stats.words += 1;
+                        if let Some((b, s)) = self.cache.lookup(a) {
+                            w.push(RawWord {
+                                param,
+                                offset: 0,
+                                addr: Addr(a),
+                                allocation: Some((Addr(b), s)),
+                            });
+                        }
+                    }
+                }
+                (w, None)
+            }
+            Err(e) => (
+                Vec::new(),
+                Some(format!("its parameters could not be read: {e}")),
+            ),
+        };
+        self.push(WalkedNode {
+            index,
+            kind: NodeKind::Memcpy,
+            name: "memcpy".into(),
+            grid: None,
+            block: None,
+            parent,
+            opaque,
+            words,
+        });
+    }
+
+    fn ends(&mut self, addrs: &[u64]) -> Vec<RawWord> {
+        let mut w = Vec::new();
+        for &a in addrs {
+            self.stats.words += 1;
+            if let Some((b, s)) = self.cache.lookup(a) {
+                w.push(RawWord {
+                    param: 0,
+                    offset: 0,
+                    addr: Addr(a),
+                    allocation: Some((Addr(b), s)),
+                });
+            }
+        }
+        w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_type_names_cover_the_driver_and_beyond() {
+        assert_eq!(node_type_name(0), "kernel");
+        assert_eq!(node_type_name(4), "child_graph");
+        assert_eq!(node_type_name(13), "conditional");
+        assert_eq!(node_type_name(99), "type_99");
+    }
+
+    #[test]
+    fn range_cache_filters_non_addresses_without_the_driver() {
+        // Answered from the cache: no driver call for small numbers, non-canonical values,
+        // or words inside a range already seen.
+        let mut c = RangeCache {
+            ranges: vec![(0x7f00_0000_0000, 0x20_0000)],
+            ..RangeCache::default()
+        };
+        assert_eq!(c.lookup(8), None);
+        assert_eq!(c.lookup(u64::MAX), None);
+        assert_eq!(
+            c.lookup(0x7f00_0000_0100),
+            Some((0x7f00_0000_0000, 0x20_0000))
+        );
+        assert_eq!(c.lookups, 0);
+    }
+}

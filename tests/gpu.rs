@@ -1,0 +1,432 @@
+//! GPU tests of the CUDA walker and native capture (feature `cuda`). Opt-in: they run only
+//! with `GRAPHCHECK_GPU_TESTS=1` on a machine with a CUDA driver, and say so when skipped.
+//! With `GRAPHCHECK_GPU_OUT=DIR` they also write the manifests they build there (the
+//! fixtures under `fixtures/gpu/` were recorded so).
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys,
+};
+use graphcheck::allow::Allowlist;
+use graphcheck::cuda::capture::{NamedAllocation, capture, manifest_of};
+use graphcheck::cuda::{CudaError, GraphRef, walk_graph};
+use graphcheck::format::{Addr, Manifest, NodeKind, TensorId};
+
+const KERNELS: &str = r#"
+struct Pair { float* a; float* b; };
+
+extern "C" __global__ void scale(float* out, const float* in, float k, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = k * in[i];
+}
+
+extern "C" __global__ void add_pair(Pair p, float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = p.a[i] + p.b[i];
+}
+
+extern "C" __global__ void gather(float* const* ptrs, int count, float* out) {
+    int i = threadIdx.x;
+    if (i < count) out[i] = ptrs[i][0];
+}
+"#;
+
+/// Whether GPU tests were asked for; says so when they were not.
+fn enabled(test: &str) -> bool {
+    let on = std::env::var("GRAPHCHECK_GPU_TESTS").is_ok_and(|v| v == "1");
+    if !on {
+        eprintln!(
+            "skipped {test}: GPU tests are opt-in, set GRAPHCHECK_GPU_TESTS=1 on a machine with a CUDA driver"
+        );
+    }
+    on
+}
+
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Arc<cudarc::driver::CudaModule>,
+}
+
+fn gpu() -> Gpu {
+    let ctx = CudaContext::new(0).expect("device 0");
+    let stream = ctx.new_stream().expect("a stream");
+    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
+    let module = ctx.load_module(ptx).expect("module loads");
+    Gpu {
+        ctx,
+        stream,
+        module,
+    }
+}
+
+fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Pair {
+    a: u64,
+    b: u64,
+}
+// SAFETY: two device pointers, laid out as the kernel's `struct Pair`.
+unsafe impl DeviceRepr for Pair {}
+
+fn save(name: &str, m: &Manifest) {
+    if let Ok(dir) = std::env::var("GRAPHCHECK_GPU_OUT") {
+        let mut bytes = serde_json::to_vec_pretty(m).unwrap();
+        bytes.push(b'\n');
+        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
+        graphcheck::load::write_atomic(&path, &bytes).unwrap();
+        eprintln!("wrote {}", path.display());
+    }
+}
+
+fn touches_of(m: &Manifest, tensor: TensorId) -> Vec<(String, u32, u32)> {
+    let mut v: Vec<_> = m
+        .graphs
+        .iter()
+        .flat_map(|g| &g.nodes)
+        .flat_map(|n| n.touches.iter().map(move |t| (n, t)))
+        .filter(|(_, t)| t.tensor == Some(tensor))
+        .map(|(n, t)| (n.name.clone(), t.param, t.offset))
+        .collect();
+    v.sort();
+    v
+}
+
+fn tensor_of(m: &Manifest, path: &str) -> TensorId {
+    m.owners
+        .iter()
+        .find(|o| o.path == path)
+        .unwrap_or_else(|| panic!("{path} not in manifest"))
+        .tensor
+}
+
+fn clean(m: &Manifest) {
+    let r = graphcheck::verify::verify(m, None, &Allowlist::default())
+        .expect("the manifest is consistent");
+    assert!(
+        r.ok,
+        "{}",
+        graphcheck::report::render_table(&r, &graphcheck::report::RawAddrs)
+    );
+}
+
+#[test]
+fn raw_pointer_kernel_struct_pointers_and_memset() -> Result<(), CudaError> {
+    if !enabled("raw_pointer_kernel_struct_pointers_and_memset") {
+        return Ok(());
+    }
+    let g = gpu();
+    let s = &g.stream;
+    let n = 1024usize;
+    let x = s.clone_htod(&vec![1.0f32; n])?;
+    let y = s.clone_htod(&vec![2.0f32; n])?;
+    let mut out = s.alloc_zeros::<f32>(n)?;
+    let scale = g.module.load_function("scale")?;
+    let add_pair = g.module.load_function("add_pair")?;
+    let (px, py, pout) = (ptr(&x, s), ptr(&y, s), ptr(&out, s));
+    let graph = capture(s, |s| {
+        s.memset_zeros(&mut out)?;
+        let cfg = LaunchConfig::for_num_elems(n as u32);
+        let (k, ni) = (3.0f32, n as i32);
+        // SAFETY: arguments match `scale(float*, const float*, float, int)`; buffers hold n floats.
+        unsafe {
+            s.launch_builder(&scale)
+                .arg(&pout)
+                .arg(&px)
+                .arg(&k)
+                .arg(&ni)
+                .launch(cfg)
+        }?;
+        let pair = Pair { a: px, b: py };
+        // SAFETY: arguments match `add_pair(Pair, float*, int)`.
+        unsafe {
+            s.launch_builder(&add_pair)
+                .arg(&pair)
+                .arg(&pout)
+                .arg(&ni)
+                .launch(cfg)
+        }?;
+        Ok(())
+    })?;
+    graph.launch()?;
+    s.synchronize()?;
+    assert_eq!(s.clone_dtoh(&out)?[0], 3.0, "the captured graph ran");
+
+    let registry = [
+        NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.y", py, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.out", pout, "float32", 4, n as u64),
+    ];
+    let (m, stats) = manifest_of(&[("basic", &graph)], &registry, "graphcheck gpu test")?;
+    eprintln!("walk: {:?}", stats[0]);
+    let kinds: Vec<NodeKind> = m.graphs[0].nodes.iter().map(|n| n.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![NodeKind::Memset, NodeKind::Kernel, NodeKind::Kernel]
+    );
+    assert_eq!(m.graphs[0].nodes[1].name, "scale");
+    assert_eq!(m.graphs[0].nodes[1].grid, Some([1, 1, 1]));
+    assert_eq!(m.graphs[0].nodes[1].block, Some([1024, 1, 1]));
+    // out: memset destination, scale's param 0, add_pair's param 1.
+    assert_eq!(
+        touches_of(&m, tensor_of(&m, "model.out")),
+        vec![
+            ("add_pair".into(), 1, 0),
+            ("memset".into(), 0, 0),
+            ("scale".into(), 0, 0)
+        ]
+    );
+    // x: scale's param 1, and word 0 of the by-value struct; y: word 1 of the struct.
+    assert_eq!(
+        touches_of(&m, tensor_of(&m, "model.x")),
+        vec![("add_pair".into(), 0, 0), ("scale".into(), 1, 0)]
+    );
+    assert_eq!(
+        touches_of(&m, tensor_of(&m, "model.y")),
+        vec![("add_pair".into(), 0, 8)]
+    );
+    assert_eq!(m.graphs[0].node_counts.get("kernel"), Some(&2));
+    assert_eq!(m.graphs[0].node_counts.get("memset"), Some(&1));
+    clean(&m);
+    save("native_basic", &m);
+    let _ = &g.ctx;
+    Ok(())
+}
+
+#[test]
+fn pointer_array_holder_is_a_touch_and_the_indirection_is_not_followed() -> Result<(), CudaError> {
+    if !enabled("pointer_array_holder_is_a_touch_and_the_indirection_is_not_followed") {
+        return Ok(());
+    }
+    let g = gpu();
+    let s = &g.stream;
+    let bufs: Vec<CudaSlice<f32>> = (0..4)
+        .map(|i| s.clone_htod(&[i as f32; 16]))
+        .collect::<Result<_, _>>()?;
+    let ptrs: Vec<u64> = bufs.iter().map(|b| ptr(b, s)).collect();
+    let table = s.clone_htod(&ptrs)?;
+    let out = s.alloc_zeros::<f32>(4)?;
+    let gather = g.module.load_function("gather")?;
+    let (ptable, pout) = (ptr(&table, s), ptr(&out, s));
+    let graph = capture(s, |s| {
+        let count = 4i32;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match `gather(float* const*, int, float*)`.
+        unsafe {
+            s.launch_builder(&gather)
+                .arg(&ptable)
+                .arg(&count)
+                .arg(&pout)
+                .launch(cfg)
+        }?;
+        Ok(())
+    })?;
+    graph.launch()?;
+    s.synchronize()?;
+    assert_eq!(s.clone_dtoh(&out)?, vec![0.0, 1.0, 2.0, 3.0]);
+    let mut registry = vec![
+        NamedAllocation::contiguous("model.table", ptable, "int64", 8, 4),
+        NamedAllocation::contiguous("model.out", pout, "float32", 4, 4),
+    ];
+    for (i, &p) in ptrs.iter().enumerate() {
+        registry.push(NamedAllocation::contiguous(
+            &format!("model.bufs[{i}]"),
+            p,
+            "float32",
+            4,
+            16,
+        ));
+    }
+    let (m, _) = manifest_of(&[("gather", &graph)], &registry, "graphcheck gpu test")?;
+    assert_eq!(
+        touches_of(&m, tensor_of(&m, "model.table")),
+        vec![("gather".into(), 0, 0)]
+    );
+    // The buffers the table points to are read by the kernel, but no parameter word holds
+    // their address: graphcheck does not follow pointers stored in device memory.
+    for i in 0..4 {
+        assert!(touches_of(&m, tensor_of(&m, &format!("model.bufs[{i}]"))).is_empty());
+    }
+    save("native_pointer_array", &m);
+    Ok(())
+}
+
+#[test]
+fn child_graph_bodies_are_walked() -> Result<(), CudaError> {
+    if !enabled("child_graph_bodies_are_walked") {
+        return Ok(());
+    }
+    let g = gpu();
+    let s = &g.stream;
+    let n = 256usize;
+    let x = s.clone_htod(&vec![1.0f32; n])?;
+    let out = s.alloc_zeros::<f32>(n)?;
+    let scale = g.module.load_function("scale")?;
+    let (px, pout) = (ptr(&x, s), ptr(&out, s));
+    let inner = capture(s, |s| {
+        let (k, ni) = (2.0f32, n as i32);
+        // SAFETY: arguments match `scale`.
+        unsafe {
+            s.launch_builder(&scale)
+                .arg(&pout)
+                .arg(&px)
+                .arg(&k)
+                .arg(&ni)
+                .launch(LaunchConfig::for_num_elems(n as u32))
+        }?;
+        Ok(())
+    })?;
+    // An outer graph holding the inner one as a child-graph node, and an empty node.
+    let mut outer: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: creates a graph we destroy below; the child node copies the inner graph.
+    unsafe {
+        assert_eq!(
+            sys::cuGraphCreate(&mut outer, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let mut child: sys::CUgraphNode = std::ptr::null_mut();
+        assert_eq!(
+            sys::cuGraphAddChildGraphNode(&mut child, outer, std::ptr::null(), 0, inner.cu_graph()),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let mut empty: sys::CUgraphNode = std::ptr::null_mut();
+        assert_eq!(
+            sys::cuGraphAddEmptyNode(&mut empty, outer, &child, 1),
+            sys::CUresult::CUDA_SUCCESS
+        );
+    }
+    g.ctx.bind_to_thread()?;
+    // SAFETY: `outer` lives until the destroy below and nothing else touches it.
+    let walked = walk_graph(unsafe { GraphRef::from_raw(outer) });
+    // SAFETY: created above, destroyed once.
+    unsafe { sys::cuGraphDestroy(outer) };
+    let (walked, _) = walked?;
+    assert_eq!(walked.node_counts.get("child_graph"), Some(&1));
+    assert_eq!(walked.node_counts.get("empty"), Some(&1));
+    assert_eq!(walked.node_counts.get("kernel"), Some(&1));
+    let kernel = walked
+        .nodes
+        .iter()
+        .find(|n| n.kind == NodeKind::Kernel)
+        .expect("the body's kernel");
+    assert_eq!(kernel.name, "scale");
+    assert!(
+        kernel.parent.is_some(),
+        "the kernel is marked as inside the child graph"
+    );
+    let addrs: Vec<Addr> = kernel.words.iter().map(|w| w.addr).collect();
+    assert_eq!(addrs, vec![Addr(pout), Addr(px)]);
+    assert!(walked.unread.is_empty(), "{:?}", walked.unread);
+    Ok(())
+}
+
+#[test]
+fn ten_thousand_kernel_nodes() -> Result<(), CudaError> {
+    if !enabled("ten_thousand_kernel_nodes") {
+        return Ok(());
+    }
+    let g = gpu();
+    let s = &g.stream;
+    let n = 64usize;
+    // 100 buffers, so that the walk meets many allocations, not one.
+    let bufs: Vec<CudaSlice<f32>> = (0..100)
+        .map(|_| s.alloc_zeros::<f32>(n))
+        .collect::<Result<_, _>>()?;
+    let ptrs: Vec<u64> = bufs.iter().map(|b| ptr(b, s)).collect();
+    let scale = g.module.load_function("scale")?;
+    let t0 = Instant::now();
+    let graph = capture(s, |s| {
+        let (k, ni) = (1.0f32, n as i32);
+        for i in 0..10_000usize {
+            let (o, x) = (ptrs[i % 100], ptrs[(i + 1) % 100]);
+            // SAFETY: arguments match `scale`.
+            unsafe {
+                s.launch_builder(&scale)
+                    .arg(&o)
+                    .arg(&x)
+                    .arg(&k)
+                    .arg(&ni)
+                    .launch(LaunchConfig::for_num_elems(n as u32))
+            }?;
+        }
+        Ok(())
+    })?;
+    let capture_s = t0.elapsed().as_secs_f64();
+    let registry: Vec<NamedAllocation> = ptrs
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            NamedAllocation::contiguous(&format!("model.bufs[{i}]"), p, "float32", 4, n as u64)
+        })
+        .collect();
+    // The walk alone, timed, then the whole manifest.
+    g.ctx.bind_to_thread()?;
+    let t1 = Instant::now();
+    // SAFETY: the CudaGraph owns the graph for the whole walk.
+    let (walked, stats) = walk_graph(unsafe { GraphRef::from_raw(graph.cu_graph()) })?;
+    let walk_s = t1.elapsed().as_secs_f64();
+    assert_eq!(walked.nodes.len(), 10_000);
+    assert_eq!(walked.word_count(), 20_000);
+    let t2 = Instant::now();
+    let (m, _) = manifest_of(
+        &[("ten_thousand", &graph)],
+        &registry,
+        "graphcheck gpu test",
+    )?;
+    let manifest_s = t2.elapsed().as_secs_f64();
+    eprintln!(
+        "10,000 kernel nodes: capture {:.1} ms (instantiate included), walk {:.2} ms ({:.2}% of capture; {} words, {} driver lookups), walk + manifest {:.1} ms",
+        capture_s * 1e3,
+        walk_s * 1e3,
+        100.0 * walk_s / capture_s,
+        stats.words,
+        stats.driver_lookups,
+        manifest_s * 1e3
+    );
+    assert_eq!(m.graphs[0].node_counts.get("kernel"), Some(&10_000));
+    assert!(
+        m.graphs[0]
+            .nodes
+            .iter()
+            .all(|n| n.touches.len() == 2 && n.touches.iter().all(|t| t.tensor.is_some()))
+    );
+    clean(&m);
+    Ok(())
+}
+
+#[test]
+fn no_context_is_an_error_not_a_panic() -> Result<(), CudaError> {
+    if !enabled("no_context_is_an_error_not_a_panic") {
+        return Ok(());
+    }
+    // A fresh thread has no current context.
+    let r = std::thread::spawn(|| {
+        let mut g: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: an empty graph, destroyed below.
+        unsafe {
+            sys::cuInit(0);
+            sys::cuGraphCreate(&mut g, 0)
+        };
+        // SAFETY: valid until the destroy below.
+        let r = walk_graph(unsafe { GraphRef::from_raw(g) }).map(|_| ());
+        // SAFETY: created above.
+        unsafe { sys::cuGraphDestroy(g) };
+        r
+    })
+    .join()
+    .unwrap();
+    assert!(matches!(r, Err(CudaError::NoContext)), "{r:?}");
+    Ok(())
+}
