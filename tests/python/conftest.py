@@ -1,0 +1,73 @@
+"""Shared helpers of the Python tests: the installed graphcheck package, torch (skipped
+loudly where missing), and hand-written walked graphs over CPU tensors.
+
+ci/test.sh builds and installs the package (maturin) and torch (ci/install-tools.sh)
+before pytest runs; these tests exercise what is installed, not the source tree.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+try:
+    import graphcheck  # noqa: F401
+except ImportError as e:  # pragma: no cover - a broken setup, not a test result
+    raise ImportError(
+        f"the graphcheck package is not installed ({e}): run ci/test.sh, or "
+        "`maturin build -o target/wheels-dev && pip install --force-reinstall "
+        "target/wheels-dev/graphcheck-*.whl`"
+    ) from e
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """PyTorch; the test is skipped, with the reason shown, where it is not installed."""
+    try:
+        import torch as t
+    except ImportError as e:
+        pytest.skip(
+            f"TORCH IS NOT INSTALLED ({e}): the graphcheck.torch tests did not run; "
+            "ci/install-tools.sh installs it"
+        )
+    return t
+
+
+def rust_binary():
+    """The Rust CLI the Python CLI is compared with (GRAPHCHECK_BIN, else target/)."""
+    if os.environ.get("GRAPHCHECK_BIN"):
+        return Path(os.environ["GRAPHCHECK_BIN"])
+    for profile in ("debug", "release"):
+        candidate = REPO / "target" / profile / "graphcheck"
+        if candidate.is_file():
+            return candidate
+    pytest.fail("no graphcheck binary: run `cargo build -p graphcheck-cli` first")
+
+
+def kernel(index, name, *tensors_or_addrs, param_offsets=None):
+    """A WalkedNode of kind kernel whose parameter i holds the address of argument i: a
+    tensor's data pointer, or an int address."""
+    words = []
+    for i, x in enumerate(tensors_or_addrs):
+        addr = x if isinstance(x, int) else x.data_ptr()
+        words.append({"param": i, "offset": 0, "addr": hex(addr), "allocation": None})
+    return {
+        "index": index,
+        "kind": "kernel",
+        "name": name,
+        "grid": [1, 1, 1],
+        "block": [128, 1, 1],
+        "parent": None,
+        "opaque": None,
+        "words": words,
+    }
+
+
+def walked(*nodes):
+    """A WalkedGraph (src/build.rs) of the given nodes, as JSON text."""
+    return json.dumps(
+        {"node_counts": {"kernel": len(nodes)}, "unread": [], "nodes": list(nodes)}
+    )
