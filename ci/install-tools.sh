@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the tools the tests need, where missing: cargo-insta, pytest.
+# Installs the tools the tests need, where missing: cargo-insta, pytest, maturin, torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,3 +9,15 @@ if ! cargo insta --version 2>/dev/null | grep -q "$INSTA_VERSION"; then
     cargo install cargo-insta --version "$INSTA_VERSION" --locked --quiet
 fi
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -r ci/requirements-test.txt
+
+# PyTorch for the graphcheck.torch tests, which use CPU tensors only. PyPI has no CPU-only
+# build for Linux: its torch wheel (540 MB) does not import without the CUDA libraries it
+# depends on (`--no-deps` fails on libcudart.so.13), so the whole set is installed: about
+# 3 GB of downloads, 5.3 GB on disk, about 2.5 minutes on a fresh machine. Skipped when
+# torch already imports (CI runs on the machine that installed it).
+TORCH_VERSION=2.15.0
+if ! python3 -c "import torch" >/dev/null 2>&1; then
+    echo "installing torch $TORCH_VERSION with its CUDA libraries (about 3 GB, a few minutes)" >&2
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+        "torch==$TORCH_VERSION"
+fi

@@ -15,5 +15,11 @@ cargo build --workspace --all-targets --locked
 step "Rust tests (insta: --check --unreferenced=reject)"
 CI=true cargo insta test --workspace --check --unreferenced=reject
 
+step "Python package (maturin wheel of python/, installed for the Python tests)"
+rm -rf target/wheels-ci
+maturin build --quiet --locked -o target/wheels-ci
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    --force-reinstall --no-deps target/wheels-ci/graphcheck-*.whl
+
 step "Python tests"
 python3 -m pytest -q tests/python

@@ -1,0 +1,110 @@
+"""The Python CLI (`python -m graphcheck`, the wheel's `graphcheck` script) prints what the
+Rust binary prints and exits with the same code, over the whole fixture corpus: verify in
+every format and with allowlists, show, show --normalized, explain, diff, schema, and the
+bad inputs (exit 2)."""
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, rust_binary
+from graphcheck.cli import main
+
+FIXTURES = REPO / "fixtures"
+DATA = REPO / "tests" / "python" / "data"
+
+
+def commands():
+    out = []
+    for index in (FIXTURES / "index.json", DATA / "index.json"):
+        root = index.parent
+        doc = json.loads(index.read_text())
+        for s in doc["scenarios"]:
+            m = str(root / s["manifest"])
+            live = [str(root / s["live"])] if s.get("live") else []
+            allow = ["--allow", str(root / s["allow"])] if s.get("allow") else []
+            name = s["name"]
+            for fmt in ("table", "json", "markdown"):
+                out.append((f"{name}:verify:{fmt}", ["verify", m, *live, *allow, "--format", fmt]))
+            out.append((f"{name}:verify:normalized", ["verify", m, *live, *allow, "--normalized"]))
+            out.append((f"{name}:show", ["show", m]))
+            out.append((f"{name}:show:normalized", ["show", m, "--normalized"]))
+            if live:
+                out.append((f"{name}:show:live", ["show", *live]))
+                out.append((f"{name}:diff", ["diff", m, *live]))
+                out.append((f"{name}:diff:markdown", ["diff", m, *live, "--format", "markdown"]))
+                out.append((f"{name}:diff:json", ["diff", m, *live, "--format", "json"]))
+            for i, target in enumerate(s.get("explain", [])):
+                args = target.split(" ", 1) if target.startswith("--kernel ") else [target]
+                out.append((f"{name}:explain{i}", ["explain", m, *args]))
+                out.append((f"{name}:explain{i}:dot", ["explain", m, *args, "--dot", "--normalized"]))
+        for bad in doc.get("bad", []):
+            path = str(root / bad["file"])
+            if bad["as"] == "allow":
+                argv = ["verify", str(FIXTURES / "synthetic/marlin_workspace_rebuilt/manifest.json"), "--allow", path]
+            else:
+                argv = ["verify", path]
+            out.append((f"bad:{bad['file']}", argv))
+    out.append(("schema", ["schema"]))
+    out.append(("explain:nothing", ["explain", str(FIXTURES / "synthetic/marlin_workspace_rebuilt/manifest.json"), "model.nothing"]))
+    out.append(("show:missing", ["show", str(REPO / "no-such-file.json")]))
+    marlin = str(FIXTURES / "synthetic/marlin_workspace_rebuilt/manifest.json")
+    out.append(("diff:same", ["diff", marlin, marlin]))
+    return out
+
+
+def run_python(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse usage errors
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("argv", [c[1] for c in commands()], ids=[c[0] for c in commands()])
+def test_same_stdout_and_exit_code_as_the_rust_binary(argv):
+    rust = subprocess.run([str(rust_binary()), *argv], capture_output=True, text=True)
+    code, out, err = run_python(argv)
+    assert code == rust.returncode, (err, rust.stderr)
+    assert out == rust.stdout
+    if code == 2:
+        # The same message; the Rust binary prints each cause on a line of its own, the
+        # Python one after ": ".
+        assert err.startswith("error: ")
+        assert err == rust.stderr.replace("\n  caused by: ", ": ")
+
+
+def test_output_file_is_written_atomically(tmp_path):
+    m = str(FIXTURES / "synthetic/marlin_workspace_rebuilt/manifest.json")
+    target = tmp_path / "report.json"
+    code, out, _ = run_python(["verify", m, "--format", "json", "--output", str(target)])
+    assert (code, out) == (1, "")
+    rust = subprocess.run([str(rust_binary()), "verify", m, "--format", "json"], capture_output=True, text=True)
+    assert target.read_text() == rust.stdout
+
+
+def test_usage_errors_exit_2():
+    assert run_python(["verify"])[0] == 2
+    assert run_python(["explain", "m.json"])[0] == 2
+    assert run_python(["nonsense"])[0] == 2
+
+
+def test_python_dash_m_and_exit_codes():
+    m = str(FIXTURES / "synthetic/marlin_workspace_rebuilt/manifest.json")
+    done = subprocess.run([sys.executable, "-m", "graphcheck", "verify", m], capture_output=True, text=True)
+    assert done.returncode == 1 and "unregistered" in done.stdout
+    clean = FIXTURES / "synthetic/clean_reload_inplace"
+    done = subprocess.run(
+        [sys.executable, "-m", "graphcheck", "verify", str(clean / "manifest.json"), str(clean / "live.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run([sys.executable, "-m", "graphcheck", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("graphcheck ")

@@ -1,0 +1,180 @@
+"""graphcheck._native and the package's core API without torch: documents as paths, text
+or dicts; every bad input is one GraphcheckError naming what and where, never a
+PanicException; build_manifest resolves hand-written walked graphs."""
+
+import json
+import threading
+
+import pytest
+
+import graphcheck
+from conftest import REPO
+
+FIXTURES = REPO / "fixtures"
+INDEX = json.loads((FIXTURES / "index.json").read_text())
+MARLIN = FIXTURES / "synthetic" / "marlin_workspace_rebuilt"
+
+
+def test_exception_type_and_constants():
+    assert graphcheck.GraphcheckError is graphcheck._native.GraphcheckError
+    assert issubclass(graphcheck.GraphcheckError, Exception)
+    assert graphcheck.GraphcheckError.__module__ == "graphcheck"
+    assert (graphcheck.EXIT_OK, graphcheck.EXIT_FINDINGS, graphcheck.EXIT_BAD_INPUT) == (0, 1, 2)
+    assert graphcheck.FORMAT_VERSION == 1
+
+
+@pytest.mark.parametrize("bad", INDEX["bad"], ids=lambda b: b["file"])
+def test_bad_fixtures_raise_graphcheck_error_with_file_and_json_path(bad):
+    path = FIXTURES / bad["file"]
+    with pytest.raises(graphcheck.GraphcheckError) as raised:
+        if bad["as"] == "allow":
+            graphcheck.verify(MARLIN / "manifest.json", allow=path)
+        else:
+            graphcheck.load(path, expect=bad["as"])
+    for part in bad["error_contains"]:
+        assert part in str(raised.value)
+
+
+def test_text_and_dicts_name_themselves_in_errors():
+    with pytest.raises(graphcheck.GraphcheckError, match=r"<string>:1:\d+: .*missing field `producer`"):
+        graphcheck.load('{"format_version": 1, "kind": "manifest"}')
+    with pytest.raises(graphcheck.GraphcheckError, match="<manifest>"):
+        graphcheck.verify({"format_version": 1, "kind": "manifest"})
+    with pytest.raises(graphcheck.GraphcheckError, match="failed to read"):
+        graphcheck.load(REPO / "no such file.json")
+    with pytest.raises(graphcheck.GraphcheckError, match="expected a document"):
+        graphcheck.load(42)
+    with pytest.raises(graphcheck.GraphcheckError, match="`kind` is `live`"):
+        graphcheck.load(MARLIN / "live.json", expect="manifest")
+
+
+def test_the_same_document_as_path_text_bytes_and_dict():
+    path = MARLIN / "manifest.json"
+    text = path.read_text()
+    as_dict = graphcheck.load(path)
+    assert as_dict == graphcheck.load(text) == graphcheck.load(text.encode()) == graphcheck.load(as_dict)
+    a = graphcheck.verify(path, MARLIN / "live.json")
+    b = graphcheck.verify(json.loads(text), json.loads((MARLIN / "live.json").read_text()))
+    assert a.findings == b.findings and a.table == b.table
+
+
+def test_report_object():
+    r = graphcheck.verify(MARLIN / "manifest.json", MARLIN / "live.json")
+    assert not r.ok and not r
+    assert r.summary == {"drifted": 2, "freed": 2, "unregistered": 2}
+    assert str(r) == r.table and "drifted" in r.table
+    assert r.markdown.startswith("#") or "|" in r.markdown
+    assert json.loads(r.json)["format_version"] == 1
+    f = r.of_kind("drifted")[0]
+    assert f.owners[0].path == f.subject and f.kernels and f.graphs
+    assert r.recapture() == ["decode_bs1", "decode_bs8"]
+    normalized = graphcheck.verify(MARLIN / "manifest.json", MARLIN / "live.json", normalized=True)
+    assert len(normalized.findings) == len(r.findings)
+    assert "0x7f" not in normalized.json
+
+
+def test_allowlist_errors():
+    with pytest.raises(graphcheck.GraphcheckError, match="reason"):
+        graphcheck.verify(MARLIN / "manifest.json", allow=[{"path": "model.x", "reason": " "}])
+    with pytest.raises(graphcheck.GraphcheckError, match="unknown key"):
+        graphcheck.verify(MARLIN / "manifest.json", allow=[{"path": "x", "reason": "r", "why": 1}])
+
+
+def test_schema_is_the_committed_one():
+    committed = json.loads((REPO / "schema" / "graphcheck-v1.schema.json").read_text())
+    assert graphcheck.schema() == committed
+
+
+def producer():
+    return {"tool": "test", "tool_version": "0", "rank": 0, "world_size": 1}
+
+
+def spec_tensor(base, nbytes, dtype="float32", itemsize=4):
+    return {
+        "storage_base": hex(base),
+        "storage_nbytes": nbytes,
+        "offset": 0,
+        "nbytes": nbytes,
+        "shape": [nbytes // itemsize],
+        "stride": [1],
+        "dtype": dtype,
+        "itemsize": itemsize,
+        "device": "cuda:0",
+    }
+
+
+def build_spec():
+    node = {
+        "index": 0,
+        "kind": "kernel",
+        "name": "k",
+        "words": [
+            {"param": 0, "offset": 0, "addr": "0x10000", "allocation": ["0x10000", 0x10000]},
+            {"param": 1, "offset": 8, "addr": "0x20010", "allocation": ["0x20000", 0x1000]},
+        ],
+    }
+    return {
+        "producer": producer(),
+        "pools": [{"name": "weights", "kind": "weights", "sleep": "restored"}],
+        "pool_ranges": [{"base": "0x10000", "size": 0x10000, "pool": 0}],
+        "tensors": [spec_tensor(0x10000, 256), spec_tensor(0x10000, 256)],
+        "owners": [
+            {"path": "model.w", "tensor": 0, "registration": "parameter", "holder": "Linear"},
+            {"path": "model.alias", "tensor": 1, "registration": "module_attribute"},
+        ],
+        "graphs": [{"name": "g", "walked": {"node_counts": {"kernel": 1}, "unread": [], "nodes": [node]}}],
+    }
+
+
+def test_build_manifest_resolves_words():
+    m = graphcheck.build_manifest(build_spec())
+    assert len(m["tensors"]) == 1  # two specs of one view
+    assert {o["path"] for o in m["owners"]} == {"model.w", "model.alias"}
+    touches = m["graphs"][0]["nodes"][0]["touches"]
+    assert touches[0]["tensor"] == 0 and "tensor" not in touches[1]
+    assert m["tensors"][0]["pool"] == 0
+    report = graphcheck.verify(m)
+    assert [f.kind for f in report.findings] == ["unowned"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s["owners"][0].update(tensor=7), r"owners\[0\]\.tensor: no tensor at position 7"),
+        (lambda s: s["owners"][1].update(path="model.w", tensor=0) or s["tensors"].append(spec_tensor(0x30000, 8)) or s["owners"].append({"path": "model.w", "tensor": 2, "registration": "buffer"}), "given twice"),
+        (lambda s: s["owners"][0].update(path="model..w"), r"owners\[0\]: invalid owner path"),
+        (lambda s: s["pool_ranges"][0].update(pool=5), r"pool_ranges\[0\]: no pool has id pool5"),
+        (lambda s: s["graphs"][0].update(pool=9), "no pool has id 9"),
+        (lambda s: s["tensors"][0].update(nbytes=1 << 20), "outside its storage"),
+        (lambda s: s["graphs"][0]["walked"]["nodes"][0]["words"][0].update(addr=12), r"graphs\[0\]\.walked\.nodes\[0\]\.words\[0\]\.addr"),
+        (lambda s: s.update(surprise=1), "unknown field `surprise`"),
+    ],
+    ids=["owner tensor", "duplicate path", "bad path", "pool range", "graph pool", "view", "addr", "unknown key"],
+)
+def test_build_manifest_errors(change, message):
+    spec = build_spec()
+    change(spec)
+    with pytest.raises(graphcheck.GraphcheckError, match=message):
+        graphcheck.build_manifest(spec)
+
+
+def test_not_json_is_an_error_not_a_panic():
+    for bad in ["{", "{}", '{"producer": 1}', "[1, 2]"]:
+        with pytest.raises(graphcheck.GraphcheckError):
+            graphcheck._native.build_manifest(bad)
+    with pytest.raises(graphcheck.GraphcheckError):
+        graphcheck._native.check_path("model..w")
+
+
+def test_verify_runs_beside_other_threads():
+    """The GIL is released during the work: two verifies in two threads both finish."""
+    out = []
+    threads = [
+        threading.Thread(target=lambda: out.append(graphcheck.verify(MARLIN / "manifest.json", MARLIN / "live.json")))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 2 and out[0].findings == out[1].findings

@@ -1,0 +1,235 @@
+"""Registry → manifest → snapshot → verify end to end, on CPU tensors: walked graphs are
+written by hand with the data pointers of real tensors (what the CUDA walker reads from
+kernel parameters), so everything but the walker itself is the real path."""
+
+import json
+
+import pytest
+
+import graphcheck
+import graphcheck.torch as gt
+from conftest import kernel, walked
+
+
+class Kernel:
+    """A kernel object holding a workspace as a plain attribute (Marlin-style)."""
+
+    def __init__(self, torch):
+        self.workspace = torch.zeros(64, dtype=torch.int32)
+
+
+class QuantMethod:
+    def __init__(self, torch):
+        self.kernel = Kernel(torch)
+        self.w_scale = torch.ones(4)
+
+    def persistent_tensors(self):
+        return {"w_scale": self.w_scale}
+
+
+def make_model(torch):
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    layer = torch.nn.Module()
+    layer.proj = torch.nn.Linear(8, 8)
+    layer.register_buffer("cos", torch.randn(16), persistent=False)
+    layer.quant_method = QuantMethod(torch)
+    layer.embed_scale = torch.tensor(8.0)  # a plain attribute (Gemma3n-style)
+    model.layers = torch.nn.ModuleList([layer])
+    return model
+
+
+def record(torch, model, *, digests=False, extra_nodes=()):
+    """A manifest of one graph reading the registered tensors (and ``extra_nodes``)."""
+    layer = model.layers[0]
+    rec = gt.Recorder(model, digests=digests)
+    rec.add_pool("graph", kind="graph")
+    nodes = [
+        kernel(0, "gemv", layer.proj.weight, layer.proj.bias, layer.quant_method.w_scale),
+        kernel(1, "rope", layer.cos),
+        *extra_nodes,
+    ]
+    rec.add_graph("decode_bs1", walked(*nodes), pool="graph")
+    return rec.manifest()
+
+
+def kinds(report):
+    return [(f.kind, f.subject) for f in report.findings]
+
+
+def test_clean_capture_and_snapshot(torch):
+    model = make_model(torch)
+    manifest = record(torch, model, digests=True)
+    assert graphcheck.verify(manifest).ok
+    live = gt.snapshot(model, manifest, event="sleep(level=1) + wake", digests=True)
+    assert {p["state"] for p in live["probes"]} == {"active"}
+    report = graphcheck.assert_clean(manifest, live)
+    assert report.ok and report.findings == () and report.subjects == 4
+    assert "no finding" in str(report) or str(report)  # the table renders
+
+
+def test_capture_time_findings(torch):
+    model = make_model(torch)
+    layer = model.layers[0]
+    unknown = 0x7F00_0000_1000  # an address no tensor explains
+    manifest = record(
+        torch,
+        model,
+        extra_nodes=[
+            kernel(2, "marlin::Marlin", layer.quant_method.kernel.workspace),
+            kernel(3, "MulFunctor", layer.embed_scale, unknown),
+        ],
+    )
+    report = graphcheck.verify(manifest)
+    assert not report.ok
+    assert kinds(report) == [
+        ("unregistered", "model.layers[0].embed_scale"),
+        ("unregistered", "model.layers[0].quant_method.kernel.workspace"),
+        ("unowned", hex(unknown)),
+    ]
+    ws = report.findings[1]
+    assert ws.graphs == ("decode_bs1",)
+    assert [(k.name, k.param) for k in ws.kernels] == [("marlin::Marlin", 0)]
+    assert ws.owners[0].registration == "object_attribute"
+    assert ws.dtype == "int32" and ws.shape == (64,)
+    with pytest.raises(graphcheck.VerificationFailed) as raised:
+        graphcheck.assert_clean(manifest)
+    assert isinstance(raised.value, AssertionError)
+    assert isinstance(raised.value, graphcheck.GraphcheckError)
+    assert "model.layers[0].quant_method.kernel.workspace" in str(raised.value)
+    assert raised.value.report.findings == report.findings
+    # An allowlist silences a known case; as dicts or as a file.
+    allowed = graphcheck.verify(
+        manifest,
+        allow=[
+            {
+                "path": "model.layers[*].quant_method.kernel.workspace",
+                "kinds": ["unregistered"],
+                "reason": "per-step scratch",
+            }
+        ],
+    )
+    assert [f.kind for f in allowed.findings] == ["unregistered", "unowned"]
+    assert [a.finding.subject for a in allowed.allowed] == [
+        "model.layers[0].quant_method.kernel.workspace"
+    ]
+
+
+def test_drifted_when_an_attribute_is_rebound(torch):
+    model = make_model(torch)
+    layer = model.layers[0]
+    manifest = record(
+        torch, model, extra_nodes=[kernel(2, "marlin::Marlin", layer.quant_method.kernel.workspace)]
+    )
+    # Kept alive so that the allocator cannot hand their addresses to the new tensors
+    # (that would be `reused`, not `freed`).
+    old_tensors = (layer.quant_method.kernel.workspace, layer.cos)
+    old = layer.quant_method.kernel.workspace.data_ptr()
+    # process_weights_after_loading builds a new workspace; the graph holds the old one.
+    layer.quant_method.kernel.workspace = torch.zeros(64, dtype=torch.int32)
+    layer.cos = torch.randn(16)  # a buffer rebound too (Module.__setattr__ keeps it a buffer)
+    live = gt.snapshot(model, manifest, event="reload_weights()")
+    report = graphcheck.verify(manifest, live)
+    assert kinds(report) == [
+        ("drifted", "model.layers[0].cos"),
+        ("drifted", "model.layers[0].quant_method.kernel.workspace"),
+        ("freed", "model.layers[0].cos"),
+        ("freed", "model.layers[0].quant_method.kernel.workspace"),
+        ("unregistered", "model.layers[0].quant_method.kernel.workspace"),
+    ]
+    drifted = report.findings[1]
+    assert int(drifted.captured_addr, 16) == old
+    assert int(drifted.live_addr, 16) == layer.quant_method.kernel.workspace.data_ptr()
+    assert report.recapture() == ["decode_bs1"]
+    del old_tensors
+
+
+def test_reused_when_a_freed_address_is_handed_to_another_owner(torch):
+    model = make_model(torch)
+    layer = model.layers[0]
+    manifest = record(torch, model)
+    # The buffer is released and its storage handed to a new plain attribute.
+    storage = layer.cos
+    del layer.cos
+    layer.other = storage.view(16)
+    live = gt.snapshot(model, manifest)
+    assert kinds(graphcheck.verify(manifest, live)) == [
+        ("vanished", "model.layers[0].cos"),
+        ("reused", "model.layers[0].cos"),
+    ]
+
+
+def test_vanished_reshaped_and_stale(torch):
+    model = make_model(torch)
+    layer = model.layers[0]
+    manifest = record(torch, model, digests=True)
+    del layer.quant_method.w_scale  # the holder no longer has it
+    layer._buffers["cos"] = layer.cos.view(4, 4)  # same storage, new layout
+    with torch.no_grad():
+        layer.proj.weight.add_(1.0)  # contents changed in place
+    live = gt.snapshot(model, manifest, digests=True)
+    report = graphcheck.verify(manifest, live)
+    assert kinds(report) == [
+        ("vanished", "model.layers[0].quant_method.w_scale"),
+        ("freed", "model.layers[0].quant_method.w_scale"),
+        ("reshaped", "model.layers[0].cos"),
+        ("stale", "model.layers[0].proj.weight"),
+    ]
+
+
+def test_updated_weights_against_a_reference(torch):
+    model = make_model(torch)
+    manifest = record(torch, model, digests=True)
+    fresh = make_model(torch)
+    with torch.no_grad():
+        fresh.layers[0].proj.weight.mul_(2.0)
+        model.layers[0].proj.weight.mul_(2.0)  # the reload wrote what a fresh load has
+    live = gt.snapshot(model, manifest, contents="updated", reference=fresh)
+    assert graphcheck.verify(manifest, live).ok
+    # A reload that left the bias untouched while the fresh load differs: stale.
+    with torch.no_grad():
+        fresh.layers[0].proj.bias.add_(1.0)
+    live = gt.snapshot(model, manifest, contents="updated", reference=fresh)
+    assert kinds(graphcheck.verify(manifest, live)) == [("stale", "model.layers[0].proj.bias")]
+
+
+def test_graph_inputs_and_runtime_state_are_not_persistent(torch):
+    model = make_model(torch)
+    model.kv_cache = torch.zeros(32)
+    static_input = torch.zeros(8)
+    rec = gt.Recorder(model, runtime_state=["model.kv_cache"])
+    rec.add_graph(
+        "decode_bs1",
+        walked(kernel(0, "attn", static_input, model.kv_cache)),
+        inputs={"x": static_input},
+    )
+    manifest = rec.manifest()
+    regs = {o["path"]: o["registration"] for o in manifest["owners"]}
+    assert regs['graphs["decode_bs1"].inputs["x"]'] == "graph_input"
+    assert regs["model.kv_cache"] == "runtime_state"
+    assert graphcheck.verify(manifest).ok
+
+
+def test_documents_round_trip_through_the_core(torch, tmp_path):
+    model = make_model(torch)
+    manifest = record(torch, model)
+    path = tmp_path / "manifest.json"
+    gt.Recorder(model)  # a recorder with no graph builds nothing until asked
+    path.write_text(json.dumps(manifest))
+    assert graphcheck.load(path) == manifest
+    live = gt.snapshot(model, path)
+    assert graphcheck.load(json.dumps(live), expect="live") == live
+    assert "tensors:" in graphcheck.normalized(live)
+    assert graphcheck.diff(manifest, live).same in (True, False)
+    text = graphcheck.explain(manifest, "model.layers[0].proj.weight")
+    assert "gemv" in text
+    with pytest.raises(graphcheck.GraphcheckError):
+        graphcheck.explain(manifest, "model.nothing")
+
+
+def test_graph_without_the_walker_says_why(torch):
+    if hasattr(graphcheck._native, "walk_graph"):
+        pytest.skip("this build has the CUDA walker")
+    with pytest.raises(graphcheck.GraphcheckError, match="no CUDA graph walker"):
+        with gt.graph(object(), model=make_model(torch), name="g"):
+            pass
