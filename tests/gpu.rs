@@ -378,6 +378,56 @@ fn ten_thousand_kernel_nodes() -> Result<(), CudaError> {
     let (walked, stats) = walk_graph(unsafe { GraphRef::from_raw(graph.cu_graph()) })?;
     let walk_s = t1.elapsed().as_secs_f64();
     assert_eq!(walked.nodes.len(), 10_000);
+    // Where a walk's time goes: each driver call alone, over all nodes.
+    {
+        // SAFETY: as above.
+        let gr = unsafe { GraphRef::from_raw(graph.cu_graph()) };
+        let t = Instant::now();
+        let nodes = gr.nodes()?;
+        let get_nodes = t.elapsed();
+        let t = Instant::now();
+        for n in &nodes {
+            n.type_number()?;
+        }
+        let types = t.elapsed();
+        let t = Instant::now();
+        let ks: Vec<_> = nodes.iter().map(|n| n.kernel()).collect::<Result<_, _>>()?;
+        let params = t.elapsed();
+        let t = Instant::now();
+        for k in &ks {
+            k.raw_name()?;
+        }
+        let names = t.elapsed();
+        let t = Instant::now();
+        for k in &ks {
+            k.param_layout()?;
+        }
+        let layouts = t.elapsed();
+        // Warm walks, and the bare driver calls of a walk in one loop, for comparison.
+        let mut warm = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let r = walk_graph(gr)?;
+            warm.push(t.elapsed().as_secs_f64() * 1e3);
+            drop(r);
+        }
+        let t = Instant::now();
+        for n in gr.nodes()? {
+            n.type_number()?;
+            let k = n.kernel()?;
+            std::hint::black_box(k.param(0, 8));
+        }
+        let bare = t.elapsed().as_secs_f64() * 1e3;
+        eprintln!("warm walks (ms): {warm:.2?}; bare driver loop {bare:.2} ms");
+        eprintln!(
+            "per node: cuGraphGetNodes {:.0} ns, cuGraphNodeGetType {:.0} ns, cuGraphKernelNodeGetParams {:.0} ns, cuFuncGetName {:.0} ns, layout (5 cuFuncGetParamInfo) {:.0} ns",
+            get_nodes.as_nanos() as f64 / 1e4,
+            types.as_nanos() as f64 / 1e4,
+            params.as_nanos() as f64 / 1e4,
+            names.as_nanos() as f64 / 1e4,
+            layouts.as_nanos() as f64 / 1e4
+        );
+    }
     assert_eq!(walked.word_count(), 20_000);
     let t2 = Instant::now();
     let (m, _) = manifest_of(

@@ -147,13 +147,6 @@ pub struct KernelNode<'a> {
     _life: PhantomData<&'a ()>,
 }
 
-/// A kernel's parameter bytes: one slice per parameter, or one packed buffer.
-pub enum ParamBytes<'a> {
-    PerParam(Vec<&'a [u8]>),
-    Packed(&'a [u8]),
-    None,
-}
-
 impl<'a> NodeRef<'a> {
     /// The node type as the driver numbers it.
     pub fn type_number(self) -> Result<u32, CudaError> {
@@ -282,8 +275,13 @@ impl<'a> KernelNode<'a> {
         (self.func as usize, self.kern as usize)
     }
 
-    /// The kernel's name as the driver has it (mangled for C++ kernels).
-    pub fn raw_name(&self) -> Result<String, CudaError> {
+    /// The address of the kernel's name string, owned by its module: equal for every
+    /// launch of one kernel even where the function handles differ, so it keys caches.
+    pub fn name_key(&self) -> Result<usize, CudaError> {
+        Ok(self.name_ptr()? as usize)
+    }
+
+    fn name_ptr(&self) -> Result<*const std::ffi::c_char, CudaError> {
         let mut p: *const std::ffi::c_char = std::ptr::null();
         if !self.func.is_null() {
             // SAFETY: writes a pointer to a string owned by the module.
@@ -298,6 +296,12 @@ impl<'a> KernelNode<'a> {
         } else {
             return Err(CudaError::NoFunction);
         }
+        Ok(p)
+    }
+
+    /// The kernel's name as the driver has it (mangled for C++ kernels).
+    pub fn raw_name(&self) -> Result<String, CudaError> {
+        let p = self.name_ptr()?;
         if p.is_null() {
             return Ok(String::new());
         }
@@ -332,53 +336,63 @@ impl<'a> KernelNode<'a> {
         Ok(out)
     }
 
-    /// The parameter bytes: through `kernelParams` (one pointer per parameter, sized by
-    /// `layout`) or through the packed `extra` buffer.
-    pub fn param_bytes(&self, layout: &[(usize, usize)]) -> ParamBytes<'a> {
-        if !self.kernel_params.is_null() {
-            let mut v = Vec::with_capacity(layout.len());
-            for (i, &(_, size)) in layout.iter().enumerate() {
-                // SAFETY: `kernelParams` holds one pointer per parameter of the kernel, and
-                // `layout` has exactly the kernel's parameters; each points to `size` bytes
-                // owned by the node.
-                let p = unsafe { *self.kernel_params.add(i) };
-                if p.is_null() {
-                    v.push(&[][..]);
-                } else {
-                    // SAFETY: see above.
-                    v.push(unsafe { std::slice::from_raw_parts(p as *const u8, size) });
-                }
-            }
-            return ParamBytes::PerParam(v);
+    /// Whether the parameters come one pointer per parameter (`kernelParams`).
+    pub fn has_kernel_params(&self) -> bool {
+        !self.kernel_params.is_null()
+    }
+
+    /// The bytes of parameter `i`, `size` long (from the layout), through `kernelParams`.
+    /// Empty when the node has no `kernelParams` or `i` holds a null pointer.
+    ///
+    /// `i` and `size` must come from [`Self::param_layout`] of this node's function:
+    /// `kernelParams` holds exactly one pointer per parameter.
+    pub fn param(&self, i: usize, size: usize) -> &'a [u8] {
+        if self.kernel_params.is_null() {
+            return &[];
         }
-        if !self.extra.is_null() {
-            // `extra` is (key, value) pairs ended by CU_LAUNCH_PARAM_END (0):
-            // BUFFER_POINTER (1) → the packed buffer, BUFFER_SIZE (2) → its size.
-            let (mut buf, mut size): (*const u8, Option<usize>) = (std::ptr::null(), None);
-            let mut j = 0;
-            loop {
-                // SAFETY: the array is terminated by a null key (CU_LAUNCH_PARAM_END); we
-                // read pairs until it, and bound the walk in case a driver breaks that.
-                let key = unsafe { *self.extra.add(j) } as usize;
-                if key == 0 || j > 64 {
-                    break;
-                }
-                // SAFETY: a non-END key is followed by its value.
-                let val = unsafe { *self.extra.add(j + 1) };
-                match key {
-                    1 => buf = val as *const u8,
-                    // SAFETY: BUFFER_SIZE's value points to a size_t.
-                    2 if !val.is_null() => size = Some(unsafe { *(val as *const usize) }),
-                    _ => {}
-                }
-                j += 2;
-            }
-            if let (false, Some(size)) = (buf.is_null(), size) {
-                // SAFETY: the driver keeps `size` bytes at `buf` for the node's lifetime.
-                return ParamBytes::Packed(unsafe { std::slice::from_raw_parts(buf, size) });
+        // SAFETY: `kernelParams` holds one pointer per parameter of the kernel and `i` is
+        // one of them (see above); each points to `size` bytes owned by the node.
+        unsafe {
+            let p = *self.kernel_params.add(i);
+            if p.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(p as *const u8, size)
             }
         }
-        ParamBytes::None
+    }
+
+    /// The packed parameter buffer passed through `extra`, where the node has one.
+    pub fn packed_params(&self) -> Option<&'a [u8]> {
+        if self.extra.is_null() {
+            return None;
+        }
+        // `extra` is (key, value) pairs ended by CU_LAUNCH_PARAM_END (0):
+        // BUFFER_POINTER (1) → the packed buffer, BUFFER_SIZE (2) → its size.
+        let (mut buf, mut size): (*const u8, Option<usize>) = (std::ptr::null(), None);
+        let mut j = 0;
+        loop {
+            // SAFETY: the array is terminated by a null key (CU_LAUNCH_PARAM_END); we read
+            // pairs until it, and bound the walk in case a driver breaks that.
+            let key = unsafe { *self.extra.add(j) } as usize;
+            if key == 0 || j > 64 {
+                break;
+            }
+            // SAFETY: a non-END key is followed by its value.
+            let val = unsafe { *self.extra.add(j + 1) };
+            match key {
+                1 => buf = val as *const u8,
+                // SAFETY: BUFFER_SIZE's value points to a size_t.
+                2 if !val.is_null() => size = Some(unsafe { *(val as *const usize) }),
+                _ => {}
+            }
+            j += 2;
+        }
+        match (buf.is_null(), size) {
+            // SAFETY: the driver keeps `size` bytes at `buf` for the node's lifetime.
+            (false, Some(size)) => Some(unsafe { std::slice::from_raw_parts(buf, size) }),
+            _ => None,
+        }
     }
 }
 

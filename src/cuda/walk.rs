@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use rustc_hash::FxHashSet;
 
 use super::CudaError;
-use super::driver::{self, GraphRef, NodeRef, ParamBytes};
+use super::driver::{self, GraphRef, NodeRef};
 use crate::build::{RawWord, WalkedGraph, WalkedNode};
 use crate::demangle::demangle;
 use crate::format::{Addr, NodeKind, Unread};
@@ -25,11 +25,13 @@ pub struct WalkStats {
     pub addresses: usize,
     /// `cuMemGetAddressRange` calls (the rest were answered from the cache).
     pub driver_lookups: usize,
+    /// Distinct kernels (by name) whose layout was read.
+    pub functions: usize,
 }
 
 /// The driver's name for a node type.
-pub fn node_type_name(t: u32) -> String {
-    match t {
+pub fn node_type_name(t: u32) -> std::borrow::Cow<'static, str> {
+    std::borrow::Cow::Borrowed(match t {
         0 => "kernel",
         1 => "memcpy",
         2 => "memset",
@@ -44,9 +46,8 @@ pub fn node_type_name(t: u32) -> String {
         11 => "mem_free",
         12 => "batch_mem_op",
         13 => "conditional",
-        _ => return format!("type_{t}"),
-    }
-    .to_string()
+        _ => return std::borrow::Cow::Owned(format!("type_{t}")),
+    })
 }
 
 static DRIVER: OnceLock<Result<i32, String>> = OnceLock::new();
@@ -62,6 +63,8 @@ pub fn driver_version() -> Result<i32, CudaError> {
 /// Ranges of allocations already seen, and words known to be in none.
 #[derive(Default)]
 struct RangeCache {
+    /// The range of the last hit: neighbouring words often point into one allocation.
+    last: (u64, u64),
     ranges: Vec<(u64, u64)>,
     misses: FxHashSet<u64>,
     lookups: usize,
@@ -73,10 +76,14 @@ impl RangeCache {
         if !(0x10000..(1u64 << 57)).contains(&v) {
             return None;
         }
+        if v.wrapping_sub(self.last.0) < self.last.1 {
+            return Some(self.last);
+        }
         let i = self.ranges.partition_point(|&(b, _)| b <= v);
         if i > 0 {
             let (b, s) = self.ranges[i - 1];
             if v - b < s {
+                self.last = (b, s);
                 return Some((b, s));
             }
         }
@@ -90,6 +97,7 @@ impl RangeCache {
                 if self.ranges.get(at).map(|r| r.0) != Some(b) {
                     self.ranges.insert(at, (b, s));
                 }
+                self.last = (b, s);
                 Some((b, s))
             }
             None => {
@@ -101,11 +109,25 @@ impl RangeCache {
 }
 
 /// A function's demangled name and parameter layout (or why the layout is unknown).
-type FunctionInfo = (String, Result<std::rc::Rc<[(usize, usize)]>, String>);
+type FunctionInfo = std::rc::Rc<(String, Result<Vec<(usize, usize)>, String>)>;
+
+/// Reads a kernel's demangled name and parameter layout.
+fn function_info(k: &driver::KernelNode<'_>) -> FunctionInfo {
+    let name = k
+        .raw_name()
+        .map(|n| demangle(&n))
+        .unwrap_or_else(|e| format!("(name unavailable: {e})"));
+    std::rc::Rc::new((name, k.param_layout().map_err(|e| e.to_string())))
+}
 
 struct Walker {
+    /// Nodes per driver type 0..=13; other types are counted in `out.node_counts`.
+    counts: [u64; 14],
     cache: RangeCache,
+    /// By function handle; then by name string, for launches of one kernel through
+    /// different handles (the runtime API can hand out one per launch).
     functions: rustc_hash::FxHashMap<(usize, usize), FunctionInfo>,
+    by_name: rustc_hash::FxHashMap<usize, FunctionInfo>,
     out: WalkedGraph,
     next: u32,
     stats: WalkStats,
@@ -119,20 +141,33 @@ pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError
         return Err(CudaError::NoContext);
     }
     let mut w = Walker {
+        counts: [0; 14],
         cache: RangeCache::default(),
         functions: Default::default(),
+        by_name: Default::default(),
         out: WalkedGraph::default(),
         next: 0,
         stats: WalkStats::default(),
     };
     w.walk(g, None)?;
+    for (t, &n) in w.counts.iter().enumerate() {
+        if n > 0 {
+            *w.out
+                .node_counts
+                .entry(node_type_name(t as u32).into_owned())
+                .or_default() += n;
+        }
+    }
     w.stats.driver_lookups = w.cache.lookups;
+    w.stats.functions = w.by_name.len();
     Ok((w.out, w.stats))
 }
 
 impl Walker {
     fn walk(&mut self, g: GraphRef<'_>, parent: Option<u32>) -> Result<(), CudaError> {
-        for node in g.nodes()? {
+        let nodes = g.nodes()?;
+        self.out.nodes.reserve(nodes.len());
+        for node in nodes {
             let index = self.next;
             self.next += 1;
             self.stats.nodes += 1;
@@ -149,14 +184,23 @@ impl Walker {
                 }
             };
             let type_name = node_type_name(t);
-            *self.out.node_counts.entry(type_name.clone()).or_default() += 1;
+            match self.counts.get_mut(t as usize) {
+                Some(c) => *c += 1,
+                None => {
+                    *self
+                        .out
+                        .node_counts
+                        .entry(type_name.to_string())
+                        .or_default() += 1
+                }
+            }
             match t {
                 0 => self.kernel(node, index, parent),
                 1 => self.memcpy(node, index, parent),
                 2 => self.memset(node, index, parent),
                 4 => match node.child_graph() {
                     Ok(body) => self.walk(body, Some(index))?,
-                    Err(e) => self.unread(index, type_name, format!("its body could not be read: {e}")),
+                    Err(e) => self.unread(index, type_name.into_owned(), format!("its body could not be read: {e}")),
                 },
                 13 => match node.conditional_bodies() {
                     Ok(bodies) => {
@@ -164,18 +208,18 @@ impl Walker {
                             self.walk(body, Some(index))?;
                         }
                     }
-                    Err(e) => self.unread(index, type_name, format!("its bodies could not be read: {e}")),
+                    Err(e) => self.unread(index, type_name.into_owned(), format!("its bodies could not be read: {e}")),
                 },
                 // No device address to read.
                 3 | 5 | 6 | 7 => {}
                 8..=12 => self.unread(
                     index,
-                    type_name,
+                    type_name.into_owned(),
                     "graphcheck does not read this node type's parameters; any address it holds is not checked".into(),
                 ),
                 _ => self.unread(
                     index,
-                    type_name,
+                    type_name.into_owned(),
                     format!("node type {t} is unknown to graphcheck (a newer driver?)"),
                 ),
             }
@@ -213,21 +257,26 @@ impl Walker {
             }
         };
         // Graphs launch few distinct functions many times: name and layout once each.
-        let (name, layout) = self
-            .functions
-            .entry(k.function_key())
-            .or_insert_with(|| {
-                let name = k
-                    .raw_name()
-                    .map(|n| demangle(&n))
-                    .unwrap_or_else(|e| format!("(name unavailable: {e})"));
-                (
-                    name,
-                    k.param_layout().map(Into::into).map_err(|e| e.to_string()),
-                )
-            })
-            .clone();
-        let layout = match layout {
+        let info = match self.functions.get(&k.function_key()) {
+            Some(info) => info.clone(),
+            None => {
+                let info = match k.name_key() {
+                    Ok(key) => match self.by_name.get(&key) {
+                        Some(info) => info.clone(),
+                        None => {
+                            let info = function_info(&k);
+                            self.by_name.insert(key, info.clone());
+                            info
+                        }
+                    },
+                    Err(_) => function_info(&k),
+                };
+                self.functions.insert(k.function_key(), info.clone());
+                info
+            }
+        };
+        let name = info.0.clone();
+        let layout: &[(usize, usize)] = match &info.1 {
             Ok(l) => l,
             Err(e) => {
                 return self.push(WalkedNode {
@@ -244,28 +293,22 @@ impl Walker {
         };
         let mut words = Vec::new();
         let mut opaque = None;
-        match k.param_bytes(&layout) {
-            ParamBytes::PerParam(params) => {
-                for (i, bytes) in params.iter().enumerate() {
-                    self.scan(bytes, i as u32, |_| None, &mut words);
-                }
+        if k.has_kernel_params() {
+            for (i, &(_, size)) in layout.iter().enumerate() {
+                self.scan(k.param(i, size), i as u32, |_| None, &mut words);
             }
-            ParamBytes::Packed(buf) => {
-                // Map a buffer offset to (parameter, offset in it) through the layout.
-                let map = |o: usize| -> Option<(u32, u32)> {
-                    let i = layout.partition_point(|&(off, _)| off <= o);
-                    (i > 0).then(|| ((i - 1) as u32, (o - layout[i - 1].0) as u32))
-                };
-                self.scan(buf, 0, map, &mut words);
-            }
-            ParamBytes::None => {
-                if !layout.is_empty() {
-                    opaque = Some(format!(
-                        "the kernel takes {} parameters but the node holds neither kernelParams nor a packed buffer",
-                        layout.len()
-                    ));
-                }
-            }
+        } else if let Some(buf) = k.packed_params() {
+            // Map a buffer offset to (parameter, offset in it) through the layout.
+            let map = |o: usize| -> Option<(u32, u32)> {
+                let i = layout.partition_point(|&(off, _)| off <= o);
+                (i > 0).then(|| ((i - 1) as u32, (o - layout[i - 1].0) as u32))
+            };
+            self.scan(buf, 0, map, &mut words);
+        } else if !layout.is_empty() {
+            opaque = Some(format!(
+                "the kernel takes {} parameters but the node holds neither kernelParams nor a packed buffer",
+                layout.len()
+            ));
         }
         self.push(WalkedNode {
             index,
