@@ -10,10 +10,10 @@ step "installing test tools"
 ci/install-tools.sh
 
 step "building (workspace, all targets)"
-cargo build --workspace --all-targets --locked
+cargo build --workspace --all-targets --all-features --locked
 
 step "Rust tests (insta: --check --unreferenced=reject)"
-CI=true cargo insta test --workspace --check --unreferenced=reject
+CI=true cargo insta test --workspace --all-features --check --unreferenced=reject
 
 step "Python package (maturin wheel of python/, installed for the Python tests)"
 rm -rf target/wheels-ci

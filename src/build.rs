@@ -84,9 +84,9 @@ pub enum BuildError {
     },
     #[error(transparent)]
     Path(#[from] crate::path::PathError),
-    #[error("no tensor has id {0}")]
+    #[error("no {0} was added")]
     UnknownTensor(TensorId),
-    #[error("no pool has id {0}")]
+    #[error("no {0} was declared")]
     UnknownPool(PoolId),
     #[error("the built manifest is inconsistent at `{}`: {}", .0.json_path, .0.message)]
     Inconsistent(Invalid),

@@ -22,4 +22,5 @@ pub mod path;
 pub mod report;
 #[cfg(test)]
 mod testkit;
+pub mod text;
 pub mod verify;

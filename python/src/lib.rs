@@ -25,8 +25,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use serde::Deserialize;
 
-mod text;
-
 create_exception!(
     graphcheck,
     GraphcheckError,
@@ -238,16 +236,19 @@ fn verify(
         } else {
             &RawAddrs
         };
-        let json = if normalized {
-            Symbolizer::for_manifest(&m).redact(&render_json(&report))
-        } else {
-            render_json(&report)
+        // Addresses also appear inside sentences (`detail`): redact whole texts.
+        let finish = |text: String| {
+            if normalized {
+                Symbolizer::for_manifest(&m).redact(&text)
+            } else {
+                text
+            }
         };
         Ok((
             report.ok,
-            json,
-            render_table(&report, fmt),
-            render_markdown(&report, fmt),
+            finish(render_json(&report)),
+            finish(render_table(&report, fmt)),
+            finish(render_markdown(&report, fmt)),
         ))
     })
     .map_err(GraphcheckError::new_err)
@@ -270,7 +271,7 @@ fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -
 #[pyo3(signature = (document, name=None))]
 fn summary(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
     let src = Source::extract(document, name)?;
-    py.detach(move || src.document().map(|d| text::summary(&d)))
+    py.detach(move || src.document().map(|d| graphcheck::text::summary(&d)))
         .map_err(GraphcheckError::new_err)
 }
 
@@ -301,11 +302,8 @@ fn explain(
         let sym = Symbolizer::for_manifest(&m);
         let fmt: &dyn AddrFmt = if normalized { &sym } else { &RawAddrs };
         let e = graphcheck::explain::explain(&m, &query, fmt);
-        let text = match (dot, normalized) {
-            (true, true) => sym.redact(&e.dot),
-            (true, false) => e.dot,
-            (false, _) => e.text,
-        };
+        let text = if dot { e.dot } else { e.text };
+        let text = if normalized { sym.redact(&text) } else { text };
         Ok((e.found, text))
     })
     .map_err(GraphcheckError::new_err)
@@ -335,9 +333,12 @@ fn diff(
                 s.push('\n');
                 s
             }
-            "table" | "markdown" => {
-                text::diff_text(&r, a.display_name(), b.display_name(), format == "markdown")
-            }
+            "table" | "markdown" => graphcheck::text::diff_text(
+                &r,
+                a.display_name(),
+                b.display_name(),
+                format == "markdown",
+            ),
             other => return Err(format!("format is table, markdown or json, not {other:?}")),
         };
         Ok((r.same, text))
@@ -499,6 +500,31 @@ fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
         .map_err(|e| GraphcheckError::new_err(format!("failed to write {}: {e}", path.display())))
 }
 
+/// Walks a captured CUDA graph and returns what its nodes hold, as WalkedGraph JSON (the
+/// input of `build_manifest`'s `graphs`). `handle` is a `cudaGraph_t`, as
+/// `torch.cuda.CUDAGraph(keep_graph=True).raw_cuda_graph()` returns it.
+///
+/// The graph must stay alive and unmodified during the call, and the calling thread must
+/// have the graph's CUDA context current (torch's is, once CUDA is in use); a missing or
+/// too old driver, or no current context, raises `GraphcheckError`.
+#[pyfunction]
+fn walk_graph(py: Python<'_>, handle: u64) -> PyResult<String> {
+    if handle == 0 {
+        return Err(GraphcheckError::new_err(
+            "walk_graph: the graph handle is null",
+        ));
+    }
+    py.detach(move || -> Result<String, String> {
+        // SAFETY: the caller hands a live cudaGraph_t that nothing modifies during the walk
+        // (documented above); we only read it.
+        #[allow(unsafe_code)]
+        let graph = unsafe { graphcheck::cuda::GraphRef::from_raw(handle as usize as _) };
+        let (walked, _) = graphcheck::cuda::walk_graph(graph).map_err(|e| e.to_string())?;
+        serde_json::to_string(&walked).map_err(|e| e.to_string())
+    })
+    .map_err(GraphcheckError::new_err)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GraphcheckError", m.py().get_type::<GraphcheckError>())?;
@@ -515,6 +541,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_function(wrap_pyfunction!(build_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(walk_graph, m)?)?;
     m.add_function(wrap_pyfunction!(glob_match, m)?)?;
     m.add_function(wrap_pyfunction!(check_path, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;

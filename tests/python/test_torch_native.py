@@ -143,7 +143,7 @@ def test_build_manifest_resolves_words():
         (lambda s: s["owners"][0].update(tensor=7), r"owners\[0\]\.tensor: no tensor at position 7"),
         (lambda s: s["owners"][1].update(path="model.w", tensor=0) or s["tensors"].append(spec_tensor(0x30000, 8)) or s["owners"].append({"path": "model.w", "tensor": 2, "registration": "buffer"}), "given twice"),
         (lambda s: s["owners"][0].update(path="model..w"), r"owners\[0\]: invalid owner path"),
-        (lambda s: s["pool_ranges"][0].update(pool=5), r"pool_ranges\[0\]: no pool has id pool5"),
+        (lambda s: s["pool_ranges"][0].update(pool=5), r"pool_ranges\[0\]: no pool5 was declared"),
         (lambda s: s["graphs"][0].update(pool=9), "no pool has id 9"),
         (lambda s: s["tensors"][0].update(nbytes=1 << 20), "outside its storage"),
         (lambda s: s["graphs"][0]["walked"]["nodes"][0]["words"][0].update(addr=12), r"graphs\[0\]\.walked\.nodes\[0\]\.words\[0\]\.addr"),

@@ -1,13 +1,10 @@
-//! The `show` summary and the `diff` text, as the Rust CLI prints them.
-//!
-//! These two renderers live in `cli/src/main.rs`, not in the core, so this is a copy of
-//! them (the Python CLI must print what the Rust one prints). A test
-//! (`tests/python/test_torch_cli_parity.py`) runs both CLIs over the fixture corpus and
-//! fails when the copies drift apart; moving them into the core would remove the copy.
+//! Text for people that both command lines print: the `show` summary of a document and
+//! the `diff` report as a table or Markdown.
 
 use std::path::Path;
 
-use graphcheck::format::Document;
+use crate::diff::DiffReport;
+use crate::format::Document;
 
 /// `graphcheck show DOCUMENT`: producer, tensors by registration, pools, graphs or probes.
 pub fn summary(d: &Document) -> String {
@@ -128,7 +125,7 @@ pub fn summary(d: &Document) -> String {
 }
 
 /// `graphcheck diff A B` as a table (or Markdown); `a` and `b` name the two documents.
-pub fn diff_text(r: &graphcheck::diff::DiffReport, a: &Path, b: &Path, markdown: bool) -> String {
+pub fn diff_text(r: &DiffReport, a: &Path, b: &Path, markdown: bool) -> String {
     use comfy_table::{ContentArrangement, Table, presets};
     let mut out = if r.same {
         format!("same: {} owner paths compared, no difference\n", r.compared)
