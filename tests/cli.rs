@@ -43,18 +43,32 @@ fn transcript(args: &[&str], out: &Output) -> String {
     )
 }
 
+fn read_index(p: &Path) -> Value {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).expect("an index is JSON")
+}
+
+/// The synthetic corpus's index (scenarios and bad inputs).
 fn index() -> Value {
-    let p = fixtures().join("index.json");
-    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&s).expect("index.json is JSON")
+    read_index(&fixtures().join("index.json"))
 }
 
 fn rel(p: &str) -> String {
     format!("fixtures/{p}")
 }
 
+/// Every scenario: the synthetic corpus, then the GPU-recorded one (`fixtures/gpu/`).
 fn scenarios() -> Vec<Value> {
-    index()["scenarios"].as_array().expect("scenarios").clone()
+    let mut all = index()["scenarios"].as_array().expect("scenarios").clone();
+    let gpu = read_index(&fixtures().join("gpu/index.json"));
+    all.extend(
+        gpu["scenarios"]
+            .as_array()
+            .expect("gpu scenarios")
+            .iter()
+            .cloned(),
+    );
+    all
 }
 
 fn verify_args(s: &Value, format: &str) -> Vec<String> {

@@ -60,6 +60,7 @@ import hashlib
 import json
 import re
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
@@ -225,10 +226,21 @@ def digest(t, algorithm: str = "sha256") -> str:
 
 @dataclass
 class TensorRecord:
-    """One storage view: the first tensor object seen for it, and its ``TensorSpec``."""
+    """One storage view: the first tensor object seen for it (held weakly), and its
+    ``TensorSpec``.
 
-    tensor: Any = field(repr=False)
+    The registry must not keep tensors alive: a recorder that held the tensors of its
+    capture would stop the very frees and reuses that break graphs after a reload (a
+    rebuilt derived tensor's old storage would never be released), and verify would miss
+    them."""
+
+    ref: Any = field(repr=False)
     spec: dict
+
+    @property
+    def tensor(self):
+        """The tensor, or ``None`` once it has been freed."""
+        return self.ref() if isinstance(self.ref, weakref.ref) else self.ref
 
     @property
     def data_ptr(self) -> int:
@@ -272,8 +284,9 @@ class Registry:
         out = []
         for rec in self.tensors:
             spec = dict(rec.spec)
-            if digests:
-                spec["digest"] = digest(rec.tensor, digests)
+            t = rec.tensor
+            if digests and t is not None:
+                spec["digest"] = digest(t, digests)
             out.append(spec)
         return out
 
@@ -310,7 +323,11 @@ class Registry:
         if index is None:
             index = len(self.tensors)
             self._views[key] = index
-            self.tensors.append(TensorRecord(t, spec))
+            try:
+                ref = weakref.ref(t)
+            except TypeError:  # an object without weak references: held, as before
+                ref = t
+            self.tensors.append(TensorRecord(ref, spec))
         if path not in self._paths:
             self._paths.add(path)
             self.owners.append(OwnerRecord(path, index, registration, holder))

@@ -246,3 +246,17 @@ def test_graph_without_a_driver_says_why(torch):
         graphcheck._native.walk_graph(0x1234)
     with pytest.raises(graphcheck.GraphcheckError, match="null"):
         graphcheck._native.walk_graph(0)
+
+def test_recorder_does_not_keep_the_model_tensors_alive(torch):
+    # Regression: the registry held strong references, so a rebuilt tensor's old storage
+    # was never freed and `freed`/`reused` could not be seen after a reload.
+    import gc
+    import weakref
+
+    model = make_model(torch)
+    rec = gt.Recorder(model)
+    rec.rewalk()
+    old = weakref.ref(model.layers[0].embed_scale)
+    model.layers[0].embed_scale = torch.tensor(2.0)
+    gc.collect()
+    assert old() is None, "the recorder keeps a replaced tensor alive"
