@@ -1,4 +1,5 @@
-//! The allowlist: owner-path globs, each with the finding kinds it silences and a reason.
+//! The allowlist: owner-path globs (or kernel-name patterns), each with the finding kinds it
+//! silences and a reason.
 //! An entry that silences nothing is itself reported, so the list cannot rot.
 //!
 //! ```toml
@@ -6,7 +7,16 @@
 //! path = "model.layers[*].self_attn.impl.workspace"
 //! kinds = ["unregistered"]          # optional; every kind when absent
 //! reason = "per-step scratch, rewritten before every read"
+//!
+//! [[allow]]
+//! kernel = "nvjet_*splitK*"         # instead of `path`: every holding kernel matches
+//! kinds = ["unowned"]
+//! reason = "torch's cuBLAS workspace: scratch torch keeps for the whole process"
 //! ```
+//!
+//! A `kernel` entry is how an `unowned` finding, which has no owner path, is allowed: it
+//! matches a finding all of whose holding kernels match the pattern (`*` matches any run
+//! of characters there).
 
 use std::path::{Path, PathBuf};
 
@@ -39,16 +49,28 @@ struct File {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawEntry {
-    path: String,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    kernel: Option<String>,
     #[serde(default)]
     kinds: Option<Vec<FindingKind>>,
     reason: String,
 }
 
+/// What an entry matches.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Any owner path of the finding.
+    Path(Glob),
+    /// Every kernel holding the finding's address: the compiled pattern, and as written.
+    Kernel(Glob, String),
+}
+
 /// One entry.
 #[derive(Clone, Debug)]
 pub struct Entry {
-    pub glob: Glob,
+    pub target: Target,
     /// `None`: every kind.
     pub kinds: Option<Vec<FindingKind>>,
     pub reason: String,
@@ -57,6 +79,26 @@ pub struct Entry {
 impl Entry {
     fn covers(&self, kind: FindingKind) -> bool {
         self.kinds.as_ref().is_none_or(|k| k.contains(&kind))
+    }
+
+    fn matches(&self, f: &Finding) -> bool {
+        if !self.covers(f.kind) || f.kind == FindingKind::UnusedAllow {
+            return false;
+        }
+        match &self.target {
+            Target::Path(g) => f.owners.iter().any(|o| g.is_match(&o.path)),
+            Target::Kernel(g, _) => {
+                !f.kernels.is_empty() && f.kernels.iter().all(|k| g.is_match(&k.name))
+            }
+        }
+    }
+
+    /// How the entry is written: the path glob, or `kernel:` and the kernel pattern.
+    pub fn describe(&self) -> String {
+        match &self.target {
+            Target::Path(g) => g.as_str().to_string(),
+            Target::Kernel(_, written) => format!("kernel:{written}"),
+        }
     }
 }
 
@@ -83,7 +125,24 @@ impl Allowlist {
         let file: File = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
         let mut entries = Vec::with_capacity(file.allow.len());
         for (i, e) in file.allow.into_iter().enumerate() {
-            let glob = Glob::new(&e.path).map_err(|err| format!("allow[{i}].path: {err}"))?;
+            let target = match (&e.path, &e.kernel) {
+                (Some(p), None) => {
+                    Target::Path(Glob::new(p).map_err(|err| format!("allow[{i}].path: {err}"))?)
+                }
+                (None, Some(k)) => {
+                    // In kernel names `*` spans anything: they have no hops.
+                    let crossing = k.replace('*', "**");
+                    Target::Kernel(
+                        Glob::new(&crossing).map_err(|err| format!("allow[{i}].kernel: {err}"))?,
+                        k.clone(),
+                    )
+                }
+                _ => {
+                    return Err(format!(
+                        "allow[{i}]: give exactly one of `path` (an owner-path glob) or `kernel` (a kernel-name pattern)"
+                    ));
+                }
+            };
             if e.reason.trim().is_empty() {
                 return Err(format!(
                     "allow[{i}].reason: every entry says why it is allowed"
@@ -97,7 +156,7 @@ impl Allowlist {
                 ));
             }
             entries.push(Entry {
-                glob,
+                target,
                 kinds: e.kinds,
                 reason: e.reason,
             });
@@ -116,14 +175,12 @@ impl Allowlist {
         let mut reported = Vec::new();
         let mut allowed = Vec::new();
         for f in findings {
-            let hit = self.entries.iter().enumerate().find(|(_, e)| {
-                e.covers(f.kind) && f.owners.iter().any(|o| e.glob.is_match(&o.path))
-            });
+            let hit = self.entries.iter().enumerate().find(|(_, e)| e.matches(&f));
             match hit {
                 Some((i, e)) => {
                     used[i] = true;
                     allowed.push(Allowed {
-                        allowed_by: e.glob.as_str().to_string(),
+                        allowed_by: e.describe(),
                         reason: e.reason.clone(),
                         finding: f,
                     });
@@ -139,7 +196,7 @@ impl Allowlist {
             if !used && relevant {
                 reported.push(Finding {
                     kind: FindingKind::UnusedAllow,
-                    subject: e.glob.as_str().to_string(),
+                    subject: e.describe(),
                     owners: Vec::new(),
                     new_owners: Vec::new(),
                     dtype: None,
@@ -192,5 +249,10 @@ mod tests {
         assert!(err.contains("unknown field"), "{err}");
         let err = Allowlist::parse("[[allow]\n").unwrap_err();
         assert!(err.contains("line 1"), "{err}");
+        let err = Allowlist::parse("[[allow]]\nreason = \"x\"\n").unwrap_err();
+        assert!(err.contains("exactly one of `path`"), "{err}");
+        let err = Allowlist::parse("[[allow]]\npath = \"a\"\nkernel = \"k\"\nreason = \"x\"\n")
+            .unwrap_err();
+        assert!(err.contains("exactly one of `path`"), "{err}");
     }
 }

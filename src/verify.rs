@@ -916,6 +916,37 @@ mod tests {
     }
 
     #[test]
+    fn kernel_entries_allow_unowned_scratch_and_are_reported_when_unused() {
+        let m = manifest();
+        // The unowned allocation is held by bs8's node k0 only.
+        let allow = Allowlist::parse(
+            "[[allow]]\nkernel = \"k*\"\nkinds = [\"unowned\"]\nreason = \"cuBLAS workspace\"\n\
+             [[allow]]\nkernel = \"nvjet_*\"\nkinds = [\"unowned\"]\nreason = \"gone\"\n",
+        )
+        .unwrap();
+        let r = verify(&m, None, &allow).unwrap();
+        let k = kinds(&r);
+        assert!(
+            !k.iter().any(|(kind, _)| *kind == FindingKind::Unowned),
+            "{k:?}"
+        );
+        assert_eq!(r.allowed.len(), 1);
+        assert_eq!(r.allowed[0].allowed_by, "kernel:k*");
+        assert!(
+            k.contains(&(FindingKind::UnusedAllow, "kernel:nvjet_*".into())),
+            "{k:?}"
+        );
+        // A kernel entry never allows a finding held by no kernel, nor by another kernel.
+        let allow = Allowlist::parse("[[allow]]\nkernel = \"k1\"\nreason = \"x\"\n").unwrap();
+        let r = verify(&m, None, &allow).unwrap();
+        assert!(
+            kinds(&r)
+                .iter()
+                .any(|(kind, _)| *kind == FindingKind::Unowned)
+        );
+    }
+
+    #[test]
     fn inconsistent_documents_are_errors_not_panics() {
         let mut m = manifest();
         m.graphs[0].nodes[0].touches[0].tensor = Some(TensorId(99));
