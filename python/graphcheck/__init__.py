@@ -53,7 +53,7 @@ EXIT_FINDINGS: int = _native.EXIT_FINDINGS
 EXIT_BAD_INPUT: int = _native.EXIT_BAD_INPUT
 
 Document = Union[str, bytes, "os.PathLike[str]", Mapping[str, Any]]
-#: An allowlist: a TOML file's path, or entries as dicts (``path``, ``reason``, optional
+#: An allowlist: a TOML file's path, or entries as dicts (``path`` or ``kernel``, ``reason``, optional
 #: ``kinds``).
 Allow = Union[str, "os.PathLike[str]", Sequence[Mapping[str, Any]]]
 
@@ -81,11 +81,11 @@ def _allow_args(allow: Optional[Allow]) -> dict:
         return {"allow": os.fspath(allow)}
     lines = []
     for i, entry in enumerate(allow):
-        unknown = set(entry) - {"path", "kinds", "reason"}
+        unknown = set(entry) - {"path", "kernel", "kinds", "reason"}
         if unknown:
             raise GraphcheckError(f"allow[{i}]: unknown key(s) {sorted(unknown)}")
         lines.append("[[allow]]")
-        for key in ("path", "reason"):
+        for key in ("path", "kernel", "reason"):
             if key in entry:
                 lines.append(f"{key} = {_toml_string(str(entry[key]))}")
         if "kinds" in entry:
