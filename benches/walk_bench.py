@@ -113,6 +113,11 @@ def main():
             raise SystemExit("graphcheck_walk failed")
         return n.value, w.value, a.value, f.value
 
+    prof = getattr(lib, "graphcheck_profile", None)
+    if prof is not None:
+        prof.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_double)]
+        prof.restype = ctypes.c_int
+
     rows = []
     for name, gs in graphs.items():
         t_capture = sum(c for _, c, _ in gs)
@@ -136,12 +141,18 @@ def main():
             for i, (g, _, _) in enumerate(gs):
                 ours(g, os.path.join(args.dump, f"{name}_{i}.walk.json"))
         r, o = statistics.median(ref_t), statistics.median(our_t)
+        per_call = None
+        if prof is not None:
+            v = (ctypes.c_double * 4)()
+            if prof(gs[0][0].raw_cuda_graph(), v) == 0:
+                per_call = {"get_nodes_ns": v[0], "get_type_ns": v[1], "kernel_params_ns": v[2]}
         rows.append({
             "graph": name, "graphs": len(gs), "nodes": n_ours, "nodes_ref": n_ref,
             "words": words_ours, "words_ref": n_words_ref, "addresses": addrs, "kernels": kernels,
             "capture_ms": t_capture * 1e3, "instantiate_ms": t_inst * 1e3,
             "ref_ms": r * 1e3, "ours_ms": o * 1e3, "speedup": r / o,
             "ours_pct_of_capture": 100 * o / t_capture,
+            "driver_ns_per_node": per_call,
         })
         print(f"[walk] {name}: done", file=sys.stderr)
 
@@ -153,6 +164,12 @@ def main():
               f"{x['ref_ms']:>10.2f} {x['ours_ms']:>8.3f} {x['speedup']:>7.0f}x {x['ours_pct_of_capture']:>11.2f}%")
         if x["nodes"] != x["nodes_ref"] or x["words"] != x["words_ref"]:
             print(f"  note: node/word counts differ from the reference ({x['nodes_ref']} nodes, {x['words_ref']} words)")
+    for x in rows:
+        if x["driver_ns_per_node"]:
+            d = x["driver_ns_per_node"]
+            print(f"{x['graph']}: driver per node: cuGraphGetNodes {d['get_nodes_ns']:.0f} ns, "
+                  f"cuGraphNodeGetType {d['get_type_ns']:.0f} ns, cuGraphKernelNodeGetParams {d['kernel_params_ns']:.0f} ns; "
+                  f"our walk {1e6 * x['ours_ms'] / x['nodes']:.0f} ns per node")
     print("targets: >= 50x the reference, < 5% of the capture's own time")
     if args.json:
         with open(args.json, "w") as f:

@@ -57,3 +57,56 @@ pub unsafe extern "C" fn graphcheck_walk(
         }
     }
 }
+
+/// Times each driver call a walk makes, over every node of `graph`, once: writes the
+/// nanoseconds per node of `cuGraphGetNodes` (both calls), `cuGraphNodeGetType`, and
+/// `cuGraphKernelNodeGetParams` (kernel nodes), and the kernel-node count. Returns 0 or -1.
+///
+/// # Safety
+/// As [`graphcheck_walk`]; `out` must be valid for four writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn graphcheck_profile(graph: u64, out: *mut f64) -> i32 {
+    use std::time::Instant;
+    // SAFETY: the caller vouches for the handle.
+    let g = unsafe { GraphRef::from_raw(graph as usize as _) };
+    let run = || -> Result<[f64; 4], graphcheck::cuda::CudaError> {
+        let t = Instant::now();
+        let nodes = g.nodes()?;
+        let get_nodes = t.elapsed().as_nanos() as f64;
+        let n = nodes.len().max(1) as f64;
+        let t = Instant::now();
+        let types: Vec<u32> = nodes
+            .iter()
+            .map(|x| x.type_number())
+            .collect::<Result<_, _>>()?;
+        let get_type = t.elapsed().as_nanos() as f64;
+        let kernels: Vec<_> = nodes
+            .iter()
+            .zip(&types)
+            .filter(|(_, t)| **t == 0)
+            .map(|(x, _)| *x)
+            .collect();
+        let t = Instant::now();
+        for k in &kernels {
+            std::hint::black_box(k.kernel()?.grid);
+        }
+        let params = t.elapsed().as_nanos() as f64;
+        Ok([
+            get_nodes / n,
+            get_type / n,
+            params / (kernels.len().max(1) as f64),
+            kernels.len() as f64,
+        ])
+    };
+    match run() {
+        Ok(v) => {
+            // SAFETY: four writable slots, per the contract.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, 4) };
+            0
+        }
+        Err(e) => {
+            eprintln!("graphcheck_profile: {e}");
+            -1
+        }
+    }
+}

@@ -61,16 +61,34 @@ pub fn driver_version() -> Result<i32, CudaError> {
 }
 
 /// Ranges of allocations already seen, and words known to be in none.
-#[derive(Default)]
 struct RangeCache {
     /// The range of the last hit: neighbouring words often point into one allocation.
     last: (u64, u64),
     ranges: Vec<(u64, u64)>,
+    /// Recent misses, direct-mapped: parameter structs repeat the same non-address words
+    /// (packed sizes and strides) in node after node, and a lookup here costs a few ns.
+    recent_misses: Box<[u64; 1024]>,
     misses: FxHashSet<u64>,
     lookups: usize,
 }
 
+impl Default for RangeCache {
+    fn default() -> Self {
+        RangeCache {
+            last: (0, 0),
+            ranges: Vec::new(),
+            recent_misses: Box::new([0; 1024]),
+            misses: FxHashSet::default(),
+            lookups: 0,
+        }
+    }
+}
+
 impl RangeCache {
+    fn slot(v: u64) -> usize {
+        (v.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize
+    }
+
     fn lookup(&mut self, v: u64) -> Option<(u64, u64)> {
         // Small integers and non-canonical values are never device addresses.
         if !(0x10000..(1u64 << 57)).contains(&v) {
@@ -78,6 +96,10 @@ impl RangeCache {
         }
         if v.wrapping_sub(self.last.0) < self.last.1 {
             return Some(self.last);
+        }
+        let slot = Self::slot(v);
+        if self.recent_misses[slot] == v {
+            return None;
         }
         let i = self.ranges.partition_point(|&(b, _)| b <= v);
         if i > 0 {
@@ -88,6 +110,7 @@ impl RangeCache {
             }
         }
         if self.misses.contains(&v) {
+            self.recent_misses[slot] = v;
             return None;
         }
         self.lookups += 1;
@@ -102,6 +125,7 @@ impl RangeCache {
             }
             None => {
                 self.misses.insert(v);
+                self.recent_misses[slot] = v;
                 None
             }
         }
@@ -331,8 +355,8 @@ impl Walker {
         map: impl Fn(usize) -> Option<(u32, u32)>,
         out: &mut Vec<RawWord>,
     ) {
+        self.stats.words += bytes.len() / 8;
         for (k, chunk) in bytes.chunks_exact(8).enumerate() {
-            self.stats.words += 1;
             let v = u64::from_le_bytes(chunk.try_into().expect("chunks of 8"));
             if let Some((base, size)) = self.cache.lookup(v) {
                 let off = k * 8;
@@ -442,6 +466,11 @@ mod tests {
             ranges: vec![(0x7f00_0000_0000, 0x20_0000)],
             ..RangeCache::default()
         };
+        // A miss remembered in the recent-miss table is answered there.
+        c.misses.insert(0x1234_5678);
+        assert_eq!(c.lookup(0x1234_5678), None);
+        assert_eq!(c.recent_misses[RangeCache::slot(0x1234_5678)], 0x1234_5678);
+        assert_eq!(c.lookup(0x1234_5678), None);
         assert_eq!(c.lookup(8), None);
         assert_eq!(c.lookup(u64::MAX), None);
         assert_eq!(
