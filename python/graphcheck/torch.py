@@ -56,9 +56,12 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
+import os
 import re
+import threading
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -77,6 +80,13 @@ __all__ = [
     "snapshot",
     "tensor_spec",
     "walk",
+    "walk_roots",
+    "ENV_DIR",
+    "Instrumentation",
+    "instrument",
+    "instrumented",
+    "register_model",
+    "uninstrument",
 ]
 
 #: Hops of non-module objects and containers followed from each module.
@@ -140,9 +150,18 @@ def _torch():
     return torch
 
 
+# name -> whether it can be spelled as an attribute hop (names repeat across layers).
+_ATTR_OK: dict = {}
+
+
 def _attr(path: str, name: str) -> str:
     """``path.name``, or ``path["name"]`` where ``name`` cannot be an attribute hop."""
-    return f"{path}.{name}" if _ATTR.match(name) and not name.isdigit() else _key(path, name)
+    ok = _ATTR_OK.get(name)
+    if ok is None:
+        ok = bool(_ATTR.match(name)) and not name.isdigit()
+        if len(_ATTR_OK) < 65536:
+            _ATTR_OK[name] = ok
+    return f"{path}.{name}" if ok else _key(path, name)
 
 
 def _key(path: str, key: Any) -> str:
@@ -170,23 +189,63 @@ def tensor_spec(t) -> dict:
     """The ``TensorSpec`` of a strided tensor view (``src/build.rs``): storage base and
     size, byte offset, byte span, shape, stride, dtype (without ``torch.``), itemsize,
     device."""
+    return _spec_dict(_meta_and_key(t)[0])
+
+
+def _spec_dict(meta: tuple) -> dict:
+    """The ``TensorSpec`` dict of a view's metadata tuple (:func:`_meta_and_key`)."""
+    base, storage_nbytes, offset, span, shape, stride, dtype, itemsize, device = meta
+    return {
+        "storage_base": hex(base),
+        "storage_nbytes": storage_nbytes,
+        "offset": offset,
+        "nbytes": span,
+        "shape": list(shape),
+        "stride": list(stride),
+        "dtype": dtype,
+        "itemsize": itemsize,
+        "device": device,
+    }
+
+
+# torch.dtype objects are singletons: name and itemsize once per dtype.
+_DTYPES: dict = {}
+
+
+def _device_name(t) -> str:
+    # str(t.device) builds a device object and formats it (about 1 µs); the flags are cheap.
+    if t.is_cuda:
+        return f"cuda:{t.get_device()}"
+    if t.is_cpu:
+        return "cpu"
+    return str(t.device)
+
+
+def _meta_and_key(t) -> tuple:
+    """The view's metadata as a tuple (storage base, storage bytes, byte offset, byte span,
+    shape, stride, dtype, itemsize, device) and its identity (first element's address,
+    shape, stride, dtype, device), reading each property once: the registry walk's hot
+    path, which keeps tuples and builds ``TensorSpec`` dicts only when asked."""
     storage = t.untyped_storage()
-    itemsize = t.element_size()
-    if t.numel() == 0:
+    dtype = t.dtype
+    known = _DTYPES.get(dtype)
+    if known is None:
+        known = _DTYPES[dtype] = (str(dtype).replace("torch.", "", 1), t.element_size())
+    dtype_name, itemsize = known
+    shape = tuple(t.shape)
+    stride = tuple(t.stride())
+    if 0 in shape:
         span = 0
     else:
-        span = (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * itemsize
-    return {
-        "storage_base": hex(storage.data_ptr()),
-        "storage_nbytes": storage.nbytes(),
-        "offset": t.storage_offset() * itemsize,
-        "nbytes": span,
-        "shape": list(t.shape),
-        "stride": list(t.stride()),
-        "dtype": str(t.dtype).replace("torch.", "", 1),
-        "itemsize": itemsize,
-        "device": str(t.device),
-    }
+        span = 1
+        for n, st in zip(shape, stride):
+            span += (n - 1) * st
+        span *= itemsize
+    base = storage.data_ptr()
+    offset = t.storage_offset() * itemsize
+    device = _device_name(t)
+    meta = (base, storage.nbytes(), offset, span, shape, stride, dtype_name, itemsize, device)
+    return meta, (base + offset, shape, stride, dtype_name, device)
 
 
 def _flat_bytes(t):
@@ -227,7 +286,7 @@ def digest(t, algorithm: str = "sha256") -> str:
 @dataclass
 class TensorRecord:
     """One storage view: the first tensor object seen for it (held weakly), and its
-    ``TensorSpec``.
+    metadata (:attr:`spec` is its ``TensorSpec`` dict).
 
     The registry must not keep tensors alive: a recorder that held the tensors of its
     capture would stop the very frees and reuses that break graphs after a reload (a
@@ -235,7 +294,26 @@ class TensorRecord:
     them."""
 
     ref: Any = field(repr=False)
-    spec: dict
+    #: (storage base, storage bytes, byte offset, byte span, shape, stride, dtype,
+    #: itemsize, device): a tuple, as a dict per view costs a third of a large walk.
+    meta: tuple
+
+    @property
+    def spec(self) -> dict:
+        """The view's ``TensorSpec`` (a new dict)."""
+        return _spec_dict(self.meta)
+
+    @property
+    def storage_base(self) -> int:
+        return self.meta[0]
+
+    @property
+    def storage_nbytes(self) -> int:
+        return self.meta[1]
+
+    @property
+    def device(self) -> str:
+        return self.meta[8]
 
     @property
     def tensor(self):
@@ -244,7 +322,7 @@ class TensorRecord:
 
     @property
     def data_ptr(self) -> int:
-        return int(self.spec["storage_base"], 16) + self.spec["offset"]
+        return self.meta[0] + self.meta[2]
 
 
 @dataclass(frozen=True)
@@ -255,6 +333,18 @@ class OwnerRecord:
     tensor: int
     registration: str
     holder: Optional[str] = None
+
+
+def _owner_record(path, tensor, registration, holder, _new=object.__new__):
+    """``OwnerRecord(...)`` without the frozen dataclass's ``__setattr__`` detours (a
+    third of the cost of a record; the walk makes one per owner path)."""
+    o = _new(OwnerRecord)
+    d = o.__dict__
+    d["path"] = path
+    d["tensor"] = tensor
+    d["registration"] = registration
+    d["holder"] = holder
+    return o
 
 
 @dataclass
@@ -283,7 +373,7 @@ class Registry:
         """``TensorSpec`` dicts in registry order, with digests of ``digests``' algorithm."""
         out = []
         for rec in self.tensors:
-            spec = dict(rec.spec)
+            spec = rec.spec
             t = rec.tensor
             if digests and t is not None:
                 spec["digest"] = digest(t, digests)
@@ -305,20 +395,13 @@ class Registry:
     def add(self, t, path: str, registration: str, holder: Optional[str]) -> Optional[int]:
         """Adds an owner path of a plain strided tensor; returns its view's position."""
         try:
-            spec = tensor_spec(t)
+            meta, key = _meta_and_key(t)
         except Exception as e:  # noqa: BLE001 - any tensor the walk cannot read is listed
             self.skipped.append((path, f"storage not readable: {type(e).__name__}: {e}"))
             return None
-        if spec["offset"] + spec["nbytes"] > spec["storage_nbytes"]:
+        if meta[2] + meta[3] > meta[1]:
             self.skipped.append((path, "view extends past its storage"))
             return None
-        key = (
-            int(spec["storage_base"], 16) + spec["offset"],
-            tuple(spec["shape"]),
-            tuple(spec["stride"]),
-            spec["dtype"],
-            spec["device"],
-        )
         index = self._views.get(key)
         if index is None:
             index = len(self.tensors)
@@ -327,10 +410,10 @@ class Registry:
                 ref = weakref.ref(t)
             except TypeError:  # an object without weak references: held, as before
                 ref = t
-            self.tensors.append(TensorRecord(ref, spec))
+            self.tensors.append(TensorRecord(ref, meta))
         if path not in self._paths:
             self._paths.add(path)
-            self.owners.append(OwnerRecord(path, index, registration, holder))
+            self.owners.append(_owner_record(path, index, registration, holder))
         return index
 
     def __post_init__(self):
@@ -344,6 +427,9 @@ class Registry:
         return other
 
 
+_TENSOR, _LEAF, _MODULE, _OTHER = "tensor", "leaf", "module", "other"
+
+
 class _Walker:
     def __init__(self, registry: Registry, max_depth: int):
         torch = _torch()
@@ -355,6 +441,16 @@ class _Walker:
         # Objects entered, by id; the objects themselves are kept so that an id cannot be
         # reused by a temporary (a persistent_tensors() result) during the walk.
         self.entered: dict = {}
+        self.strided = torch.strided
+        self.plain = frozenset({torch.Tensor, torch.nn.Parameter})
+        # Value type -> _TENSOR, _LEAF, _MODULE or _OTHER (isinstance against two dozen
+        # leaf types per value is most of a walk's traversal time).
+        self.kinds: dict = {}
+        # Type -> how container_or_object enters it; type -> its slot descriptors.
+        self.shapes: dict = {}
+        self.slots: dict = {}
+        # Tensor type -> whether it is a wrapper subclass to flatten (__tensor_flatten__).
+        self.wrapper_types: dict = {}
         self.leaf_types = _ATOMS + (
             torch.dtype,
             torch.device,
@@ -386,8 +482,16 @@ class _Walker:
     def module_tensors(self, mod, path: str) -> None:
         d = mod.__dict__
         holder = _type_name(mod)
+        plain = self.plain
+        strided = self.strided
+        add = self.reg.add
         for name, p in (d.get("_parameters") or {}).items():
-            if p is not None:
+            if p is None:
+                continue
+            # The common case inline: a plain strided parameter on a real device.
+            if type(p) in plain and p.layout is strided and not p.is_meta:
+                add(p, _attr(path, name), "parameter", holder)
+            else:
                 self.tensor(p, _attr(path, name), "parameter", holder, 0)
         non_persistent = d.get("_non_persistent_buffers_set") or set()
         for name, b in (d.get("_buffers") or {}).items():
@@ -402,19 +506,41 @@ class _Walker:
             self.tensor(b, _attr(path, name), registration, holder, 0)
 
     def module_attributes(self, mod, path: str) -> None:
+        kinds = self.kinds
+        items = [
+            (name, value)
+            for name, value in mod.__dict__.items()
+            if name not in _MODULE_INTERNALS and kinds.get(type(value)) is not _LEAF
+        ]
+        if not items:
+            return
         holder = _type_name(mod)
-        for name, value in list(mod.__dict__.items()):
-            if name in _MODULE_INTERNALS:
-                continue
+        for name, value in items:
             self.value(value, _attr(path, name), "module_attribute", holder, 0)
 
+    def kind(self, v) -> int:
+        cls = type(v)
+        k = self.kinds.get(cls)
+        if k is None:
+            if isinstance(v, self.Tensor):
+                k = _TENSOR
+            elif isinstance(v, self.leaf_types) or isinstance(v, _enum_type()):
+                k = _LEAF
+            elif isinstance(v, self.Module):
+                k = _MODULE
+            else:
+                k = _OTHER
+            self.kinds[cls] = k
+        return k
+
     def value(self, v, path: str, registration: str, holder: Optional[str], depth: int) -> None:
-        if isinstance(v, self.Tensor):
+        k = self.kind(v)
+        if k is _TENSOR:
             self.tensor(v, path, registration, holder, depth)
             return
-        if isinstance(v, self.leaf_types) or isinstance(v, _enum_type()):
+        if k is _LEAF:
             return
-        if isinstance(v, self.Module):
+        if k is _MODULE:
             if id(v) not in self.entered:
                 self.module_tree(v, path)
             return
@@ -426,31 +552,57 @@ class _Walker:
         self.entered[id(v)] = v
         self.container_or_object(v, path, depth + 1)
 
+    def shape(self, v) -> str:
+        """How :meth:`container_or_object` enters ``v``, cached per type."""
+        cls = type(v)
+        shape = self.shapes.get(cls)
+        if shape is None:
+            if isinstance(v, dict):
+                shape = "dict"
+            elif isinstance(v, (list, tuple)) or _is_deque(v):
+                shape = "sequence"
+            elif isinstance(v, (set, frozenset)):
+                shape = "set"
+            elif isinstance(v, functools.partial):
+                shape = "partial"
+            elif isinstance(v, types.FunctionType):
+                shape = "function"
+            elif isinstance(v, types.MethodType):
+                shape = "method"
+            else:
+                shape = "object"
+            self.shapes[cls] = shape
+        return shape
+
     def container_or_object(self, v, path: str, depth: int) -> None:
         name = _type_name(v)
-        if isinstance(v, dict):
+        kinds = self.kinds
+        shape = self.shape(v)
+        if shape == "object":
+            self.obj(v, path, depth)
+        elif shape == "dict":
             for k, x in list(v.items()):
-                self.value(x, _key(path, k), "container", name, depth)
-        elif isinstance(v, (list, tuple)) or _is_deque(v):
+                if kinds.get(type(x)) is not _LEAF:
+                    self.value(x, _key(path, k), "container", name, depth)
+        elif shape == "sequence":
             for i, x in enumerate(list(v)):
-                self.value(x, _key(path, i), "container", name, depth)
-        elif isinstance(v, (set, frozenset)):
+                if kinds.get(type(x)) is not _LEAF:
+                    self.value(x, _key(path, i), "container", name, depth)
+        elif shape == "set":
             # Unordered: no stable path to give an element.
             if any(isinstance(x, self.Tensor) for x in v):
                 self.reg.skipped.append((path, "tensors in a set have no owner path"))
-        elif isinstance(v, functools.partial):
+        elif shape == "partial":
             self.value(v.func, _attr(path, "func"), "object_attribute", name, depth)
             for i, x in enumerate(v.args):
                 self.value(x, _key(_attr(path, "args"), i), "partial", name, depth)
             for k, x in (v.keywords or {}).items():
                 self.value(x, _key(_attr(path, "keywords"), k), "partial", name, depth)
-        elif isinstance(v, types.FunctionType):
+        elif shape == "function":
             self.function(v, path, depth)
-        elif isinstance(v, types.MethodType):
+        else:  # a bound method
             self.value(v.__func__, _attr(path, "__func__"), "object_attribute", name, depth)
             self.value(v.__self__, _attr(path, "__self__"), "object_attribute", name, depth)
-        else:
-            self.obj(v, path, depth)
 
     def function(self, f, path: str, depth: int) -> None:
         name = _type_name(f)
@@ -471,10 +623,14 @@ class _Walker:
         holder = _type_name(v)
         held = self.held_tensors(v, path)
         held_ids = {id(t) for _, t in held}
-        attrs = _object_attributes(v)
+        attrs = _object_attributes(v, self.slots)
         attr_tensor_ids = set()
+        kinds = self.kinds
         for name, x in attrs:
-            if isinstance(x, self.Tensor):
+            k = kinds.get(type(x))
+            if k is _LEAF:
+                continue
+            if k is _TENSOR or (k is None and self.kind(x) is _TENSOR):
                 attr_tensor_ids.add(id(x))
                 registration = "held" if id(x) in held_ids else "object_attribute"
                 self.tensor(x, _attr(path, name), registration, holder, depth)
@@ -504,8 +660,13 @@ class _Walker:
         return [(p, t) for p, t in items if isinstance(t, self.Tensor)]
 
     def tensor(self, t, path: str, registration: str, holder: Optional[str], depth: int) -> None:
-        flatten = _class_attribute(type(t), "__tensor_flatten__")
-        if flatten is not None and type(t) not in (self.Tensor, self.torch.nn.Parameter):
+        cls = type(t)
+        wrapper = self.wrapper_types.get(cls)
+        if wrapper is None:
+            wrapper = self.wrapper_types[cls] = _class_attribute(
+                cls, "__tensor_flatten__"
+            ) is not None and cls not in (self.Tensor, self.torch.nn.Parameter)
+        if wrapper:
             if depth >= self.max_depth:
                 self.reg.skipped.append((path, f"deeper than max_depth={self.max_depth}"))
                 return
@@ -519,10 +680,10 @@ class _Walker:
                 if isinstance(inner, self.Tensor):
                     self.tensor(inner, _attr(path, name), registration, holder, depth + 1)
             return
-        if t.layout != self.torch.strided:
+        if t.layout is not self.strided:
             self.reg.skipped.append((path, f"layout {t.layout} is not strided"))
             return
-        if t.device.type == "meta":
+        if t.is_meta:
             self.reg.skipped.append((path, "meta tensor: no storage"))
             return
         self.reg.add(t, path, registration, holder)
@@ -571,24 +732,55 @@ def _instance_dict(obj) -> Optional[dict]:
     return d if isinstance(d, dict) else None
 
 
-def _object_attributes(obj) -> list:
-    """``(name, value)`` of an object's instance ``__dict__`` and filled ``__slots__``, in
-    definition order. Dataclasses with ``slots=True`` are covered by the slots."""
+def _slot_members(cls: type) -> tuple:
+    """``(name, member descriptor)`` of every slot along ``cls``'s MRO, first one per
+    name."""
     out = []
-    d = _instance_dict(obj)
-    if d is not None:
-        out.extend(d.items())
-    seen = {name for name, _ in out}
-    for cls in type(obj).__mro__:
-        for name, member in list(cls.__dict__.items()):
+    seen = set()
+    for c in cls.__mro__:
+        for name, member in list(c.__dict__.items()):
             if name in seen or not isinstance(member, types.MemberDescriptorType):
                 continue
             seen.add(name)
-            try:
-                out.append((name, member.__get__(obj, type(obj))))
-            except AttributeError:  # an unfilled slot
-                continue
+            out.append((name, member))
+    return tuple(out)
+
+
+def _object_attributes(obj, slots_cache: Optional[dict] = None) -> list:
+    """``(name, value)`` of an object's instance ``__dict__`` and filled ``__slots__``, in
+    definition order. Dataclasses with ``slots=True`` are covered by the slots.
+    ``slots_cache`` keeps each type's slot list across calls."""
+    cls = type(obj)
+    if slots_cache is None:
+        slots = _slot_members(cls)
+    else:
+        slots = slots_cache.get(cls)
+        if slots is None:
+            slots = slots_cache[cls] = _slot_members(cls)
+    d = _instance_dict(obj)
+    out = list(d.items()) if d is not None else []
+    for name, member in slots:
+        if d is not None and name in d:
+            continue
+        try:
+            out.append((name, member.__get__(obj, cls)))
+        except AttributeError:  # an unfilled slot
+            continue
     return out
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off for a walk: the walk allocates a few objects per
+    tensor and frees none, so on a large model every collection it triggers scans the
+    whole heap for nothing (about half the walk's time at 100,000 tensors)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def walk(
@@ -601,13 +793,32 @@ def walk(
     """The owner registry of ``model`` (an ``nn.Module``, or any object) under the root
     name ``root``. Owners whose path matches a ``runtime_state`` glob (``*`` within one
     hop, ``**`` across) get the registration ``runtime_state``."""
-    _native.check_path(root)
-    registry = Registry(root)
+    return walk_roots([(root, model)], max_depth=max_depth, runtime_state=runtime_state)
+
+
+def walk_roots(
+    roots: Union[Mapping[str, Any], Iterable[tuple]],
+    *,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    runtime_state: Iterable[str] = (),
+) -> Registry:
+    """One owner registry over several roots (``{"model": model, "draft": draft}`` or
+    ``(root, object)`` pairs), walked in order into one registry: an object two roots reach
+    is listed under the first. :func:`walk` is the one-root case."""
+    pairs = list(roots.items()) if isinstance(roots, Mapping) else list(roots)
+    names = [r for r, _ in pairs]
+    if len(set(names)) != len(names):
+        raise GraphcheckError(f"root names must differ: {names}")
+    for r in names:
+        _native.check_path(r)
+    registry = Registry(names[0] if names else "model")
     walker = _Walker(registry, max_depth)
-    if isinstance(model, walker.Module):
-        walker.module_tree(model, root)
-    else:
-        walker.value(model, root, "object_attribute", None, 0)
+    with _gc_paused():
+        for root, model in pairs:
+            if isinstance(model, walker.Module):
+                walker.module_tree(model, root)
+            else:
+                walker.value(model, root, "object_attribute", None, 0)
     globs = list(runtime_state)
     if globs:
         paths = [o.path for o in registry.owners]
@@ -656,13 +867,87 @@ class _Segment:
     blocks: list  # (address, size, state), by address
 
 
-def _cuda_segments() -> list:
-    """The caching allocator's segments, sorted by address; [] where CUDA is not in use."""
+def _memory_segments() -> list:
+    """``torch.cuda.memory_snapshot()``: the caching allocator's segments as torch gives
+    them (blocks with their ``frames`` where memory history is on); [] where CUDA is not in
+    use. Called once per :meth:`Recorder.build_spec` and per :func:`snapshot`: the segments
+    serve pool attribution, probes and allocation sites alike."""
     torch = _torch()
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return []
+    try:  # torch >= 2.13 can leave the trace ring out (cheaper); older takes no argument
+        return torch.cuda.memory_snapshot(include_traces=False)
+    except TypeError:
+        return torch.cuda.memory_snapshot()
+
+
+#: Frames kept per allocation site, innermost first.
+ALLOC_SITE_FRAMES = 16
+
+
+def _python_frames(frames: list) -> list:
+    """A block's frames as format ``Frame`` dicts, innermost first: the Python ones (those
+    of ``_record_memory_history(stacks="all")`` from C++ are dropped where Python frames
+    exist), at most :data:`ALLOC_SITE_FRAMES`."""
     out = []
-    for s in torch.cuda.memory_snapshot():
+    for f in frames:
+        name = str(f.get("filename", ""))
+        out.append(
+            (
+                name.endswith(".py") or name.startswith("<"),
+                {"filename": name, "line": max(0, int(f.get("line", 0))), "name": str(f.get("name", ""))},
+            )
+        )
+    python = [f for is_py, f in out if is_py]
+    return (python or [f for _, f in out])[:ALLOC_SITE_FRAMES]
+
+
+class _AllocSites:
+    """Allocation sites by address, from the blocks of allocator segments that carry
+    ``frames`` (``torch.cuda.memory._record_memory_history`` on); empty otherwise, and then
+    free to query."""
+
+    def __init__(self, segments: list):
+        blocks = []
+        for s in segments:
+            for b in s.get("blocks", []):
+                if b.get("frames"):
+                    blocks.append((b["address"], b["size"], b["frames"]))
+        blocks.sort(key=lambda b: b[0])
+        self.blocks = blocks
+        self.starts = [b[0] for b in blocks]
+        self.cache: dict = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.blocks)
+
+    def at(self, addr: int) -> list:
+        """The frames of the block holding ``addr`` ([] where none is known)."""
+        if not self.blocks:
+            return []
+        block = _find(self.blocks, self.starts, addr)
+        if block is None:
+            return []
+        key = block[0]
+        if key not in self.cache:
+            self.cache[key] = _python_frames(block[2])
+        return self.cache[key]
+
+    def annotate(self, specs: list, records: list) -> None:
+        """Sets ``alloc_site`` on each ``TensorSpec`` (``specs[i]`` of ``records[i]``)."""
+        if not self.blocks:
+            return
+        for spec, rec in zip(specs, records):
+            site = self.at(rec.storage_base)
+            if site:
+                spec["alloc_site"] = site
+
+
+def _cuda_segments(raw: Optional[list] = None) -> list:
+    """The caching allocator's segments, sorted by address; [] where CUDA is not in use.
+    ``raw`` is :func:`_memory_segments`' result where the caller already has it."""
+    out = []
+    for s in _memory_segments() if raw is None else raw:
         blocks = sorted((b["address"], b["size"], b["state"]) for b in s.get("blocks", []))
         out.append(
             _Segment(s["address"], s["total_size"], tuple(s.get("segment_pool_id", (0, 0))), blocks)
@@ -720,6 +1005,7 @@ def snapshot(
     runtime_state: Iterable[str] = (),
     pools: Optional[Mapping[Any, str]] = None,
     producer: Optional[Mapping[str, Any]] = None,
+    roots: Optional[Mapping[str, Any]] = None,
 ) -> dict:
     """The live snapshot of ``model`` against ``manifest`` after sleep/wake or a reload.
 
@@ -728,9 +1014,14 @@ def snapshot(
     loaded fresh, walked the same way, or a mapping of owner path → digest). ``digests``
     (``True`` or an algorithm) digests every live tensor, with the manifest's algorithm
     when it has digests. ``pools`` maps torch pool ids to the manifest's pool names, for
-    CUDA probes. Returns the snapshot as a dict, checked by the core."""
+    CUDA probes. ``roots`` (root name → object) walks several roots instead of ``model``
+    (the roots a :class:`Recorder` or :func:`instrument` recorded); ``model`` is then
+    ``None`` or added as ``root``. Where PyTorch's memory history is on, CUDA tensors carry
+    their allocation site. Returns the snapshot as a dict, checked by the core."""
     m = load(manifest, expect="manifest")
-    registry = walk(model, root=root, max_depth=max_depth, runtime_state=runtime_state)
+    pairs = [] if model is None and roots else [(root, model)]
+    pairs.extend((roots or {}).items())
+    registry = walk_roots(pairs, max_depth=max_depth, runtime_state=runtime_state)
     algorithm = _algorithm(digests, m)
     if reference is not None and algorithm is None:
         algorithm = _algorithm(True, m)
@@ -743,7 +1034,9 @@ def snapshot(
             raise GraphcheckError(f"pools: the manifest has no pool named {name!r}")
         pool_of[_pool_key(key)] = pool_ids[name]
 
-    segments = _cuda_segments()
+    raw_segments = _memory_segments()
+    segments = _cuda_segments(raw_segments)
+    sites = _AllocSites(raw_segments)
     seg_starts = [s.base for s in segments]
     allocations: list = []
     alloc_of_segment: dict = {}
@@ -761,7 +1054,9 @@ def snapshot(
     owners_of: dict = {}
     for o in registry.owners:
         owners_of.setdefault(o.tensor, []).append(o.path)
-    for i, (rec, spec) in enumerate(zip(registry.tensors, registry.tensor_specs(algorithm))):
+    specs = registry.tensor_specs(algorithm)
+    sites.annotate(specs, registry.tensors)
+    for i, (rec, spec) in enumerate(zip(registry.tensors, specs)):
         t = {"id": i, **spec}
         base = int(spec["storage_base"], 16)
         seg = _find(segments, seg_starts, base) if spec["device"].startswith("cuda") else None
@@ -777,7 +1072,7 @@ def snapshot(
 
     # CPU probes: the storages of the tensors the live walk found (module docstring).
     storages = sorted(
-        {(int(r.spec["storage_base"], 16), max(r.spec["storage_nbytes"], 1)) for r in registry.tensors}
+        {(r.storage_base, max(r.storage_nbytes, 1)) for r in registry.tensors}
     )
     storage_starts = [s[0] for s in storages]
     probes = []
@@ -857,6 +1152,8 @@ class Recorder:
     ):
         self.model = model
         self.root = root
+        # (root name, object or weak reference): model first, then add_root's.
+        self._roots: list = [] if model is None else [(root, model)]
         self.max_depth = max_depth
         self.runtime_state = tuple(runtime_state)
         self.digests = ("sha256" if digests is True else digests) or None
@@ -868,10 +1165,42 @@ class Recorder:
         self._graphs: list = []
         self._extra: list = []  # (path, tensor, registration)
 
+    def add_root(self, obj, root: str = "model", *, weak: bool = False) -> None:
+        """Adds a root to walk beside the model (a draft model, a KV-cache manager), or the
+        first root of a recorder made with ``model=None``. ``weak`` holds it by weak
+        reference (a root that dies is left out). The next manifest walks again."""
+        _native.check_path(root)
+        if any(r == root for r, _ in self._roots):
+            raise GraphcheckError(f"root {root!r} is already recorded")
+        ref = obj
+        if weak:
+            try:
+                ref = weakref.ref(obj)
+            except TypeError:
+                pass
+        self._roots.append((root, ref))
+        if self.model is None and len(self._roots) == 1 and not weak:
+            self.model, self.root = obj, root
+        self.registry = None
+
+    def roots(self) -> dict:
+        """Root name → object, of the roots still alive."""
+        out = {}
+        for r, obj in self._roots:
+            if isinstance(obj, weakref.ref):
+                obj = obj()
+                if obj is None:
+                    continue
+            out[r] = obj
+        return out
+
     def rewalk(self) -> Registry:
-        """Walks the model now; the manifest uses the latest walk."""
-        self.registry = walk(
-            self.model, root=self.root, max_depth=self.max_depth, runtime_state=self.runtime_state
+        """Walks the model (and every root) now; the manifest uses the latest walk. A
+        recorder without a model or root records graphs whose every address is bare."""
+        self.registry = walk_roots(
+            self.roots() or [(self.root, None)],
+            max_depth=self.max_depth,
+            runtime_state=self.runtime_state,
         )
         return self.registry
 
@@ -947,7 +1276,10 @@ class Recorder:
         for path, t, registration in self._extra:
             reg.add(t, path, registration, None)
         pool_ranges = list(self._pool_ranges)
-        for seg in _cuda_segments():
+        raw_segments = _memory_segments()
+        tensors = reg.tensor_specs(self.digests)
+        _AllocSites(raw_segments).annotate(tensors, reg.tensors)
+        for seg in _cuda_segments(raw_segments):
             if seg.pool in self._pool_by_key:
                 pool_ranges.append(
                     {"base": hex(seg.base), "size": seg.size, "pool": self._pool_by_key[seg.pool]}
@@ -956,7 +1288,7 @@ class Recorder:
             "producer": _producer(self.producer),
             "pools": self._pools,
             "pool_ranges": pool_ranges,
-            "tensors": reg.tensor_specs(self.digests),
+            "tensors": tensors,
             "owners": reg.owner_specs(),
             "graphs": self._graphs,
         }
@@ -1003,3 +1335,332 @@ def graph(
     instantiate: Optional[Callable] = getattr(cuda_graph, "instantiate", None)
     if instantiate is not None:
         instantiate()
+
+
+# -- instrument: record every capture of the process --------------------------------------
+
+#: The environment variable that turns :func:`instrument` on for a whole process tree.
+ENV_DIR = "GRAPHCHECK_DIR"
+
+# Roots register_model() named while no instrumentation was on: the next instrument()
+# takes them. (root, object or weak reference)
+_PENDING_ROOTS: list = []
+# The live instrumentations, in order; the patch stays while any is live.
+_ACTIVE: list = []
+# (module, attribute, original) of what the patch replaced.
+_PATCHED: list = []
+_LOCK = threading.RLock()
+
+
+def _rank_and_world() -> tuple:
+    """This process's rank and world size: torch.distributed where initialized, else the
+    launcher's environment (RANK, else LOCAL_RANK; WORLD_SIZE), else (0, 1)."""
+    torch = _torch()
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a half-initialized process group: use the env
+        pass
+    for var in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            rank = int(value)
+            world = os.environ.get("WORLD_SIZE", "")
+            world = int(world) if world.strip().isdigit() else rank + 1
+            return rank, max(world, rank + 1)
+    return 0, 1
+
+
+def _force_keep_graph(args: tuple, kwargs: dict) -> tuple:
+    """``CUDAGraph(...)``'s arguments with ``keep_graph=True``, and what the caller asked."""
+    kwargs = dict(kwargs)
+    if args:
+        asked = bool(args[0])
+        args = (True,) + tuple(args[1:])
+    else:
+        asked = bool(kwargs.pop("keep_graph", False))
+        args = (True,)
+    return args, kwargs, asked
+
+
+def _instrumented_class(base: type) -> type:
+    """A subclass of ``base`` (``torch.cuda.CUDAGraph``) that keeps the graph template,
+    records every capture at ``capture_end`` and then instantiates as ``base`` would have.
+
+    ``__new__`` and ``__init__`` both pass ``keep_graph=True``: torch's ``CUDAGraph.__new__``
+    takes it for the Python side and the C++ ``_CUDAGraph.__init__`` for the graph itself
+    (seen on the H200; passing it to one alone is not enough)."""
+
+    class CUDAGraph(base):
+        __doc__ = base.__doc__
+        _graphcheck_base = base
+
+        def __new__(cls, *args, **kwargs):
+            args, kwargs, _ = _force_keep_graph(args, kwargs)
+            parent = super().__new__
+            if parent is object.__new__:
+                return parent(cls)
+            return parent(cls, *args, **kwargs)
+
+        def __init__(self, *args, **kwargs):
+            args, kwargs, asked = _force_keep_graph(args, kwargs)
+            super().__init__(*args, **kwargs)
+            # keep_graph=True asked by the caller: they instantiate (or replay does).
+            self._graphcheck_keep = asked
+            self._graphcheck_pool = None
+
+        def capture_begin(self, *args, **kwargs):
+            pool = args[0] if args else kwargs.get("pool")
+            self._graphcheck_pool = pool
+            return super().capture_begin(*args, **kwargs)
+
+        def capture_end(self):
+            super().capture_end()
+            try:
+                _on_capture(self)
+            finally:
+                if not getattr(self, "_graphcheck_keep", False):
+                    self.instantiate()
+
+    CUDAGraph.__qualname__ = f"graphcheck.{base.__qualname__}"
+    return CUDAGraph
+
+
+def _on_capture(cuda_graph) -> None:
+    with _LOCK:
+        sinks = list(_ACTIVE)
+    if not sinks:
+        return
+    pool = getattr(cuda_graph, "_graphcheck_pool", None)
+    if pool is None:
+        try:
+            pool = cuda_graph.pool()
+        except Exception:  # noqa: BLE001 - a graph without a pool: none recorded
+            pool = None
+    try:
+        walked = _walk_graph(cuda_graph.raw_cuda_graph())
+    except Exception as e:  # noqa: BLE001 - reported by each sink
+        for sink in sinks:
+            sink._failed(e)
+        return
+    for sink in sinks:
+        sink._record(walked, pool)
+
+
+class Instrumentation:
+    """What :func:`instrument` returns: the recorder every capture of the process goes
+    into, and the manifest file it writes (``path``, ``None`` until the first capture or
+    without a directory). A context manager: leaving it uninstruments."""
+
+    def __init__(
+        self,
+        directory,
+        *,
+        name: Union[str, Callable[[int], str]],
+        strict: bool,
+        recorder_args: dict,
+    ):
+        self.directory = None if directory is None else os.fspath(directory)
+        self.name = name
+        self.strict = strict
+        self._recorder_args = recorder_args
+        self.recorder = Recorder(None, **recorder_args)
+        self.path: Optional[str] = None
+        #: Captures recorded, and errors met (when not ``strict``), in this process.
+        self.captures = 0
+        self.errors: list = []
+        self._pid = os.getpid()
+
+    # Recording ----------------------------------------------------------------------
+
+    def _fork_check(self) -> None:
+        """A forked child starts its own manifest: the parent's graphs are not its own."""
+        if os.getpid() != self._pid:
+            roots = self.recorder._roots
+            self.recorder = Recorder(None, **self._recorder_args)
+            self.recorder._roots = list(roots)
+            self.path, self.captures, self.errors, self._pid = None, 0, [], os.getpid()
+
+    def _graph_name(self) -> str:
+        if callable(self.name):
+            return str(self.name(self.captures))
+        return self.name.format(index=self.captures, pid=os.getpid())
+
+    def _record(self, walked: str, pool) -> None:
+        try:
+            with _LOCK:
+                self._fork_check()
+                self.recorder.add_graph(self._graph_name(), walked, pool=pool)
+                self.captures += 1
+                if self.directory is not None:
+                    self.write()
+        except Exception as e:  # noqa: BLE001
+            self._failed(e)
+
+    def _failed(self, e: BaseException) -> None:
+        if self.strict:
+            raise e
+        self.errors.append(e)
+        import warnings
+
+        warnings.warn(f"graphcheck: a capture was not recorded: {e}", RuntimeWarning, stacklevel=3)
+
+    # Output -------------------------------------------------------------------------
+
+    def manifest_path(self) -> Optional[str]:
+        """``<directory>/graphcheck-<rank>-<pid>.json`` (fixed at the first write)."""
+        if self.path is None and self.directory is not None:
+            rank, _ = _rank_and_world()
+            self.path = os.path.join(self.directory, f"graphcheck-{rank}-{os.getpid()}.json")
+        return self.path
+
+    def manifest(self) -> dict:
+        """The manifest of every capture recorded so far in this process."""
+        with _LOCK:
+            self._fork_check()
+            rank, world = _rank_and_world()
+            self.recorder.producer.setdefault("rank", rank)
+            self.recorder.producer.setdefault("world_size", world)
+            return self.recorder.manifest()
+
+    def write(self, path=None) -> str:
+        """Writes the manifest atomically (to ``path``, or :meth:`manifest_path`); returns
+        the path."""
+        target = os.fspath(path) if path is not None else self.manifest_path()
+        if target is None:
+            raise GraphcheckError("instrument() has no directory: pass write() a path")
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        _native.write_atomic(target, json.dumps(self.manifest(), indent=1).encode())
+        return target
+
+    def register_model(self, model, root: str = "model") -> None:
+        """Adds a root to this instrumentation's walks (held weakly); a root of the same
+        name is replaced (a model loaded again)."""
+        with _LOCK:
+            rec = self.recorder
+            rec._roots = [(r, x) for r, x in rec._roots if r != root]
+            if rec.root == root:
+                rec.model = None
+            rec.add_root(model, root, weak=True)
+
+    def close(self) -> None:
+        """Stops this instrumentation; the patch goes when no other is live."""
+        uninstrument(self)
+
+    def __enter__(self) -> "Instrumentation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _patch_torch() -> None:
+    torch = _torch()
+    if _PATCHED:
+        return
+    graphs = getattr(torch.cuda, "graphs", None)
+    base = torch.cuda.CUDAGraph
+    cls = _instrumented_class(base)
+    for module in (torch.cuda, graphs):
+        if module is not None and getattr(module, "CUDAGraph", None) is base:
+            _PATCHED.append((module, "CUDAGraph", base))
+            setattr(module, "CUDAGraph", cls)
+
+
+def _unpatch_torch() -> None:
+    while _PATCHED:
+        module, attr, original = _PATCHED.pop()
+        setattr(module, attr, original)
+
+
+def instrument(
+    directory=None,
+    *,
+    model=None,
+    root: str = "model",
+    name: Union[str, Callable[[int], str]] = "capture{index}",
+    digests: Union[bool, str] = False,
+    runtime_state: Iterable[str] = (),
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    strict: bool = False,
+) -> Instrumentation:
+    """Records every CUDA graph capture of the process, with no change to the engine's
+    code: ``torch.cuda.CUDAGraph`` (and ``torch.cuda.graphs.CUDAGraph``) become a subclass
+    that keeps the graph template (``keep_graph=True``), walks it at ``capture_end`` and
+    then instantiates it, so ``with torch.cuda.graph(g, pool=pool):`` and direct
+    ``capture_begin``/``capture_end`` callers work unchanged. Code that bound the class
+    before (``from torch.cuda import CUDAGraph``) is not reached: instrument first.
+
+    ``directory`` (default: ``$GRAPHCHECK_DIR``; ``None`` keeps the manifest in memory)
+    receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
+    rewritten atomically after every capture, so a crash loses nothing. ``name`` names the
+    graphs: a format string with ``{index}`` (and ``{pid}``) or a callable of the index.
+
+    Owners: a capture has no model argument. ``model`` (under ``root``) and every
+    :func:`register_model` root are walked at the first capture (again after a root is
+    added); without any, graphs are recorded with no owners and every address they hold is
+    bare (``unowned`` at verify). A recording failure warns (``RuntimeWarning``) and is
+    kept in ``errors``; the capture itself always completes. ``strict=True`` raises
+    instead. Returns the :class:`Instrumentation`; :func:`uninstrument` restores torch."""
+    if directory is None:
+        directory = os.environ.get(ENV_DIR) or None
+    ins = Instrumentation(
+        directory,
+        name=name,
+        strict=strict,
+        recorder_args=dict(digests=digests, runtime_state=runtime_state, max_depth=max_depth),
+    )
+    with _LOCK:
+        for r, ref in _PENDING_ROOTS:
+            obj = ref() if isinstance(ref, weakref.ref) else ref
+            if obj is not None and (model is None or r != root):
+                ins.register_model(obj, r)
+        if model is not None:
+            ins.register_model(model, root)
+        _patch_torch()
+        _ACTIVE.append(ins)
+    return ins
+
+
+def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
+    """Stops one instrumentation (or, without an argument, all of them) and, when none is
+    left, restores ``torch.cuda.CUDAGraph``. Graphs made meanwhile keep working (they are
+    instances of the subclass, which keeps instantiating them)."""
+    with _LOCK:
+        if instrumentation is None:
+            _ACTIVE.clear()
+            _PENDING_ROOTS.clear()
+        elif instrumentation in _ACTIVE:
+            _ACTIVE.remove(instrumentation)
+        if not _ACTIVE:
+            _unpatch_torch()
+
+
+def instrumented() -> list:
+    """The live instrumentations."""
+    with _LOCK:
+        return list(_ACTIVE)
+
+
+def register_model(model, root: str = "model") -> None:
+    """Names an object whose tensors instrumented captures read (the engine's model, a
+    draft model, a KV-cache manager) under ``root``, held weakly. Live instrumentations
+    walk it from their next manifest on; one started later takes it too."""
+    _native.check_path(root)
+    with _LOCK:
+        if _ACTIVE:
+            for ins in _ACTIVE:
+                ins.register_model(model, root)
+            return
+        try:
+            ref = weakref.ref(model)
+        except TypeError:
+            ref = model
+        _PENDING_ROOTS[:] = [(r, x) for r, x in _PENDING_ROOTS if r != root] + [(root, ref)]
+
+
+if os.environ.get(ENV_DIR):
+    from . import _autoinstrument
+
+    _autoinstrument.install()

@@ -1,0 +1,305 @@
+"""graphcheck.torch.instrument on CPU: a fake CUDAGraph class stands in for
+torch.cuda.CUDAGraph (torch's shape: __new__ and __init__ both take keep_graph,
+capture_begin/capture_end/raw_cuda_graph/instantiate/pool) and a fake _native.walk_graph
+returns hand-written walked graphs over CPU tensors, so everything but the GPU is real:
+the patch, the walk at capture_end, instantiate, the manifest per process and rank."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import graphcheck
+import graphcheck.torch as gt
+from conftest import kernel, walked
+
+
+class FakeCUDAGraph:
+    """torch.cuda.CUDAGraph's surface, recording what is called."""
+
+    def __new__(cls, keep_graph=False):
+        self = object.__new__(cls)
+        self.new_keep_graph = keep_graph
+        return self
+
+    def __init__(self, keep_graph=False):
+        self.init_keep_graph = keep_graph
+        self.calls = []
+        self.handle = 0x6000 + len(WALKS.captured)
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.calls.append(("capture_begin", pool))
+
+    def capture_end(self):
+        self.calls.append(("capture_end",))
+        if not self.init_keep_graph:  # torch instantiates here and drops the template
+            self.calls.append(("instantiate (torch)",))
+
+    def raw_cuda_graph(self):
+        self.calls.append(("raw_cuda_graph",))
+        return self.handle
+
+    def instantiate(self):
+        self.calls.append(("instantiate",))
+
+    def pool(self):
+        return (0, 7)
+
+
+class Walks:
+    """The fake walker: the walked graph for the next capture, and what was walked."""
+
+    def __init__(self):
+        self.next = None
+        self.captured = []
+        self.fail = None
+
+    def __call__(self, handle):
+        if self.fail:
+            raise graphcheck.GraphcheckError(self.fail)
+        self.captured.append(handle)
+        return self.next
+
+
+WALKS = Walks()
+
+
+def fake_torch_graph(torch, g, pool=None):
+    """What ``with torch.cuda.graph(g, pool=pool):`` calls on ``g`` (it needs a GPU for its
+    streams, so the calls are made directly, in torch's order and argument form)."""
+
+    class Ctx:
+        def __enter__(self):
+            g.capture_begin(*(() if pool is None else (pool,)), capture_error_mode="global")
+
+        def __exit__(self, *exc):
+            g.capture_end()
+
+    return Ctx()
+
+
+@pytest.fixture
+def fake(torch, monkeypatch):
+    global WALKS
+    WALKS = Walks()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
+    monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
+    monkeypatch.setattr(gt._native, "walk_graph", WALKS, raising=False)
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", gt.ENV_DIR):
+        monkeypatch.delenv(var, raising=False)
+    yield WALKS
+    gt.uninstrument()
+
+
+def make_model(torch):
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(4, 4)
+    model.embed_scale = torch.tensor(8.0)  # a plain attribute
+    return model
+
+
+def capture(torch, model, pool=None, **kwargs):
+    """One capture through the patched class: a graph reading the model's tensors."""
+    WALKS.next = walked(kernel(0, "gemv", model.proj.weight, model.proj.bias, model.embed_scale))
+    g = torch.cuda.CUDAGraph(**kwargs)
+    with fake_torch_graph(torch, g, pool=pool):
+        pass
+    return g
+
+
+def test_subclass_forces_keep_graph_walks_at_capture_end_then_instantiates(torch, fake, tmp_path):
+    model = make_model(torch)
+    ins = gt.instrument(tmp_path, model=model)
+    assert torch.cuda.CUDAGraph is not FakeCUDAGraph
+    assert torch.cuda.graphs.CUDAGraph is torch.cuda.CUDAGraph
+    g = capture(torch, model)
+    assert isinstance(g, FakeCUDAGraph)
+    assert g.new_keep_graph is True and g.init_keep_graph is True  # both, as on the H200
+    # Walked after torch's capture_end (the template exists), instantiated after the walk.
+    assert g.calls == [("capture_begin", None), ("capture_end",), ("raw_cuda_graph",), ("instantiate",)]
+    assert fake.captured == [g.handle]
+    # The manifest is on disk already, named by rank and pid.
+    path = tmp_path / f"graphcheck-0-{os.getpid()}.json"
+    assert ins.path == str(path) and path.is_file()
+    m = graphcheck.load(path, expect="manifest")
+    assert [gr["name"] for gr in m["graphs"]] == ["capture0"]
+    assert m["producer"]["rank"] == 0 and m["producer"]["world_size"] == 1
+    report = graphcheck.verify(path)
+    assert [(f.kind, f.subject) for f in report.findings] == [("unregistered", "model.embed_scale")]
+
+
+def test_pool_passed_positionally_as_torch_cuda_graph_does(torch, fake, tmp_path):
+    model = make_model(torch)
+    gt.instrument(tmp_path, model=model)
+    shared = (0, 42)
+    capture(torch, model, pool=shared)
+    capture(torch, model)  # no pool: the graph's own, from g.pool()
+    m = gt.instrumented()[0].manifest()
+    pools = {p["name"] for p in m["pools"]}
+    assert pools == {"graph(0, 42)", "graph(0, 7)"}
+    assert [g["name"] for g in m["graphs"]] == ["capture0", "capture1"]
+
+
+def test_keep_graph_asked_by_the_caller_is_left_to_the_caller(torch, fake):
+    model = make_model(torch)
+    gt.instrument(model=model)
+    g = capture(torch, model, keep_graph=True)
+    assert g.calls == [("capture_begin", None), ("capture_end",), ("raw_cuda_graph",)]
+    g2 = capture(torch, model, keep_graph=False)
+    assert g2.calls[-1] == ("instantiate",) and g2.init_keep_graph is True
+
+
+def test_manifest_rewritten_atomically_after_every_capture(torch, fake, tmp_path, monkeypatch):
+    model = make_model(torch)
+    writes = []
+    real = gt._native.write_atomic
+
+    def spy(path, data):
+        writes.append((os.fspath(path), len(json.loads(data)["graphs"])))
+        real(path, data)
+
+    monkeypatch.setattr(gt._native, "write_atomic", spy)
+    ins = gt.instrument(tmp_path, model=model)
+    for _ in range(3):
+        capture(torch, model)
+    assert writes == [(ins.path, 1), (ins.path, 2), (ins.path, 3)]
+    assert os.listdir(tmp_path) == [os.path.basename(ins.path)]  # no temporary left
+    assert len(graphcheck.load(ins.path)["graphs"]) == 3
+
+
+@pytest.mark.parametrize(
+    "env, rank, world",
+    [({"RANK": "3", "WORLD_SIZE": "4"}, 3, 4), ({"LOCAL_RANK": "1"}, 1, 2), ({}, 0, 1)],
+)
+def test_one_manifest_per_rank(torch, fake, tmp_path, monkeypatch, env, rank, world):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    model = make_model(torch)
+    ins = gt.instrument(tmp_path, model=model)
+    capture(torch, model)
+    assert os.path.basename(ins.path) == f"graphcheck-{rank}-{os.getpid()}.json"
+    producer = graphcheck.load(ins.path)["producer"]
+    assert (producer["rank"], producer["world_size"]) == (rank, world)
+
+
+def test_directory_from_the_environment(torch, fake, tmp_path, monkeypatch):
+    monkeypatch.setenv(gt.ENV_DIR, str(tmp_path / "gc"))
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    capture(torch, model)
+    assert Path(ins.path).parent == tmp_path / "gc" and Path(ins.path).is_file()
+
+
+def test_without_a_model_addresses_are_bare_until_a_root_is_registered(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument()
+    capture(torch, model)
+    m = ins.manifest()
+    assert m["owners"] == []
+    report = graphcheck.verify(m)
+    assert {f.kind for f in report.findings} == {"unowned"} and len(report.findings) == 3
+    gt.register_model(model, root="engine")
+    m = ins.manifest()
+    assert {o["path"] for o in m["owners"]} >= {"engine.proj.weight", "engine.embed_scale"}
+    assert [f.subject for f in graphcheck.verify(m).findings] == ["engine.embed_scale"]
+
+
+def test_register_model_before_instrument_is_taken_and_held_weakly(torch, fake):
+    import gc
+
+    model = make_model(torch)
+    gt.register_model(model, root="model")
+    ins = gt.instrument()
+    assert list(ins.recorder.roots()) == ["model"]
+    capture(torch, model)
+    assert any(o["path"] == "model.proj.weight" for o in ins.manifest()["owners"])
+    del model
+    gc.collect()
+    assert ins.recorder.roots() == {}
+
+
+def test_uninstrument_restores_torch(torch, fake):
+    a = gt.instrument()
+    b = gt.instrument()
+    patched = torch.cuda.CUDAGraph
+    gt.uninstrument(a)
+    assert torch.cuda.CUDAGraph is patched  # b is still live
+    gt.uninstrument(b)
+    assert torch.cuda.CUDAGraph is FakeCUDAGraph
+    assert torch.cuda.graphs.CUDAGraph is FakeCUDAGraph
+    assert gt.instrumented() == []
+    # A context manager too.
+    with gt.instrument() as ins:
+        assert gt.instrumented() == [ins]
+    assert torch.cuda.CUDAGraph is FakeCUDAGraph
+
+
+def test_every_live_instrumentation_gets_the_capture(torch, fake):
+    model = make_model(torch)
+    a = gt.instrument(model=model)
+    b = gt.instrument(model=model)
+    capture(torch, model)
+    assert a.captures == b.captures == 1
+    assert len(fake.captured) == 1  # walked once
+
+
+def test_a_failed_walk_warns_and_the_capture_still_completes(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    fake.fail = "no CUDA driver"
+    with pytest.warns(RuntimeWarning, match="no CUDA driver"):
+        g = capture(torch, model)
+    assert g.calls[-1] == ("instantiate",)
+    assert ins.captures == 0 and len(ins.errors) == 1
+    strict = gt.instrument(model=model, strict=True)
+    gt.uninstrument(ins)
+    with pytest.raises(graphcheck.GraphcheckError, match="no CUDA driver"):
+        g = capture(torch, model)
+    assert g.calls[-1] == ("instantiate",)
+    assert strict.errors == []
+
+
+def test_graph_names(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(model=model, name=lambda i: f"decode_bs{2 ** i}")
+    capture(torch, model)
+    capture(torch, model)
+    assert [g["name"] for g in ins.manifest()["graphs"]] == ["decode_bs1", "decode_bs2"]
+
+
+def _site_pth():
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    return purelib / "graphcheck-instrument.pth"
+
+
+@pytest.mark.parametrize("how", ["pth", "import graphcheck.torch first"])
+def test_graphcheck_dir_instruments_a_fresh_process(torch, tmp_path, how):
+    """GRAPHCHECK_DIR alone (the installed .pth), or with `import graphcheck.torch` before
+    torch: torch.cuda.CUDAGraph is the recording subclass once torch is imported."""
+    if how == "pth" and not _site_pth().is_file():
+        pytest.skip(f"{_site_pth()} is not installed (an editable install?)")
+    first = "import graphcheck.torch; " if how != "pth" else ""
+    code = (
+        first + "import torch, graphcheck.torch as gt; "
+        "print(torch.cuda.CUDAGraph.__qualname__, torch.cuda.graphs.CUDAGraph.__qualname__, "
+        "len(gt.instrumented()), gt.instrumented()[0].directory)"
+    )
+    env = dict(os.environ, GRAPHCHECK_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["graphcheck.CUDAGraph", "graphcheck.CUDAGraph", "1", str(tmp_path)]
+    # Without the variable, nothing is patched.
+    env.pop("GRAPHCHECK_DIR")
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch, graphcheck.torch; print(torch.cuda.CUDAGraph.__qualname__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["CUDAGraph"]
