@@ -416,10 +416,15 @@ struct GraphSpec {
     name: String,
     #[serde(default)]
     pool: Option<PoolId>,
-    walked: WalkedGraph,
+    /// The walked graph as JSON, or (`walked_index`) the position of a `Walked` object in
+    /// `build_manifest`'s `walked` list: exactly one of them.
+    #[serde(default)]
+    walked: Option<WalkedGraph>,
+    #[serde(default)]
+    walked_index: Option<usize>,
 }
 
-fn build(spec: &[u8]) -> Result<String, String> {
+fn build(spec: &[u8], walked: &[std::sync::Arc<WalkedGraph>]) -> Result<String, String> {
     let name = "<build spec>";
     let mut de = serde_json::Deserializer::from_slice(spec);
     let spec: BuildSpec = serde_path_to_error::deserialize(&mut de)
@@ -456,8 +461,23 @@ fn build(spec: &[u8]) -> Result<String, String> {
         b.add_owner(&o.path, tensor, o.registration, o.holder)
             .map_err(|e| at(format!("owners[{i}]"), &e))?;
     }
-    for g in spec.graphs {
-        b.add_graph(&g.name, g.pool, g.walked);
+    for (i, g) in spec.graphs.into_iter().enumerate() {
+        let walked = match (g.walked, g.walked_index) {
+            (Some(w), None) => w,
+            (None, Some(k)) => (**walked.get(k).ok_or_else(|| {
+                format!(
+                    "{name}: graphs[{i}].walked_index: no walked graph at position {k} ({} given)",
+                    walked.len()
+                )
+            })?)
+            .clone(),
+            _ => {
+                return Err(format!(
+                    "{name}: graphs[{i}]: give exactly one of `walked` and `walked_index`"
+                ));
+            }
+        };
+        b.add_graph(&g.name, g.pool, walked);
     }
     let m = b.finish().map_err(|e| at("failed to build".into(), &e))?;
     serde_json::to_string(&m).map_err(|e| e.to_string())
@@ -466,14 +486,24 @@ fn build(spec: &[u8]) -> Result<String, String> {
 /// Builds a manifest from a build spec (JSON, see `BuildSpec`): resolves every walked
 /// word to a tensor view, allocation and pool, checks the result, returns its JSON.
 #[pyfunction]
-fn build_manifest(py: Python<'_>, spec: &Bound<'_, PyAny>) -> PyResult<String> {
+#[pyo3(signature = (spec, walked=None))]
+fn build_manifest(
+    py: Python<'_>,
+    spec: &Bound<'_, PyAny>,
+    walked: Option<Vec<PyRef<'_, Walked>>>,
+) -> PyResult<String> {
     let bytes = match Source::extract(spec, Some("<build spec>"))? {
         Source::Text { bytes, .. } => bytes,
         Source::Path(p) => std::fs::read(&p).map_err(|e| {
             GraphcheckError::new_err(format!("failed to read {}: {e}", p.display()))
         })?,
     };
-    py.detach(move || build(&bytes))
+    let walked: Vec<std::sync::Arc<WalkedGraph>> = walked
+        .unwrap_or_default()
+        .iter()
+        .map(|w| w.inner.clone())
+        .collect();
+    py.detach(move || build(&bytes, &walked))
         .map_err(GraphcheckError::new_err)
 }
 
@@ -500,6 +530,88 @@ fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
         .map_err(|e| GraphcheckError::new_err(format!("failed to write {}: {e}", path.display())))
 }
 
+/// A walked graph held on the Rust side, as `walk` returns it: handing it to
+/// `build_manifest` (graphs' `walked_index`) costs no JSON round trip, which matters on the
+/// capture path.
+#[pyclass(frozen, module = "graphcheck._native")]
+struct Walked {
+    inner: std::sync::Arc<WalkedGraph>,
+}
+
+#[pymethods]
+impl Walked {
+    /// A walked graph from WalkedGraph JSON (a saved walk, or a hand-written one in tests).
+    #[staticmethod]
+    fn from_json(py: Python<'_>, text: &str) -> PyResult<Walked> {
+        let text = text.to_string();
+        py.detach(move || {
+            let mut de = serde_json::Deserializer::from_str(&text);
+            serde_path_to_error::deserialize::<_, WalkedGraph>(&mut de)
+                .map_err(|e| format!("<walked graph>: invalid at `{}`: {}", e.path(), e.inner()))
+        })
+        .map(|w| Walked {
+            inner: std::sync::Arc::new(w),
+        })
+        .map_err(GraphcheckError::new_err)
+    }
+
+    /// The walked graph as WalkedGraph JSON (what `walk_graph` returns).
+    fn to_json(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = self.inner.clone();
+        py.detach(move || serde_json::to_string(&*inner))
+            .map_err(|e| GraphcheckError::new_err(e.to_string()))
+    }
+
+    /// Nodes that hold addresses (kernels, memsets, memcpys).
+    fn __len__(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// Address words over all nodes.
+    #[getter]
+    fn words(&self) -> usize {
+        self.inner.word_count()
+    }
+
+    /// Nodes per driver type.
+    #[getter]
+    fn node_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        self.inner.node_counts.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<Walked: {} nodes read, {} address words, {} unread>",
+            self.inner.nodes.len(),
+            self.inner.word_count(),
+            self.inner.unread.len()
+        )
+    }
+}
+
+fn walk_raw(handle: u64) -> Result<WalkedGraph, String> {
+    if handle == 0 {
+        return Err("walk_graph: the graph handle is null".into());
+    }
+    // SAFETY: the caller hands a live cudaGraph_t that nothing modifies during the walk
+    // (documented on `walk_graph` and `walk`); we only read it.
+    #[allow(unsafe_code)]
+    let graph = unsafe { graphcheck::cuda::GraphRef::from_raw(handle as usize as _) };
+    graphcheck::cuda::walk_graph(graph)
+        .map(|(w, _)| w)
+        .map_err(|e| e.to_string())
+}
+
+/// Walks a captured CUDA graph (as `walk_graph`) and keeps the result on the Rust side.
+#[pyfunction]
+fn walk(py: Python<'_>, handle: u64) -> PyResult<Walked> {
+    py.detach(move || walk_raw(handle))
+        .map(|w| Walked {
+            inner: std::sync::Arc::new(w),
+        })
+        .map_err(GraphcheckError::new_err)
+}
+
 /// Walks a captured CUDA graph and returns what its nodes hold, as WalkedGraph JSON (the
 /// input of `build_manifest`'s `graphs`). `handle` is a `cudaGraph_t`, as
 /// `torch.cuda.CUDAGraph(keep_graph=True).raw_cuda_graph()` returns it.
@@ -509,18 +621,8 @@ fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
 /// too old driver, or no current context, raises `GraphcheckError`.
 #[pyfunction]
 fn walk_graph(py: Python<'_>, handle: u64) -> PyResult<String> {
-    if handle == 0 {
-        return Err(GraphcheckError::new_err(
-            "walk_graph: the graph handle is null",
-        ));
-    }
-    py.detach(move || -> Result<String, String> {
-        // SAFETY: the caller hands a live cudaGraph_t that nothing modifies during the walk
-        // (documented above); we only read it.
-        #[allow(unsafe_code)]
-        let graph = unsafe { graphcheck::cuda::GraphRef::from_raw(handle as usize as _) };
-        let (walked, _) = graphcheck::cuda::walk_graph(graph).map_err(|e| e.to_string())?;
-        serde_json::to_string(&walked).map_err(|e| e.to_string())
+    py.detach(move || {
+        walk_raw(handle).and_then(|w| serde_json::to_string(&w).map_err(|e| e.to_string()))
     })
     .map_err(GraphcheckError::new_err)
 }
@@ -542,6 +644,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_function(wrap_pyfunction!(build_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(walk_graph, m)?)?;
+    m.add_function(wrap_pyfunction!(walk, m)?)?;
+    m.add_class::<Walked>()?;
     m.add_function(wrap_pyfunction!(glob_match, m)?)?;
     m.add_function(wrap_pyfunction!(check_path, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;

@@ -178,3 +178,28 @@ def test_verify_runs_beside_other_threads():
     for t in threads:
         t.join()
     assert len(out) == 2 and out[0].findings == out[1].findings
+
+
+def test_walked_objects_build_the_same_manifest_as_walked_json():
+    # The capture path keeps walks on the Rust side (`_native.walk` → Walked) and hands
+    # them to build_manifest by position: same manifest as the JSON route.
+    import json
+
+    from graphcheck import _native
+
+    spec = build_spec()
+    inline = json.loads(_native.build_manifest(json.dumps(spec)))
+    walked = _native.Walked.from_json(json.dumps(spec["graphs"][0]["walked"]))
+    assert len(walked) == 1 and walked.words == 2 and walked.node_counts == {"kernel": 1}
+    assert json.loads(walked.to_json())["nodes"][0]["words"][1]["offset"] == 8
+    spec["graphs"][0] = {"name": "g", "walked_index": 0}
+    by_ref = json.loads(_native.build_manifest(json.dumps(spec), [walked]))
+    assert by_ref == inline
+    spec["graphs"][0] = {"name": "g", "walked_index": 3}
+    with pytest.raises(graphcheck.GraphcheckError, match=r"graphs\[0\]\.walked_index: no walked graph at position 3"):
+        _native.build_manifest(json.dumps(spec), [walked])
+    spec["graphs"][0] = {"name": "g"}
+    with pytest.raises(graphcheck.GraphcheckError, match="exactly one of `walked` and `walked_index`"):
+        _native.build_manifest(json.dumps(spec), [walked])
+    with pytest.raises(graphcheck.GraphcheckError, match="nodes"):
+        _native.Walked.from_json('{"node_counts": {}, "unread": [], "nodes": [{"index": "x"}]}')
