@@ -885,10 +885,17 @@ def _memory_segments() -> list:
 ALLOC_SITE_FRAMES = 16
 
 
+def _torch_dir() -> str:
+    torch = _torch()
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
 def _python_frames(frames: list) -> list:
     """A block's frames as format ``Frame`` dicts, innermost first: the Python ones (those
     of ``_record_memory_history(stacks="all")`` from C++ are dropped where Python frames
-    exist), at most :data:`ALLOC_SITE_FRAMES`."""
+    exist), without the innermost ones inside torch itself (``Module._apply`` of a
+    ``.cuda()``, ``nn.Linear.__init__``: the caller's line is the site), at most
+    :data:`ALLOC_SITE_FRAMES`."""
     out = []
     for f in frames:
         name = str(f.get("filename", ""))
@@ -898,8 +905,12 @@ def _python_frames(frames: list) -> list:
                 {"filename": name, "line": max(0, int(f.get("line", 0))), "name": str(f.get("name", ""))},
             )
         )
-    python = [f for is_py, f in out if is_py]
-    return (python or [f for _, f in out])[:ALLOC_SITE_FRAMES]
+    python = [f for is_py, f in out if is_py] or [f for _, f in out]
+    inside = _torch_dir()
+    first = 0
+    while first < len(python) - 1 and python[first]["filename"].startswith(inside):
+        first += 1
+    return python[first : first + ALLOC_SITE_FRAMES]
 
 
 class _AllocSites:

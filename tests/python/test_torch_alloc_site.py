@@ -114,6 +114,22 @@ def test_without_memory_history_nothing_is_added(torch, history):
     assert all("alloc_site" not in t for t in manifest["tensors"])
 
 
+def test_frames_inside_torch_are_skipped_to_the_callers_line(torch, history):
+    import os
+
+    model = make_model(torch)
+    inside = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "module.py")
+    frames = [{"filename": inside, "line": 1097, "name": "<lambda>"}, {"filename": inside, "line": 965, "name": "_apply"}]
+    history.segments = segments_for(
+        [(model.embed_scale, frames + [CALLER], "active_allocated"), (model.proj.weight, frames, "active_allocated")]
+    )
+    manifest = record(torch, model)
+    owner = {o["path"]: manifest["tensors"][o["tensor"]] for o in manifest["owners"]}
+    assert owner["model.embed_scale"]["alloc_site"] == [CALLER]
+    # Nothing but torch: its outermost frame stays.
+    assert owner["model.proj.weight"]["alloc_site"] == frames[1:]
+
+
 def test_frames_are_capped(torch, history):
     model = make_model(torch)
     deep = [dict(HOOK, line=i) for i in range(100)]
