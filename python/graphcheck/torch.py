@@ -1128,9 +1128,10 @@ def _reference_digests(reference, algorithm: str, root: str, max_depth: int) -> 
 # -- recording ----------------------------------------------------------------------------
 
 
-def _walk_graph(handle: int) -> str:
-    """The walked graph (WalkedGraph JSON) of a ``cudaGraph_t``, by the Rust walker."""
-    walker = getattr(_native, "walk_graph", None)
+def _walk_graph(handle: int):
+    """The walked graph of a ``cudaGraph_t``, by the Rust walker, kept on the Rust side
+    (``_native.Walked``): on the capture path no JSON is made or parsed."""
+    walker = getattr(_native, "walk", None)
     if walker is None:
         raise GraphcheckError(
             "this build of graphcheck has no CUDA graph walker (the crate feature `cuda`)"
@@ -1174,6 +1175,7 @@ class Recorder:
         self._pool_by_key: dict = {}
         self._pool_ranges: list = []
         self._graphs: list = []
+        self._walked: list = []  # _native.Walked objects, by graphs' walked_index
         self._extra: list = []  # (path, tensor, registration)
 
     def add_root(self, obj, root: str = "model", *, weak: bool = False) -> None:
@@ -1255,7 +1257,7 @@ class Recorder:
     def add_graph(
         self,
         name: str,
-        walked: Union[str, Mapping[str, Any]],
+        walked: Union[str, bytes, Mapping[str, Any], "_native.Walked"],
         *,
         pool=None,
         inputs: Optional[Mapping[str, Any]] = None,
@@ -1266,8 +1268,13 @@ class Recorder:
         (registration ``graph_input``, paths ``graphs["name"].inputs["x"]``)."""
         if self.registry is None:
             self.rewalk()
-        walked = json.loads(walked) if isinstance(walked, (str, bytes)) else dict(walked)
-        self._graphs.append({"name": name, "pool": self._pool_id(pool), "walked": walked})
+        entry = {"name": name, "pool": self._pool_id(pool)}
+        if isinstance(walked, _native.Walked):
+            entry["walked_index"] = len(self._walked)
+            self._walked.append(walked)
+        else:
+            entry["walked"] = json.loads(walked) if isinstance(walked, (str, bytes)) else dict(walked)
+        self._graphs.append(entry)
         base = _key("graphs", name)
         for hop, tensors in (("inputs", inputs), ("outputs", outputs)):
             for k, t in (tensors or {}).items():
@@ -1280,7 +1287,8 @@ class Recorder:
         self.add_graph(name, walked, pool=pool, inputs=inputs, outputs=outputs)
 
     def build_spec(self) -> dict:
-        """The build spec ``_native.build_manifest`` takes."""
+        """The build spec ``_native.build_manifest`` takes (with :attr:`walked_graphs`, which
+        graphs' ``walked_index`` refers to)."""
         if self.registry is None:
             self.rewalk()
         reg = self.registry.copy()
@@ -1304,13 +1312,23 @@ class Recorder:
             "graphs": self._graphs,
         }
 
+    @property
+    def walked_graphs(self) -> list:
+        """The walked graphs kept on the Rust side, in ``walked_index`` order."""
+        return list(self._walked)
+
+    def manifest_json(self) -> str:
+        """The manifest of every graph added so far, resolved and checked by the core, as
+        JSON text."""
+        return _native.build_manifest(json.dumps(self.build_spec()), self._walked)
+
     def manifest(self) -> dict:
         """The manifest of every graph added so far, resolved and checked by the core."""
-        return json.loads(_native.build_manifest(json.dumps(self.build_spec())))
+        return json.loads(self.manifest_json())
 
     def write(self, path) -> None:
         """Writes the manifest to ``path`` atomically."""
-        _native.write_atomic(path, json.dumps(self.manifest(), indent=1).encode())
+        _native.write_atomic(path, self.manifest_json().encode())
 
 
 @contextlib.contextmanager
@@ -1335,7 +1353,7 @@ def graph(
         if model is None:
             raise GraphcheckError("graph() needs a model or a recorder")
         recorder = Recorder(model)
-    if not hasattr(_native, "walk_graph"):
+    if not hasattr(_native, "walk"):
         _walk_graph(0)  # raises the message that says why
     with torch.cuda.graph(
         cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
@@ -1498,7 +1516,7 @@ class Instrumentation:
             return str(self.name(self.captures))
         return self.name.format(index=self.captures, pid=os.getpid())
 
-    def _record(self, walked: str, pool) -> None:
+    def _record(self, walked, pool) -> None:
         try:
             with _LOCK:
                 self._fork_check()
@@ -1526,14 +1544,18 @@ class Instrumentation:
             self.path = os.path.join(self.directory, f"graphcheck-{rank}-{os.getpid()}.json")
         return self.path
 
-    def manifest(self) -> dict:
-        """The manifest of every capture recorded so far in this process."""
+    def manifest_json(self) -> str:
+        """The manifest of every capture recorded so far in this process, as JSON text."""
         with _LOCK:
             self._fork_check()
             rank, world = _rank_and_world()
             self.recorder.producer.setdefault("rank", rank)
             self.recorder.producer.setdefault("world_size", world)
-            return self.recorder.manifest()
+            return self.recorder.manifest_json()
+
+    def manifest(self) -> dict:
+        """The manifest of every capture recorded so far in this process."""
+        return json.loads(self.manifest_json())
 
     def write(self, path=None) -> str:
         """Writes the manifest atomically (to ``path``, or :meth:`manifest_path`); returns
@@ -1542,7 +1564,8 @@ class Instrumentation:
         if target is None:
             raise GraphcheckError("instrument() has no directory: pass write() a path")
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-        _native.write_atomic(target, json.dumps(self.manifest(), indent=1).encode())
+        # Compact JSON straight from the core: no Python parse and dump after every capture.
+        _native.write_atomic(target, self.manifest_json().encode())
         return target
 
     def register_model(self, model, root: str = "model") -> None:

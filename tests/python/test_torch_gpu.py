@@ -160,3 +160,42 @@ def test_inplace_reload_of_the_same_weights_is_clean_live(cuda):
     print(report)
     # Only the capture-time findings remain.
     assert {k for k, _ in kinds(report)} == {"unregistered"}
+
+
+def test_instrument_records_an_unmodified_vllm_style_capture(cuda, tmp_path):
+    # The engine's code is untouched: a plain CUDAGraph and `torch.cuda.graph(g, pool=...)`.
+    torch = cuda
+    model = make_model(torch)
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+
+    class Runner:  # the engine's holder of static inputs: runtime state, not weights
+        pass
+
+    runner = Runner()
+    runner.x = x
+    ins = gt.instrument(tmp_path, model=model, name="decode_bs8", runtime_state=["runner.*"])
+    try:
+        gt.register_model(runner, root="runner")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(s):
+            forward(model, x)
+        torch.cuda.current_stream().wait_stream(s)
+        pool = torch.cuda.graph_pool_handle()
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(g, pool=pool):
+            y = forward(model, x)
+        g.replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            assert torch.allclose(y, forward(model, x), atol=1e-2), "the instrumented graph replays right"
+    finally:
+        gt.uninstrument(ins)
+    files = sorted(tmp_path.glob("graphcheck-*.json"))
+    assert len(files) == 1, files
+    manifest = json.loads(files[0].read_text())
+    save("torch_instrumented_manifest.json", manifest)
+    report = graphcheck.verify(manifest)
+    print(report)
+    assert kinds(report) == [("unregistered", f"{L0}.W_UV"), ("unregistered", f"{L0}.embed_scale")]
+    assert [g["name"] for g in manifest["graphs"]] == ["decode_bs8"]

@@ -89,6 +89,7 @@ def fake(torch, monkeypatch):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
     monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
     monkeypatch.setattr(gt._native, "walk_graph", WALKS, raising=False)
+    monkeypatch.setattr(gt._native, "walk", lambda h: gt._native.Walked.from_json(WALKS(h)), raising=False)
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", gt.ENV_DIR):
         monkeypatch.delenv(var, raising=False)
     yield WALKS

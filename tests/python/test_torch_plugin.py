@@ -58,6 +58,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
     monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
     monkeypatch.setattr(gt._native, "walk_graph", fake_walk, raising=False)
+    monkeypatch.setattr(gt._native, "walk", lambda h: gt._native.Walked.from_json(fake_walk(h)), raising=False)
 
 
 @pytest.fixture
