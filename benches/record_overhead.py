@@ -6,7 +6,8 @@ side by side in one process with a plain torch capture of the same graphs.
   recorded  graphcheck.torch.graph(g, recorder=rec, ...) per batch size: capture with
             keep_graph=True, the Rust walker, then instantiate; the model's owner registry
             is walked once, at the first graph
-  manifest  rec.manifest(): resolving every word to owners and checking the result
+  manifest  rec.manifest_json(): resolving every word to owners and checking the result
+            (what instrument() writes after a capture; rec.manifest() adds a json.loads)
 
 Run on a GPU machine with graphcheck installed:
     python3 benches/record_overhead.py --runs 5 [--json OUT]
@@ -77,9 +78,9 @@ def main():
         torch.cuda.synchronize()
         t_rec = time.perf_counter() - t0
         t0 = time.perf_counter()
-        manifest = rec.manifest()
+        text = rec.manifest_json()
         t_man = time.perf_counter() - t0
-        return t_rec, t_man, manifest, gs
+        return t_rec, t_man, json.loads(text), gs
 
     plain_t, rec_t, man_t = [], [], []
     manifest = None
