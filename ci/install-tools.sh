@@ -18,6 +18,8 @@ python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ig
 TORCH_VERSION=2.15.0
 if ! python3 -c "import torch" >/dev/null 2>&1; then
     echo "installing torch $TORCH_VERSION with its CUDA libraries (about 3 GB, a few minutes)" >&2
+    # No pip cache: the wheels are about 3 GB, and a second copy of them in the cache
+    # could fill a small CI disk.
     python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-        "torch==$TORCH_VERSION"
+        --no-cache-dir "torch==$TORCH_VERSION"
 fi
