@@ -51,6 +51,7 @@ and verify compares only digests of one algorithm:
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import ctypes
@@ -1489,8 +1490,15 @@ class Instrumentation:
         name: Union[str, Callable[[int], str]],
         strict: bool,
         recorder_args: dict,
+        write_every: int = 1,
     ):
+        if write_every < 1:
+            raise GraphcheckError(f"write_every must be at least 1, not {write_every}")
         self.directory = None if directory is None else os.fspath(directory)
+        #: Rewrite the manifest after every this many captures (and at exit): rebuilding it
+        #: costs more as graphs accumulate, and an engine may capture dozens.
+        self.write_every = write_every
+        self._unwritten = 0
         self.name = name
         self.strict = strict
         self._recorder_args = recorder_args
@@ -1522,7 +1530,8 @@ class Instrumentation:
                 self._fork_check()
                 self.recorder.add_graph(self._graph_name(), walked, pool=pool)
                 self.captures += 1
-                if self.directory is not None:
+                self._unwritten += 1
+                if self.directory is not None and self._unwritten >= self.write_every:
                     self.write()
         except Exception as e:  # noqa: BLE001
             self._failed(e)
@@ -1566,7 +1575,21 @@ class Instrumentation:
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         # Compact JSON straight from the core: no Python parse and dump after every capture.
         _native.write_atomic(target, self.manifest_json().encode())
+        if path is None:
+            self._unwritten = 0
         return target
+
+    def flush(self) -> Optional[str]:
+        """Writes the manifest if captures were recorded since the last write (with a
+        directory); returns the path written, if any. Runs at interpreter exit, and when
+        the instrumentation stops."""
+        if self.directory is None or self._unwritten == 0 or os.getpid() != self._pid:
+            return None
+        try:
+            return self.write()
+        except Exception as e:  # noqa: BLE001 - reported like a failed recording
+            self._failed(e)
+            return None
 
     def register_model(self, model, root: str = "model") -> None:
         """Adds a root to this instrumentation's walks (held weakly); a root of the same
@@ -1618,6 +1641,7 @@ def instrument(
     runtime_state: Iterable[str] = (),
     max_depth: int = DEFAULT_MAX_DEPTH,
     strict: bool = False,
+    write_every: int = 1,
 ) -> Instrumentation:
     """Records every CUDA graph capture of the process, with no change to the engine's
     code: ``torch.cuda.CUDAGraph`` (and ``torch.cuda.graphs.CUDAGraph``) become a subclass
@@ -1636,7 +1660,10 @@ def instrument(
     added); without any, graphs are recorded with no owners and every address they hold is
     bare (``unowned`` at verify). A recording failure warns (``RuntimeWarning``) and is
     kept in ``errors``; the capture itself always completes. ``strict=True`` raises
-    instead. Returns the :class:`Instrumentation`; :func:`uninstrument` restores torch."""
+    instead. ``write_every=N`` rewrites the file after every N captures instead of every
+    one (an engine capturing dozens of graphs pays the rebuild N times less); what is left
+    is written when the instrumentation stops and at interpreter exit. Returns the
+    :class:`Instrumentation`; :func:`uninstrument` restores torch."""
     if directory is None:
         directory = os.environ.get(ENV_DIR) or None
     ins = Instrumentation(
@@ -1644,7 +1671,9 @@ def instrument(
         name=name,
         strict=strict,
         recorder_args=dict(digests=digests, runtime_state=runtime_state, max_depth=max_depth),
+        write_every=write_every,
     )
+    atexit.register(ins.flush)
     with _LOCK:
         for r, ref in _PENDING_ROOTS:
             obj = ref() if isinstance(ref, weakref.ref) else ref
@@ -1661,6 +1690,10 @@ def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
     """Stops one instrumentation (or, without an argument, all of them) and, when none is
     left, restores ``torch.cuda.CUDAGraph``. Graphs made meanwhile keep working (they are
     instances of the subclass, which keeps instantiating them)."""
+    with _LOCK:
+        stopping = list(_ACTIVE) if instrumentation is None else [instrumentation]
+    for ins in stopping:
+        ins.flush()
     with _LOCK:
         if instrumentation is None:
             _ACTIVE.clear()

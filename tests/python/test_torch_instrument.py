@@ -172,6 +172,28 @@ def test_manifest_rewritten_atomically_after_every_capture(torch, fake, tmp_path
     assert len(graphcheck.load(ins.path)["graphs"]) == 3
 
 
+def test_write_every_batches_rewrites_and_stopping_flushes_the_rest(torch, fake, tmp_path, monkeypatch):
+    model = make_model(torch)
+    writes = []
+    real = gt._native.write_atomic
+
+    def spy(path, data):
+        writes.append(len(json.loads(data)["graphs"]))
+        real(path, data)
+
+    monkeypatch.setattr(gt._native, "write_atomic", spy)
+    ins = gt.instrument(tmp_path, model=model, write_every=2)
+    for _ in range(5):
+        capture(torch, model)
+    assert writes == [2, 4]
+    gt.uninstrument(ins)  # the fifth capture is written when the instrumentation stops
+    assert writes == [2, 4, 5]
+    assert ins.flush() is None  # nothing left to write
+    assert len(graphcheck.load(ins.path)["graphs"]) == 5
+    with pytest.raises(graphcheck.GraphcheckError, match="write_every"):
+        gt.instrument(tmp_path, write_every=0)
+
+
 @pytest.mark.parametrize(
     "env, rank, world",
     [({"RANK": "3", "WORLD_SIZE": "4"}, 3, 4), ({"LOCAL_RANK": "1"}, 1, 2), ({}, 0, 1)],
