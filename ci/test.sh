@@ -17,7 +17,7 @@ CI=true cargo insta test --workspace --all-features --check --unreferenced=rejec
 
 step "Python package (maturin wheel of python/, installed for the Python tests)"
 rm -rf target/wheels-ci
-maturin build --quiet --locked -o target/wheels-ci
+python3 -m maturin build --quiet --locked -o target/wheels-ci
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
     --force-reinstall --no-deps target/wheels-ci/graphcheck-*.whl
 
