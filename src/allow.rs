@@ -9,14 +9,14 @@
 //! reason = "per-step scratch, rewritten before every read"
 //!
 //! [[allow]]
-//! kernel = "nvjet_*splitK*"         # instead of `path`: every holding kernel matches
+//! kernels = ["nvjet_*", "*gemm*", "*splitKreduce*", "memset"]   # or one `kernel = "…"`
 //! kinds = ["unowned"]
 //! reason = "torch's cuBLAS workspace: scratch torch keeps for the whole process"
 //! ```
 //!
-//! A `kernel` entry is how an `unowned` finding, which has no owner path, is allowed: it
-//! matches a finding all of whose holding kernels match the pattern (`*` matches any run
-//! of characters there).
+//! A kernel entry is how an `unowned` finding, which has no owner path, is allowed: it
+//! matches a finding every one of whose holding kernels matches one of the patterns (`*`
+//! matches any run of characters there).
 
 use std::path::{Path, PathBuf};
 
@@ -54,6 +54,8 @@ struct RawEntry {
     #[serde(default)]
     kernel: Option<String>,
     #[serde(default)]
+    kernels: Option<Vec<String>>,
+    #[serde(default)]
     kinds: Option<Vec<FindingKind>>,
     reason: String,
 }
@@ -63,8 +65,9 @@ struct RawEntry {
 pub enum Target {
     /// Any owner path of the finding.
     Path(Glob),
-    /// Every kernel holding the finding's address: the compiled pattern, and as written.
-    Kernel(Glob, String),
+    /// Every kernel holding the finding's address matches one of the patterns (compiled,
+    /// and as written).
+    Kernel(Vec<(Glob, String)>),
 }
 
 /// One entry.
@@ -87,8 +90,11 @@ impl Entry {
         }
         match &self.target {
             Target::Path(g) => f.owners.iter().any(|o| g.is_match(&o.path)),
-            Target::Kernel(g, _) => {
-                !f.kernels.is_empty() && f.kernels.iter().all(|k| g.is_match(&k.name))
+            Target::Kernel(patterns) => {
+                !f.kernels.is_empty()
+                    && f.kernels
+                        .iter()
+                        .all(|k| patterns.iter().any(|(g, _)| g.is_match(&k.name)))
             }
         }
     }
@@ -97,7 +103,10 @@ impl Entry {
     pub fn describe(&self) -> String {
         match &self.target {
             Target::Path(g) => g.as_str().to_string(),
-            Target::Kernel(_, written) => format!("kernel:{written}"),
+            Target::Kernel(patterns) => {
+                let written: Vec<&str> = patterns.iter().map(|(_, w)| w.as_str()).collect();
+                format!("kernel:{}", written.join("|"))
+            }
         }
     }
 }
@@ -125,21 +134,36 @@ impl Allowlist {
         let file: File = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
         let mut entries = Vec::with_capacity(file.allow.len());
         for (i, e) in file.allow.into_iter().enumerate() {
-            let target = match (&e.path, &e.kernel) {
+            let patterns: Option<Vec<String>> = match (&e.kernel, &e.kernels) {
+                (Some(k), None) => Some(vec![k.clone()]),
+                (None, Some(ks)) if !ks.is_empty() => Some(ks.clone()),
+                (None, Some(_)) => {
+                    return Err(format!(
+                        "allow[{i}].kernels: an empty list matches no kernel"
+                    ));
+                }
+                (None, None) => None,
+                (Some(_), Some(_)) => {
+                    return Err(format!("allow[{i}]: give `kernel` or `kernels`, not both"));
+                }
+            };
+            let target = match (&e.path, patterns) {
                 (Some(p), None) => {
                     Target::Path(Glob::new(p).map_err(|err| format!("allow[{i}].path: {err}"))?)
                 }
-                (None, Some(k)) => {
-                    // In kernel names `*` spans anything: they have no hops.
-                    let crossing = k.replace('*', "**");
-                    Target::Kernel(
-                        Glob::new(&crossing).map_err(|err| format!("allow[{i}].kernel: {err}"))?,
-                        k.clone(),
-                    )
+                (None, Some(ks)) => {
+                    let mut compiled = Vec::with_capacity(ks.len());
+                    for k in ks {
+                        // In kernel names `*` spans anything: they have no hops.
+                        let g = Glob::new(&k.replace('*', "**"))
+                            .map_err(|err| format!("allow[{i}].kernel: {err}"))?;
+                        compiled.push((g, k));
+                    }
+                    Target::Kernel(compiled)
                 }
                 _ => {
                     return Err(format!(
-                        "allow[{i}]: give exactly one of `path` (an owner-path glob) or `kernel` (a kernel-name pattern)"
+                        "allow[{i}]: give exactly one of `path` (an owner-path glob) or `kernel`/`kernels` (kernel-name patterns)"
                     ));
                 }
             };
@@ -251,6 +275,8 @@ mod tests {
         assert!(err.contains("line 1"), "{err}");
         let err = Allowlist::parse("[[allow]]\nreason = \"x\"\n").unwrap_err();
         assert!(err.contains("exactly one of `path`"), "{err}");
+        let err = Allowlist::parse("[[allow]]\nkernels = []\nreason = \"x\"\n").unwrap_err();
+        assert!(err.contains("empty list"), "{err}");
         let err = Allowlist::parse("[[allow]]\npath = \"a\"\nkernel = \"k\"\nreason = \"x\"\n")
             .unwrap_err();
         assert!(err.contains("exactly one of `path`"), "{err}");

@@ -936,6 +936,14 @@ mod tests {
             k.contains(&(FindingKind::UnusedAllow, "kernel:nvjet_*".into())),
             "{k:?}"
         );
+        // Several patterns: each holding kernel matches one of them.
+        let allow = Allowlist::parse(
+            "[[allow]]\nkernels = [\"nvjet*\", \"k0\"]\nkinds = [\"unowned\"]\nreason = \"x\"\n",
+        )
+        .unwrap();
+        let r = verify(&m, None, &allow).unwrap();
+        assert_eq!(r.allowed.len(), 1);
+        assert_eq!(r.allowed[0].allowed_by, "kernel:nvjet*|k0");
         // A kernel entry never allows a finding held by no kernel, nor by another kernel.
         let allow = Allowlist::parse("[[allow]]\nkernel = \"k1\"\nreason = \"x\"\n").unwrap();
         let r = verify(&m, None, &allow).unwrap();

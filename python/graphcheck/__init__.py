@@ -81,16 +81,17 @@ def _allow_args(allow: Optional[Allow]) -> dict:
         return {"allow": os.fspath(allow)}
     lines = []
     for i, entry in enumerate(allow):
-        unknown = set(entry) - {"path", "kernel", "kinds", "reason"}
+        unknown = set(entry) - {"path", "kernel", "kernels", "kinds", "reason"}
         if unknown:
             raise GraphcheckError(f"allow[{i}]: unknown key(s) {sorted(unknown)}")
         lines.append("[[allow]]")
         for key in ("path", "kernel", "reason"):
             if key in entry:
                 lines.append(f"{key} = {_toml_string(str(entry[key]))}")
-        if "kinds" in entry:
-            kinds = ", ".join(_toml_string(str(k)) for k in entry["kinds"])
-            lines.append(f"kinds = [{kinds}]")
+        for key in ("kernels", "kinds"):
+            if key in entry:
+                items = ", ".join(_toml_string(str(k)) for k in entry[key])
+                lines.append(f"{key} = [{items}]")
     return {"allow_text": "\n".join(lines) + "\n"}
 
 
