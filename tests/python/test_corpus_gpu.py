@@ -1,0 +1,281 @@
+"""The reload bug corpus on a real GPU (issue 6, first scenarios): each test does what an
+upstream bug did, shows the failure in a replay where it is observable, and checks that
+graphcheck names it. Opt-in (GRAPHCHECK_GPU_TESTS=1); with GRAPHCHECK_GPU_OUT=DIR the
+manifests and live snapshots are written there for fixtures/gpu/.
+"""
+
+import functools
+import json
+import os
+
+import pytest
+
+import graphcheck
+import graphcheck.torch as gt
+
+GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
+D = 256
+L0 = "model.layers[0]"
+
+
+@pytest.fixture
+def cuda(torch):
+    if not GPU:
+        pytest.skip("GPU tests are opt-in: set GRAPHCHECK_GPU_TESTS=1 on a machine with CUDA")
+    if not torch.cuda.is_available():
+        pytest.fail("GRAPHCHECK_GPU_TESTS=1 but torch sees no CUDA device")
+    torch.manual_seed(0)
+    return torch
+
+
+def save(name, doc):
+    out = os.environ.get("GRAPHCHECK_GPU_OUT")
+    if out:
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+
+
+def model_of(torch, layer):
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([layer])
+    return model
+
+
+def capture(torch, model, x):
+    layer = model.layers[0]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(s):
+        for _ in range(2):
+            layer(x)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.no_grad(), gt.graph(g, model=model, name="decode_bs8", inputs={"x": x}) as rec:
+        y = layer(x)
+    return g, y, rec.manifest()
+
+
+def replay_error(torch, g, y, model, x):
+    g.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        expected = model.layers[0](x)
+    return (y.float() - expected.float()).abs().max().item()
+
+
+#: torch's cuBLAS(Lt) workspace: graphs hold it (GEMMs, split-K reductions, the memset that
+#: clears it), no model owner reaches it; a real finding, allowed here by its kernels.
+CUBLAS_WORKSPACE = [{
+    "kernels": ["nvjet_*", "*gemm*", "*splitKreduce*", "cutlass::Kernel2*", "memset"],
+    "kinds": ["unowned"],
+    "reason": "torch's cuBLAS workspace: scratch torch keeps for the whole process",
+}]
+
+
+def kinds(report):
+    # An allow entry for the workspace is unused where no GEMM needed it.
+    return sorted((f.kind, f.subject) for f in report.findings if f.kind != "unused_allow")
+
+
+def wrong(err):
+    return err != err or err > 1e-3  # NaN (freed memory read back as garbage) is wrong too
+
+
+def run(torch, name, layer, reload, *, contents="updated"):
+    model = model_of(torch, layer)
+    x = torch.randn(8, D, device="cuda")
+    g, y, manifest = capture(torch, model, x)
+    assert graphcheck.verify(manifest).findings is not None
+    with torch.no_grad():
+        reload(model.layers[0])
+    torch.cuda.synchronize()
+    err = replay_error(torch, g, y, model, x)
+    live = gt.snapshot(model, manifest, event=f"{name}: reload", contents=contents)
+    report = graphcheck.verify(manifest, live, allow=CUBLAS_WORKSPACE)
+    print(f"\n{name}: replay differs from eager by {err}\n{report}")
+    save(f"corpus_{name}_manifest.json", manifest)
+    save(f"corpus_{name}_live.json", live)
+    return err, report
+
+
+class MarlinKernel:
+    """A kernel object holding its workspace as a plain attribute (vllm#48438)."""
+
+    def __init__(self, torch, fill):
+        self.workspace = torch.full((D,), fill, device="cuda")
+
+
+class MarlinMethod:
+    def __init__(self, torch):
+        self.kernel = MarlinKernel(torch, 0.0)
+
+
+def test_marlin_workspace_rebuilt_by_reload(cuda):
+    torch = cuda
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(D, D, bias=False, device="cuda")
+            self.quant_method = MarlinMethod(torch)
+            self.g_idx_sort_indices = torch.randperm(D, device="cuda")
+
+        def forward(self, x):
+            h = x.index_select(1, self.g_idx_sort_indices)
+            return self.proj(h) + self.quant_method.kernel.workspace
+
+    def reload(layer):
+        layer.proj.weight.copy_(torch.randn_like(layer.proj.weight) * 0.05)
+        layer.quant_method.kernel = MarlinKernel(torch, 1.0)  # rebuilt by post-load
+        layer.g_idx_sort_indices = torch.randperm(D, device="cuda")
+
+    err, report = run(torch, "marlin", Layer(), reload)
+    assert wrong(err)
+    got = kinds(report)
+    for path in (f"{L0}.quant_method.kernel.workspace", f"{L0}.g_idx_sort_indices"):
+        assert ("drifted", path) in got and ("unregistered", path) in got
+        assert ("freed", path) in got or ("reused", path) in got
+
+
+class FusedExperts:
+    """CUTLASS MoE strides on a nested experts object, c_strides2 aliasing ab_strides1
+    (vllm#41670)."""
+
+    def __init__(self, torch, k):
+        self.ab_strides1 = torch.full((D,), float(k), device="cuda")
+        self.ab_strides2 = torch.full((D,), float(k + 1), device="cuda")
+        self.c_strides1 = torch.full((D,), float(k + 2), device="cuda")
+        self.c_strides2 = self.ab_strides1
+
+
+class MoeKernel:
+    def __init__(self, torch, k):
+        self.fused_experts = FusedExperts(torch, k)
+
+
+class MoeMethod:
+    def __init__(self, torch, k):
+        self.moe_kernel = MoeKernel(torch, k)
+
+
+def test_cutlass_moe_strides_alias_rebuilt(cuda):
+    torch = cuda
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(D, D, device="cuda") * 0.05)
+            self.quant_method = MoeMethod(torch, 1)
+
+        def forward(self, x):
+            fe = self.quant_method.moe_kernel.fused_experts
+            h = x @ self.w
+            return h * fe.ab_strides1 + fe.ab_strides2 - fe.c_strides1 + fe.c_strides2
+
+    def reload(layer):
+        layer.quant_method = MoeMethod(torch, 5)  # the experts are rebuilt on reload
+
+    err, report = run(torch, "cutlass_moe", Experts(), reload)
+    assert wrong(err)
+    fe = f"{L0}.quant_method.moe_kernel.fused_experts"
+    got = kinds(report)
+    assert ("drifted", f"{fe}.ab_strides1 = {fe}.c_strides2") in got  # one finding, both owners
+    assert ("drifted", f"{fe}.ab_strides2") in got and ("drifted", f"{fe}.c_strides1") in got
+
+
+def test_machete_permutation_in_a_partial(cuda):
+    torch = cuda
+
+    def permute(h, perm):
+        return h.index_select(1, perm)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(D, D, bias=False, device="cuda")
+            self.act_perm = functools.partial(permute, perm=torch.randperm(D, device="cuda"))
+
+        def forward(self, x):
+            return self.proj(self.act_perm(x))
+
+    def reload(layer):
+        layer.act_perm = functools.partial(permute, perm=torch.randperm(D, device="cuda"))
+
+    err, report = run(torch, "machete_partial", Layer(), reload)
+    assert wrong(err)
+    got = kinds(report)
+    path = f'{L0}.act_perm.keywords["perm"]'
+    assert ("drifted", path) in got and ("unregistered", path) in got, got
+
+
+_COS_SIN_CACHE = {}
+
+
+def test_module_global_cache_is_unowned(cuda):
+    torch = cuda
+    _COS_SIN_CACHE["cos"] = torch.randn(D, device="cuda")
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(D, D, bias=False, device="cuda")
+
+        def forward(self, x):
+            return self.proj(x) * _COS_SIN_CACHE["cos"]
+
+    model = model_of(torch, Layer())
+    x = torch.randn(8, D, device="cuda")
+    g, y, manifest = capture(torch, model, x)
+    report = graphcheck.verify(manifest, allow=CUBLAS_WORKSPACE)
+    print(report)
+    save("corpus_module_global_manifest.json", manifest)
+    unowned = [f for f in report.findings if f.kind == "unowned"]
+    assert len(unowned) == 1 and all("mul" in k.name or "Mul" in k.name for k in unowned[0].kernels), report
+
+
+def test_freed_address_reused_by_another_owner(cuda):
+    torch = cuda
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(D, D, bias=False, device="cuda")
+            self.register_buffer("scale", torch.full((D,), 2.0, device="cuda"))
+
+        def forward(self, x):
+            return self.proj(x) * self.scale
+
+    def reload(layer):
+        new = torch.full((D,), 3.0, device="cuda")  # allocated before the old one is freed
+        layer.scale = new  # the buffer is rebound; its old storage is released
+        torch.cuda.synchronize()
+        layer.register_buffer("bias", torch.full((D,), 100.0, device="cuda"))  # takes the freed block
+
+    err, report = run(torch, "reused", Layer(), reload)
+    assert wrong(err)
+    got = kinds(report)
+    assert ("drifted", f"{L0}.scale") in got
+    assert ("reused", f"{L0}.scale") in got or ("freed", f"{L0}.scale") in got, got
+
+
+def test_clean_reload_in_place_is_clean(cuda):
+    torch = cuda
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(D, D, bias=False, device="cuda")
+            self.register_buffer("w_t", self.proj.weight.detach().t().contiguous(), persistent=False)
+
+        def forward(self, x):
+            return self.proj(x) + x @ self.w_t
+
+    def reload(layer):
+        layer.proj.weight.copy_(torch.randn_like(layer.proj.weight) * 0.05)
+        layer.w_t.copy_(layer.proj.weight.t())  # the derived buffer refreshed in place
+
+    err, report = run(torch, "clean_inplace", Layer(), reload)
+    assert err < 1e-3, "an in-place reload replays right"
+    assert kinds(report) == [], str(report)
