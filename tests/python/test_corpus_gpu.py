@@ -279,3 +279,56 @@ def test_clean_reload_in_place_is_clean(cuda):
     err, report = run(torch, "clean_inplace", Layer(), reload)
     assert err < 1e-3, "an in-place reload replays right"
     assert kinds(report) == [], str(report)
+
+
+def test_two_graphs_only_one_reads_the_drifted_tensor(cuda):
+    # Batch sizes 1 and 8 captured into one pool; only the bs=8 path reads `big_scale`
+    # (a plain attribute rebuilt on reload): the recapture set is decode_bs8 alone.
+    torch = cuda
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(D, D, bias=False, device="cuda")
+            self.big_scale = torch.full((D,), 2.0, device="cuda")
+
+        def forward(self, x):
+            h = self.proj(x)
+            return h * self.big_scale if x.shape[0] > 4 else h
+
+    model = model_of(torch, Layer())
+    layer = model.layers[0]
+    xs = {b: torch.randn(b, D, device="cuda") for b in (1, 8)}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(s):
+        for b in (1, 8):
+            layer(xs[b])
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    rec = gt.Recorder(model)
+    pool = torch.cuda.graph_pool_handle()
+    graphs, outs = {}, {}
+    for b in (1, 8):
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.no_grad(), gt.graph(g, recorder=rec, name=f"decode_bs{b}", pool=pool, inputs={"x": xs[b]}):
+            outs[b] = layer(xs[b])
+        graphs[b] = g
+    manifest = rec.manifest()
+    with torch.no_grad():
+        layer.big_scale = torch.full((D,), 5.0, device="cuda")
+    errs = {}
+    for b in (1, 8):
+        graphs[b].replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            errs[b] = (outs[b] - layer(xs[b])).abs().max().item()
+    live = gt.snapshot(model, manifest, event="reload: big_scale rebuilt", contents="updated")
+    report = graphcheck.verify(manifest, live, allow=CUBLAS_WORKSPACE)
+    print(f"\ntwo graphs: replay errors {errs}\n{report}")
+    save("corpus_two_graphs_manifest.json", manifest)
+    save("corpus_two_graphs_live.json", live)
+    assert errs[1] < 1e-3 and wrong(errs[8])
+    drifted = [f for f in report.findings if f.kind == "drifted"]
+    assert [f.subject for f in drifted] == [f"{L0}.big_scale"]
+    assert report.recapture() == ["decode_bs8"]
