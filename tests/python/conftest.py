@@ -71,3 +71,23 @@ def walked(*nodes):
     return json.dumps(
         {"node_counts": {"kernel": len(nodes)}, "unread": [], "nodes": list(nodes)}
     )
+
+
+def save_gpu_document(name, doc):
+    """Writes a manifest or live snapshot a GPU test made into $GRAPHCHECK_GPU_OUT, if set
+    (how fixtures/gpu/ was recorded)."""
+    out = os.environ.get("GRAPHCHECK_GPU_OUT")
+    if out:
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+
+
+#: torch's cuBLAS(Lt) workspace: graphs hold it (GEMMs, split-K reductions, the memset that
+#: clears it), no model owner reaches it; a real finding, allowed in the GPU tests by its
+#: kernels (the same entry as fixtures/gpu/cublas_workspace.allow.toml).
+CUBLAS_WORKSPACE = [{
+    "kernels": ["nvjet_*", "*gemm*", "*splitKreduce*", "cutlass::Kernel2*", "memset"],
+    "kinds": ["unowned"],
+    "reason": "torch's cuBLAS workspace: scratch torch keeps for the whole process",
+}]

@@ -5,13 +5,13 @@ manifests and live snapshots are written there for fixtures/gpu/.
 """
 
 import functools
-import json
 import os
 
 import pytest
 
 import graphcheck
 import graphcheck.torch as gt
+from conftest import CUBLAS_WORKSPACE, save_gpu_document as save
 
 GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
 D = 256
@@ -28,12 +28,6 @@ def cuda(torch):
     return torch
 
 
-def save(name, doc):
-    out = os.environ.get("GRAPHCHECK_GPU_OUT")
-    if out:
-        with open(os.path.join(out, name), "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
 
 
 def model_of(torch, layer):
@@ -65,13 +59,6 @@ def replay_error(torch, g, y, model, x):
     return (y.float() - expected.float()).abs().max().item()
 
 
-#: torch's cuBLAS(Lt) workspace: graphs hold it (GEMMs, split-K reductions, the memset that
-#: clears it), no model owner reaches it; a real finding, allowed here by its kernels.
-CUBLAS_WORKSPACE = [{
-    "kernels": ["nvjet_*", "*gemm*", "*splitKreduce*", "cutlass::Kernel2*", "memset"],
-    "kinds": ["unowned"],
-    "reason": "torch's cuBLAS workspace: scratch torch keeps for the whole process",
-}]
 
 
 def kinds(report):

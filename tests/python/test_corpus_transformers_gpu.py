@@ -5,29 +5,18 @@ An in-place `load_state_dict` reload must verify clean and replay right; rebindi
 derived tensor (the rotary `inv_freq`) must be caught and replay wrong. Opt-in
 (GRAPHCHECK_GPU_TESTS=1); GRAPHCHECK_GPU_OUT=DIR keeps the documents."""
 
-import json
 import os
 
 import pytest
 
 import graphcheck
 import graphcheck.torch as gt
+from conftest import CUBLAS_WORKSPACE, save_gpu_document as save
 
 GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
 LIVE_KINDS = {"drifted", "freed", "reused", "reshaped", "stale", "vanished"}
-CUBLAS_WORKSPACE = [{
-    "kernels": ["nvjet_*", "*gemm*", "*splitKreduce*", "cutlass::Kernel2*", "memset"],
-    "kinds": ["unowned"],
-    "reason": "torch's cuBLAS workspace: scratch torch keeps for the whole process",
-}]
 
 
-def save(name, doc):
-    out = os.environ.get("GRAPHCHECK_GPU_OUT")
-    if out:
-        with open(os.path.join(out, name), "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
 
 
 FAMILIES = {

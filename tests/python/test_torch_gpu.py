@@ -14,6 +14,7 @@ import pytest
 
 import graphcheck
 import graphcheck.torch as gt
+from conftest import save_gpu_document as save
 
 GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
 
@@ -27,12 +28,6 @@ def cuda(torch):
     return torch
 
 
-def save(name, doc):
-    out = os.environ.get("GRAPHCHECK_GPU_OUT")
-    if out:
-        with open(os.path.join(out, name), "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
 
 
 def make_model(torch, d=256):
