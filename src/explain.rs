@@ -186,10 +186,7 @@ fn pool_suffix(m: &Manifest, pool: Option<crate::format::PoolId>) -> String {
 }
 
 fn touch_target(m: &Manifest, og: &OwnershipGraph<'_>, t: &crate::format::Touch) -> String {
-    if let Some(ti) = t
-        .tensor
-        .and_then(|id| m.tensors.iter().position(|x| x.id == id))
-    {
+    if let Some(ti) = t.tensor.and_then(|id| og.tensor_index(id)) {
         let chains = og.owner_chains(ti);
         if chains.is_empty() {
             return format!("{} (tensor with no owner)", m.tensors[ti].layout());
@@ -202,7 +199,8 @@ fn touch_target(m: &Manifest, og: &OwnershipGraph<'_>, t: &crate::format::Touch)
     }
     match t
         .allocation
-        .and_then(|a| m.allocations.iter().find(|x| x.id == a))
+        .and_then(|a| og.allocation_index(a))
+        .map(|i| &m.allocations[i])
     {
         Some(a) => {
             let pool = a.pool.and_then(|p| m.pools.iter().find(|x| x.id == p));

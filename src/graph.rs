@@ -56,6 +56,8 @@ pub struct OwnershipGraph<'m> {
     kernel_nodes: Vec<Vec<NodeIndex>>,
     graph_nodes: Vec<NodeIndex>,
     alloc_nodes: Vec<NodeIndex>,
+    tensor_ix: HashMap<crate::format::TensorId, usize>,
+    alloc_ix: HashMap<crate::format::AllocationId, usize>,
 }
 
 impl<'m> OwnershipGraph<'m> {
@@ -97,6 +99,8 @@ impl<'m> OwnershipGraph<'m> {
             kernel_nodes: Vec::new(),
             graph_nodes: Vec::new(),
             alloc_nodes,
+            tensor_ix,
+            alloc_ix,
         };
         for o in &m.owners {
             let Ok(segs) = path::parse(&o.path) else {
@@ -116,7 +120,7 @@ impl<'m> OwnershipGraph<'m> {
                     }
                 };
             }
-            if let Some(&t) = tensor_ix.get(&o.tensor) {
+            if let Some(&t) = this.tensor_ix.get(&o.tensor) {
                 let tn = this.tensor_nodes[t];
                 this.graph.add_edge(parent, tn, EdgeW::Owns(o.registration));
             }
@@ -129,11 +133,11 @@ impl<'m> OwnershipGraph<'m> {
                 let kn = this.graph.add_node(NodeW::Kernel(gi as u32, ni as u32));
                 this.graph.add_edge(gn, kn, EdgeW::Contains);
                 for t in &node.touches {
-                    let target = match t.tensor.and_then(|id| tensor_ix.get(&id)) {
+                    let target = match t.tensor.and_then(|id| this.tensor_ix.get(&id)) {
                         Some(&ti) => Some(this.tensor_nodes[ti]),
                         None => t
                             .allocation
-                            .and_then(|a| alloc_ix.get(&a))
+                            .and_then(|a| this.alloc_ix.get(&a))
                             .map(|&a| this.alloc_nodes[a]),
                     };
                     if let Some(target) = target {
@@ -152,6 +156,16 @@ impl<'m> OwnershipGraph<'m> {
             this.kernel_nodes.push(ks);
         }
         this
+    }
+
+    /// The index (into the manifest's `tensors`) of a tensor id.
+    pub fn tensor_index(&self, id: crate::format::TensorId) -> Option<usize> {
+        self.tensor_ix.get(&id).copied()
+    }
+
+    /// The index (into the manifest's `allocations`) of an allocation id.
+    pub fn allocation_index(&self, id: crate::format::AllocationId) -> Option<usize> {
+        self.alloc_ix.get(&id).copied()
     }
 
     /// The owner path a hop node stands for.
