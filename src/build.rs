@@ -8,8 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use crate::format::{
-    Addr, Allocation, AllocationId, Digest, Frame, Graph, GraphId, Manifest, Node, NodeKind, Owner,
-    Pool, PoolId, PoolKind, Producer, Registration, SleepPolicy, Tensor, TensorId, Touch, Unread,
+    Addr, Allocation, AllocationId, Digest, Frame, Graph, GraphId, IgnoredReason, IgnoredWord,
+    Manifest, Node, NodeKind, Owner, Pool, PoolId, PoolKind, Producer, Registration, SleepPolicy,
+    Tensor, TensorId, Touch, Unread,
 };
 use crate::index::{AddressIndex, IntervalIndex};
 use crate::load::{Invalid, check_manifest};
@@ -104,6 +105,21 @@ pub struct ManifestBuilder {
     owners: Vec<Owner>,
     owner_paths: HashMap<String, TensorId>,
     graphs: Vec<(String, Option<PoolId>, WalkedGraph)>,
+    /// Memory the allocator holds free (`[start, end)`), for [`IgnoredReason::FreeMemory`].
+    free_ranges: Vec<(u64, u64)>,
+}
+
+/// Whether parameter `param` of the kernel `name` (demangled) is torch's by-value
+/// `TensorInfo`, whose words past the first (`data`) are `sizes`/`strides` indices.
+fn tensor_info_params(name: &str) -> Vec<bool> {
+    crate::demangle::param_types(name)
+        .map(|types| {
+            types
+                .iter()
+                .map(|t| t.starts_with("at::cuda::detail::TensorInfo<"))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 impl ManifestBuilder {
@@ -118,6 +134,16 @@ impl ManifestBuilder {
             owners: Vec::new(),
             owner_paths: HashMap::new(),
             graphs: Vec::new(),
+            free_ranges: Vec::new(),
+        }
+    }
+
+    /// Declares `[base, base + size)` free in the allocator now (a free block of a segment):
+    /// a word inside a by-value struct that points there and names no tensor is stale bytes,
+    /// not an address a kernel reads ([`IgnoredReason::FreeMemory`]).
+    pub fn add_free_range(&mut self, base: Addr, size: u64) {
+        if size > 0 {
+            self.free_ranges.push((base.0, base.0.saturating_add(size)));
         }
     }
 
@@ -313,6 +339,21 @@ impl ManifestBuilder {
                 .map(|i| tensors[i].id)
         };
 
+        let mut free = self.free_ranges;
+        free.sort_unstable();
+        let in_free = |a: u64| {
+            let i = free.partition_point(|r| r.0 <= a);
+            i > 0 && a < free[i - 1].1
+        };
+        let pool_kinds: Vec<PoolKind> = self.pools.iter().map(|p| p.kind).collect();
+        let in_graph_pool = |a: u64| {
+            pool_index
+                .stab_vec(a)
+                .iter()
+                .any(|p| pool_kinds.get(p.0 as usize) == Some(&PoolKind::Graph))
+        };
+        let mut info_params: HashMap<String, Vec<bool>> = HashMap::new();
+
         let graphs = self
             .graphs
             .into_iter()
@@ -326,27 +367,56 @@ impl ManifestBuilder {
                 nodes: walked
                     .nodes
                     .into_iter()
-                    .map(|n| Node {
-                        index: n.index,
-                        kind: n.kind,
-                        name: n.name,
-                        grid: n.grid,
-                        block: n.block,
-                        parent: n.parent,
-                        opaque: n.opaque,
-                        touches: n
-                            .words
-                            .into_iter()
-                            .map(|w| Touch {
-                                param: w.param,
-                                offset: w.offset,
-                                addr: w.addr,
-                                tensor: resolve(w.addr),
-                                allocation: w
-                                    .allocation
-                                    .and_then(|(b, _)| by_base.get(&b).copied()),
-                            })
-                            .collect(),
+                    .map(|n| {
+                        let infos = info_params
+                            .entry(n.name.clone())
+                            .or_insert_with(|| tensor_info_params(&n.name));
+                        let mut touches = Vec::with_capacity(n.words.len());
+                        let mut ignored = Vec::new();
+                        for w in n.words {
+                            let tensor = resolve(w.addr);
+                            let reason = if w.offset > 0
+                                && infos.get(w.param as usize).copied().unwrap_or(false)
+                            {
+                                Some(IgnoredReason::IndexSlot)
+                            } else if w.offset > 0
+                                && tensor.is_none()
+                                && in_free(w.addr.0)
+                                && !in_graph_pool(w.addr.0)
+                            {
+                                Some(IgnoredReason::FreeMemory)
+                            } else {
+                                None
+                            };
+                            match reason {
+                                Some(reason) => ignored.push(IgnoredWord {
+                                    param: w.param,
+                                    offset: w.offset,
+                                    addr: w.addr,
+                                    reason,
+                                }),
+                                None => touches.push(Touch {
+                                    param: w.param,
+                                    offset: w.offset,
+                                    addr: w.addr,
+                                    tensor,
+                                    allocation: w
+                                        .allocation
+                                        .and_then(|(b, _)| by_base.get(&b).copied()),
+                                }),
+                            }
+                        }
+                        Node {
+                            index: n.index,
+                            kind: n.kind,
+                            name: n.name,
+                            grid: n.grid,
+                            block: n.block,
+                            parent: n.parent,
+                            opaque: n.opaque,
+                            touches,
+                            ignored,
+                        }
                     })
                     .collect(),
             })
@@ -462,5 +532,110 @@ mod tests {
             "{:?}",
             r.findings
         );
+    }
+
+    fn one_node(name: &str, words: Vec<RawWord>) -> WalkedGraph {
+        WalkedGraph {
+            node_counts: BTreeMap::from([("kernel".into(), 1)]),
+            unread: vec![],
+            nodes: vec![WalkedNode {
+                index: 0,
+                kind: NodeKind::Kernel,
+                name: name.into(),
+                grid: None,
+                block: None,
+                parent: None,
+                opaque: None,
+                words,
+            }],
+        }
+    }
+
+    /// Guards the Qwen3 false `unowned` (fixtures/gpu/corpus_qwen3_*): stale bytes in the
+    /// unused `strides` slots of a by-value TensorInfo are not touches.
+    #[test]
+    fn tensor_info_index_slots_are_ignored_by_the_kernel_signature() {
+        let mut b = ManifestBuilder::new(producer());
+        let idx = b.add_tensor(spec(0x10_0000, 0, 0x100, 0x100)).unwrap();
+        b.add_owner("model.idx", idx, Registration::Buffer, None)
+            .unwrap();
+        let name = "void at::native::(anonymous namespace)::indexSelectSmallIndex<float, long, unsigned int, 2, 2, -2>(at::cuda::detail::TensorInfo<float, unsigned int>, at::cuda::detail::TensorInfo<float const, unsigned int>, at::cuda::detail::TensorInfo<long const, unsigned int>, int, int, unsigned int, long)";
+        let seg = Some((0x10_0000, 0x20_0000));
+        let stale = Some((0x80_0000, 0x20_0000));
+        b.add_graph(
+            "g",
+            None,
+            one_node(
+                name,
+                vec![
+                    word(2, 0, 0x10_0000, seg),     // data: the index tensor
+                    word(2, 176, 0x80_0000, stale), // strides[17]: stale bytes
+                    word(2, 192, 0x80_0000, stale),
+                ],
+            ),
+        );
+        let m = b.finish().unwrap();
+        let n = &m.graphs[0].nodes[0];
+        assert_eq!(n.touches.len(), 1);
+        assert_eq!(n.touches[0].tensor, Some(idx));
+        assert_eq!(
+            n.ignored
+                .iter()
+                .map(|w| (w.offset, w.reason))
+                .collect::<Vec<_>>(),
+            [
+                (176, IgnoredReason::IndexSlot),
+                (192, IgnoredReason::IndexSlot)
+            ]
+        );
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+    }
+
+    /// Guards the false `unowned` of torch's elementwise kernels (OffsetCalculator sets only
+    /// `dims` of its slots): a struct word into free memory that names no tensor is ignored;
+    /// one into live memory, into a graph pool, or at offset 0 is still a touch.
+    #[test]
+    fn struct_words_into_free_memory_are_ignored() {
+        let mut b = ManifestBuilder::new(producer());
+        let graph_pool = b.add_pool("graph", PoolKind::Graph, SleepPolicy::Untouched);
+        b.add_pool_range(Addr(0x40_0000), 0x20_0000, graph_pool)
+            .unwrap();
+        let x = b.add_tensor(spec(0x10_0000, 0, 0x100, 0x100)).unwrap();
+        b.add_owner("model.x", x, Registration::Buffer, None)
+            .unwrap();
+        b.add_free_range(Addr(0x80_0000), 0x10_0000); // a free block of a default segment
+        b.add_free_range(Addr(0x10_0000), 0x20_0000); // stale range over x: x still wins
+        b.add_free_range(Addr(0x40_0000), 0x1000); // free in the graph pool
+        let lambda = "void at::native::elementwise_kernel<128, 2, F>(int, F)";
+        let (seg, free_seg, gp) = (
+            Some((0x10_0000, 0x20_0000)),
+            Some((0x80_0000, 0x20_0000)),
+            Some((0x40_0000, 0x20_0000)),
+        );
+        b.add_graph(
+            "g",
+            Some(graph_pool),
+            one_node(
+                lambda,
+                vec![
+                    word(1, 40, 0x81_0000, free_seg), // stale: ignored
+                    word(1, 48, 0x90_0000, free_seg), // past the free block: a live block
+                    word(1, 0, 0x80_0100, free_seg),  // offset 0: kept
+                    word(1, 608, 0x10_0000, seg),     // x
+                    word(1, 616, 0x40_0000, gp),      // graph-pool intermediate
+                ],
+            ),
+        );
+        let m = b.finish().unwrap();
+        let n = &m.graphs[0].nodes[0];
+        let kept: Vec<u32> = n.touches.iter().map(|t| t.offset).collect();
+        assert_eq!(kept, [48, 0, 608, 616]);
+        assert_eq!(n.ignored.len(), 1);
+        assert_eq!(
+            (n.ignored[0].offset, n.ignored[0].reason),
+            (40, IgnoredReason::FreeMemory)
+        );
+        assert_eq!(n.touches[2].tensor, Some(x));
     }
 }

@@ -499,6 +499,31 @@ pub struct Touch {
     pub allocation: Option<AllocationId>,
 }
 
+/// Why a word that looked like a device address is not a touch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum IgnoredReason {
+    /// The word is in the `sizes`/`strides` arrays of a by-value
+    /// `at::cuda::detail::TensorInfo` (its type, from the kernel's signature): indices,
+    /// never addresses; torch leaves the slots beyond the tensor's dimensions unset.
+    IndexSlot,
+    /// The word is inside a by-value struct (offset > 0), names no tensor, and points into
+    /// memory the caching allocator held free, outside any graph pool, when the manifest
+    /// was built: stale bytes in an unset slot (torch's `OffsetCalculator` sets only
+    /// `dims` of its 25 entries), which no correct kernel reads.
+    FreeMemory,
+}
+
+/// A parameter word that held a device address but is not a touch (`docs/findings.md`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct IgnoredWord {
+    pub param: u32,
+    pub offset: u32,
+    pub addr: Addr,
+    pub reason: IgnoredReason,
+}
+
 /// One node of a captured graph that holds addresses.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Node {
@@ -519,6 +544,10 @@ pub struct Node {
     pub opaque: Option<String>,
     #[serde(default)]
     pub touches: Vec<Touch>,
+    /// Words that looked like addresses but are not touches, and why; kept so that nothing
+    /// is dropped silently.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<IgnoredWord>,
 }
 
 /// A node whose type graphcheck does not read, counted so that nothing is skipped silently.

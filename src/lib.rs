@@ -1,7 +1,8 @@
 //! graphcheck's core: the manifest format, the address index, the ownership graph, and
 //! the verify / explain / show / diff logic over them. No CLI, no Python, no GPU here;
 //! the CUDA walker lives behind the `cuda` feature.
-// Unsafe code is denied everywhere but in the fenced driver layer, `cuda::driver`.
+// Unsafe code is denied everywhere but in the fenced driver layer, `cuda::driver` and
+// `cuda::vmm`.
 #![deny(unsafe_code)]
 
 pub mod allow;
@@ -20,6 +21,7 @@ pub mod load;
 pub mod normalize;
 pub mod path;
 pub mod report;
+pub mod sleep;
 #[cfg(test)]
 mod testkit;
 pub mod text;

@@ -129,6 +129,7 @@ pub fn manifest() -> Manifest {
         parent: None,
         opaque: None,
         touches,
+        ignored: Vec::new(),
     };
     m.graphs = vec![
         Graph {

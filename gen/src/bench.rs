@@ -456,6 +456,7 @@ fn build_graphs(
                 parent: None,
                 opaque: None,
                 touches,
+                ignored: Vec::new(),
             });
         }
         graphs.push(Graph {

@@ -393,6 +393,7 @@ impl Doc {
             parent: None,
             opaque: None,
             touches,
+            ignored: Vec::new(),
         });
     }
 

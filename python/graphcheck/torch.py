@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from . import GraphcheckError, __version__, _native, load
+from .sleep import SleepAllocator, SleepError, SleepOutOfMemoryError, allocator as sleep_allocator
+from .sleep import sleep, sleep_pool, wake
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -88,6 +90,13 @@ __all__ = [
     "instrumented",
     "register_model",
     "uninstrument",
+    "SleepAllocator",
+    "SleepError",
+    "SleepOutOfMemoryError",
+    "sleep",
+    "sleep_allocator",
+    "sleep_pool",
+    "wake",
 ]
 
 #: Hops of non-module objects and containers followed from each module.
@@ -1299,15 +1308,22 @@ class Recorder:
         raw_segments = _memory_segments()
         tensors = reg.tensor_specs(self.digests)
         _AllocSites(raw_segments).annotate(tensors, reg.tensors)
+        free_ranges = []
         for seg in _cuda_segments(raw_segments):
             if seg.pool in self._pool_by_key:
                 pool_ranges.append(
                     {"base": hex(seg.base), "size": seg.size, "pool": self._pool_by_key[seg.pool]}
                 )
+            # Free blocks: a word in a by-value struct pointing here is stale bytes (the
+            # core's IgnoredReason::FreeMemory); graph pools are left out by the core.
+            free_ranges.extend(
+                {"base": hex(b[0]), "size": b[1]} for b in seg.blocks if b[2] == "inactive"
+            )
         return {
             "producer": _producer(self.producer),
             "pools": self._pools,
             "pool_ranges": pool_ranges,
+            "free_ranges": free_ranges,
             "tensors": tensors,
             "owners": reg.owner_specs(),
             "graphs": self._graphs,

@@ -19,6 +19,10 @@ use graphcheck::load::{self as loader, Tables};
 use graphcheck::normalize::Symbolizer;
 use graphcheck::path::Glob;
 use graphcheck::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
+// The sleep allocator's exported malloc/free symbols (`#[unsafe(no_mangle)]`).
+#[allow(unsafe_code)]
+mod sleep;
+
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -368,6 +372,9 @@ struct BuildSpec {
     pool_ranges: Vec<PoolRange>,
     #[serde(default)]
     allocations: Vec<AllocationSpec>,
+    /// Free blocks of the allocator's segments (`base`, `size`) when the spec was made.
+    #[serde(default)]
+    free_ranges: Vec<AllocationSpec>,
     #[serde(default)]
     tensors: Vec<TensorSpec>,
     #[serde(default)]
@@ -441,6 +448,9 @@ fn build(spec: &[u8], walked: &[std::sync::Arc<WalkedGraph>]) -> Result<String, 
     }
     for a in &spec.allocations {
         b.add_allocation(a.base, a.size);
+    }
+    for r in &spec.free_ranges {
+        b.add_free_range(r.base, r.size);
     }
     // Equal views collapse into one tensor; owners refer to spec positions.
     let mut ids: Vec<TensorId> = Vec::with_capacity(spec.tensors.len());
@@ -649,5 +659,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(glob_match, m)?)?;
     m.add_function(wrap_pyfunction!(check_path, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
+    sleep::register(m)?;
     Ok(())
 }

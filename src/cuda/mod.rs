@@ -1,10 +1,12 @@
 //! The CUDA side (feature `cuda`): reading captured graphs through the driver API, and
-//! capturing graphs from Rust programs on cudarc streams. The only unsafe code of the
-//! crate is in [`driver`].
+//! capturing graphs from Rust programs on cudarc streams; the sleep allocator's
+//! virtual-memory backend. The only unsafe code of the crate is in [`driver`] and [`vmm`].
 
 pub mod capture;
 #[allow(unsafe_code)]
 pub mod driver;
+#[allow(unsafe_code)]
+pub mod vmm;
 pub mod walk;
 
 pub use driver::GraphRef;

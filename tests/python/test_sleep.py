@@ -1,0 +1,80 @@
+"""The sleep allocator's Python surface without a GPU: the exported C symbols torch's
+CUDAPluggableAllocator loads, the per-thread tag, and the errors where there is no CUDA
+driver. The allocator itself is tested by `src/sleep.rs` (state machine, over host memory)
+and on the GPU by test_sleep_gpu.py."""
+
+import ctypes
+import threading
+
+import pytest
+
+import graphcheck
+import graphcheck.sleep as gs
+from graphcheck import _native
+
+
+def test_the_native_library_exports_the_allocator_symbols():
+    lib = ctypes.CDLL(_native.__file__)
+    assert _native.SLEEP_MALLOC_SYMBOL == "graphcheck_sleep_malloc"
+    assert _native.SLEEP_FREE_SYMBOL == "graphcheck_sleep_free"
+    assert getattr(lib, _native.SLEEP_MALLOC_SYMBOL)
+    assert getattr(lib, _native.SLEEP_FREE_SYMBOL)
+
+
+def test_sleep_errors_are_graphcheck_errors():
+    assert issubclass(gs.SleepError, graphcheck.GraphcheckError)
+    assert issubclass(gs.SleepOutOfMemoryError, gs.SleepError)
+
+
+def test_the_tag_is_per_thread_and_restored():
+    assert _native.sleep_tag() is None
+    assert _native.sleep_set_tag("weights") is None
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(_native.sleep_tag()))
+    t.start()
+    t.join()
+    assert seen == [None], "another thread does not see this thread's tag"
+    assert _native.sleep_set_tag("kv_cache") == "weights"
+    assert _native.sleep_set_tag(None) == "kv_cache"
+    with pytest.raises(gs.SleepError, match="non-empty"):
+        _native.sleep_set_tag("")
+
+
+def test_bad_poison_is_refused_before_touching_the_allocator():
+    with pytest.raises(gs.SleepError, match="poison is `nan`, `zeros`, `none` or a byte"):
+        _native.sleep_wake(None, "purple")
+
+
+def _has_driver():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_has_driver(), reason="this machine has a CUDA driver: test_sleep_gpu.py covers it")
+def test_without_a_driver_malloc_returns_null_and_says_why():
+    lib = ctypes.CDLL(_native.__file__)
+    malloc = getattr(lib, _native.SLEEP_MALLOC_SYMBOL)
+    malloc.restype = ctypes.c_void_p
+    malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    assert malloc(1 << 20, 0, None) is None
+    assert "no CUDA driver" in _native.sleep_take_error()
+    assert _native.sleep_take_error() is None, "the error is taken once"
+    with pytest.raises(gs.SleepError, match="no CUDA driver"):
+        _native.sleep_level()
+
+
+def test_the_allocator_needs_cuda(torch):
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here: test_sleep_gpu.py covers the allocator")
+    with pytest.raises(gs.SleepError, match="needs CUDA"):
+        gs.SleepAllocator()
+
+
+def test_graphcheck_torch_exports_the_sleep_api():
+    import graphcheck.torch as gt
+
+    for name in ("sleep_pool", "sleep", "wake", "sleep_allocator", "SleepError"):
+        assert name in gt.__all__ and hasattr(gt, name)
