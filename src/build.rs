@@ -109,17 +109,63 @@ pub struct ManifestBuilder {
     free_ranges: Vec<(u64, u64)>,
 }
 
-/// Whether parameter `param` of the kernel `name` (demangled) is torch's by-value
-/// `TensorInfo`, whose words past the first (`data`) are `sizes`/`strides` indices.
-fn tensor_info_params(name: &str) -> Vec<bool> {
+/// What the kernel signature says about a parameter's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ParamLayout {
+    /// Nothing known: every word is a candidate address.
+    Opaque,
+    /// torch's `at::cuda::detail::TensorInfo`: `data` at offset 0, then `sizes` and
+    /// `strides` (indices).
+    TensorInfo,
+    /// torch's `OffsetCalculator`: dims, divisors and strides, never an address.
+    OffsetCalculator,
+    /// The closure `gpu_kernel_impl(_nocast)` hands `elementwise_kernel`: an
+    /// `OffsetCalculator<N>` first, then the `std::array<char*, N>` of operand pointers.
+    ElementwiseClosure,
+}
+
+/// The layout of each parameter of the kernel `name` (demangled), from its signature.
+fn param_layouts(name: &str) -> Vec<ParamLayout> {
     crate::demangle::param_types(name)
         .map(|types| {
             types
                 .iter()
-                .map(|t| t.starts_with("at::cuda::detail::TensorInfo<"))
+                .map(|t| {
+                    if t.starts_with("at::cuda::detail::TensorInfo<") {
+                        ParamLayout::TensorInfo
+                    } else if t.starts_with("OffsetCalculator<")
+                        || t.starts_with("at::native::OffsetCalculator<")
+                    {
+                        ParamLayout::OffsetCalculator
+                    } else if t.contains("gpu_kernel_impl") && t.ends_with("::{lambda(int)#1}") {
+                        ParamLayout::ElementwiseClosure
+                    } else {
+                        ParamLayout::Opaque
+                    }
+                })
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// `OffsetCalculator<N, uint32_t>` on CUDA: `int dims`, 25 `IntDivider<uint32_t>` (12
+/// bytes each), `uint32_t strides[25][N]`, padded to 8 bytes.
+fn offset_calculator_size(n: u32) -> u32 {
+    (4 + 25 * 12 + 25 * 4 * n).div_ceil(8) * 8
+}
+
+/// Where the operand pointers of an elementwise closure start, found from the words
+/// themselves: the `N` words at `offset_calculator_size(N)`, `+ 8`, … are all present.
+/// Everything before is the calculator. `None` where no `N` fits (a layout we do not know).
+fn closure_data_offset(offsets: &[u32]) -> Option<u32> {
+    (1..=16)
+        .map(offset_calculator_size)
+        .zip(1u32..)
+        .find_map(|(start, n)| {
+            (0..n)
+                .all(|i| offsets.contains(&(start + 8 * i)))
+                .then_some(start)
+        })
 }
 
 impl ManifestBuilder {
@@ -352,7 +398,7 @@ impl ManifestBuilder {
                 .iter()
                 .any(|p| pool_kinds.get(p.0 as usize) == Some(&PoolKind::Graph))
         };
-        let mut info_params: HashMap<String, Vec<bool>> = HashMap::new();
+        let mut layouts_of: HashMap<String, Vec<ParamLayout>> = HashMap::new();
 
         let graphs = self
             .graphs
@@ -368,16 +414,41 @@ impl ManifestBuilder {
                     .nodes
                     .into_iter()
                     .map(|n| {
-                        let infos = info_params
+                        let layouts = layouts_of
                             .entry(n.name.clone())
-                            .or_insert_with(|| tensor_info_params(&n.name));
+                            .or_insert_with(|| param_layouts(&n.name));
+                        // Per closure parameter: where its operand pointers start.
+                        let mut data_start: HashMap<u32, Option<u32>> = HashMap::new();
+                        for (p, l) in layouts.iter().enumerate() {
+                            if *l == ParamLayout::ElementwiseClosure {
+                                let offsets: Vec<u32> = n
+                                    .words
+                                    .iter()
+                                    .filter(|w| w.param == p as u32)
+                                    .map(|w| w.offset)
+                                    .collect();
+                                data_start.insert(p as u32, closure_data_offset(&offsets));
+                            }
+                        }
                         let mut touches = Vec::with_capacity(n.words.len());
                         let mut ignored = Vec::new();
                         for w in n.words {
                             let tensor = resolve(w.addr);
-                            let reason = if w.offset > 0
-                                && infos.get(w.param as usize).copied().unwrap_or(false)
+                            let index_slot = match layouts
+                                .get(w.param as usize)
+                                .copied()
+                                .unwrap_or(ParamLayout::Opaque)
                             {
+                                ParamLayout::Opaque => false,
+                                ParamLayout::TensorInfo => w.offset > 0,
+                                ParamLayout::OffsetCalculator => true,
+                                ParamLayout::ElementwiseClosure => data_start
+                                    .get(&w.param)
+                                    .copied()
+                                    .flatten()
+                                    .is_some_and(|start| w.offset < start),
+                            };
+                            let reason = if index_slot {
                                 Some(IgnoredReason::IndexSlot)
                             } else if w.offset > 0
                                 && tensor.is_none()
@@ -637,5 +708,56 @@ mod tests {
             (40, IgnoredReason::FreeMemory)
         );
         assert_eq!(n.touches[2].tensor, Some(x));
+    }
+
+    /// Guards the false `unowned` of torch's elementwise kernels on Qwen3's decode step
+    /// (fixtures/gpu/corpus_qwen3_decode_*): stale bytes in the unset slots of the
+    /// closure's `OffsetCalculator<3>` (param 1, offset 560) pointed at a live segment.
+    #[test]
+    fn elementwise_closure_index_slots_are_found_from_the_operand_array() {
+        let closure = "void at::native::gpu_kernel_impl_nocast<at::native::(anonymous namespace)::CompareFunctor<long> >(at::TensorIteratorBase&, at::native::(anonymous namespace)::CompareFunctor<long> const&)::{lambda(int)#1}";
+        let name =
+            format!("void at::native::elementwise_kernel<128, 4, {closure}>(int, {closure})");
+        assert_eq!(offset_calculator_size(3), 608);
+        assert_eq!(closure_data_offset(&[560, 608, 616, 624]), Some(608));
+        assert_eq!(closure_data_offset(&[504, 512]), Some(504)); // N = 2
+        assert_eq!(closure_data_offset(&[560, 600]), None); // no layout fits: keep all
+        let mut b = ManifestBuilder::new(producer());
+        let x = b.add_tensor(spec(0x10_0000, 0, 0x100, 0x100)).unwrap();
+        b.add_owner("model.x", x, Registration::Buffer, None)
+            .unwrap();
+        let live = Some((0x80_0000, 0x20_0000)); // a live segment: the free rule cannot help
+        let seg = Some((0x10_0000, 0x20_0000));
+        let words = vec![
+            word(1, 560, 0x80_0000, live),
+            word(1, 608, 0x10_0000, seg),
+            word(1, 616, 0x10_0000, seg),
+            word(1, 624, 0x10_0000, seg),
+        ];
+        b.add_graph("g", None, one_node(&name, words));
+        let unrolled = "void at::native::unrolled_elementwise_kernel<F, std::array<char*, 2ul>, OffsetCalculator<1, unsigned int, false>, OffsetCalculator<1, unsigned int, false>, L, S>(int, F, std::array<char*, 2ul>, OffsetCalculator<1, unsigned int, false>, OffsetCalculator<1, unsigned int, false>, L, S)";
+        b.add_graph(
+            "h",
+            None,
+            one_node(
+                unrolled,
+                vec![word(2, 0, 0x10_0000, seg), word(3, 16, 0x80_0000, live)],
+            ),
+        );
+        let m = b.finish().unwrap();
+        let n = &m.graphs[0].nodes[0];
+        assert_eq!(
+            n.touches.iter().map(|t| t.offset).collect::<Vec<_>>(),
+            [608, 616, 624]
+        );
+        assert_eq!(
+            (n.ignored[0].offset, n.ignored[0].reason),
+            (560, IgnoredReason::IndexSlot)
+        );
+        let h = &m.graphs[1].nodes[0];
+        assert_eq!((h.touches.len(), h.ignored.len()), (1, 1));
+        assert_eq!(h.ignored[0].param, 3);
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
     }
 }

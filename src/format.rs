@@ -504,9 +504,11 @@ pub struct Touch {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum IgnoredReason {
-    /// The word is in the `sizes`/`strides` arrays of a by-value
-    /// `at::cuda::detail::TensorInfo` (its type, from the kernel's signature): indices,
-    /// never addresses; torch leaves the slots beyond the tensor's dimensions unset.
+    /// The word is in the index part of a by-value struct whose layout the kernel's
+    /// signature gives: the `sizes`/`strides` of torch's `TensorInfo`, or an
+    /// `OffsetCalculator` (alone, or at the head of an elementwise kernel's closure).
+    /// Indices, never addresses; torch leaves the slots beyond the tensor's dimensions
+    /// unset, so they hold stale bytes.
     IndexSlot,
     /// The word is inside a by-value struct (offset > 0), names no tensor, and points into
     /// memory the caching allocator held free, outside any graph pool, when the manifest

@@ -389,6 +389,18 @@ pub fn normalized_manifest(m: &Manifest) -> String {
                     target
                 );
             }
+            // Stale words: where they were and why, not what they held (garbage).
+            for w in &n.ignored {
+                let reason = match w.reason {
+                    crate::format::IgnoredReason::IndexSlot => "index slot",
+                    crate::format::IgnoredReason::FreeMemory => "into free memory",
+                };
+                let _ = writeln!(
+                    out,
+                    "      param {} +{}: ignored ({reason})",
+                    w.param, w.offset
+                );
+            }
         }
     }
     out.push_str("tensors:\n");
