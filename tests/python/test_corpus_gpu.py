@@ -197,6 +197,45 @@ def test_machete_permutation_in_a_partial(cuda):
     assert ("drifted", path) in got and ("unregistered", path) in got, got
 
 
+
+def test_mla_absorbed_weights_rebound_by_reload(cuda):
+    """MLA (DeepSeek-style): `W_UK_T` and `W_UV` derived from `kv_b_proj.weight` after
+    loading and kept as plain attributes; a reload with new weights copies the weight in
+    place but rebuilds the derived pair at new addresses (vllm#48438's MLA case)."""
+    torch = cuda
+    R, H = 64, 4  # latent rank, heads
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kv_b_proj = torch.nn.Linear(R, 2 * H * (D // H), bias=False, device="cuda")
+            self.q_proj = torch.nn.Linear(D, R, bias=False, device="cuda")
+            self.process_weights_after_loading()
+
+        def process_weights_after_loading(self):
+            # Copies, as vLLM's are where the weight is dequantized first.
+            w = self.kv_b_proj.weight.detach().view(2, D, R)
+            self.W_UK_T = w[0].t().contiguous()  # (R, D)
+            self.W_UV = w[1].t().contiguous()  # (R, D)
+
+        def forward(self, x):
+            latent = self.q_proj(x)  # (B, R)
+            k = latent @ self.W_UK_T  # (B, D)
+            return (k * x) @ self.W_UV.t() @ self.W_UK_T
+
+    def reload(layer):
+        layer.kv_b_proj.weight.copy_(torch.randn_like(layer.kv_b_proj.weight) * 0.05)
+        layer.process_weights_after_loading()
+
+    err, report = run(torch, "mla", Attention(), reload)
+    assert wrong(err)
+    got = kinds(report)
+    for path in (f"{L0}.W_UK_T", f"{L0}.W_UV"):
+        assert ("drifted", path) in got and ("unregistered", path) in got, got
+        assert ("freed", path) in got or ("reused", path) in got, got
+    assert not [k for k in got if k[0] in ("drifted", "freed") and "kv_b_proj" in k[1]], got
+
+
 _COS_SIN_CACHE = {}
 
 

@@ -287,6 +287,32 @@ def test_bad_use_raises_and_leaves_the_state_consistent(sleeper, torch):
     del w
 
 
+
+def test_tags_are_per_thread_under_concurrent_allocation(sleeper, torch):
+    import threading
+
+    alloc = sleeper
+    out = {}
+    barrier = threading.Barrier(2)
+
+    def work(tag):
+        with gs.sleep_pool(tag):
+            barrier.wait()  # both threads allocate at once, each under its own tag
+            out[tag] = [torch.empty(3 << 20, device="cuda") for _ in range(8)]  # 12 MiB each
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in ("thread_a", "thread_b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    allocs = alloc.allocations()
+    for tag, tensors in out.items():
+        for t in tensors:
+            holders = [a.tag for a in allocs if a.base <= t.data_ptr() < a.base + a.size]
+            assert holders == [tag]
+    del out
+
+
 def test_teardown_returns_every_byte(sleeper, torch):
     alloc = sleeper
     gc.collect()
