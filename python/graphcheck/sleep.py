@@ -25,6 +25,7 @@ side by side with vLLM's ``CuMemAllocator``.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
 from typing import Iterable, Iterator, NamedTuple, Optional, Sequence, Union
@@ -104,12 +105,19 @@ class SleepAllocator:
         """Allocates under ``tag`` on this thread inside the block; yields the MemPool."""
         torch = _torch()
         mempool = self.mempool(tag)
+        # Expandable segments do not work with a pluggable allocator's pool
+        # (pytorch/pytorch#147851): off inside the block, as vLLM does.
+        expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if expandable:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:False")
         previous = _native.sleep_set_tag(tag)
         try:
             with torch.cuda.use_mem_pool(mempool):
                 yield mempool
         finally:
             _native.sleep_set_tag(previous)
+            if expandable:
+                torch.cuda.memory._set_allocator_settings("expandable_segments:True")
         self._warn_allocation_error()
 
     def release_pool(self, tag: str) -> None:
