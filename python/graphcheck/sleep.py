@@ -118,7 +118,7 @@ class SleepAllocator:
             _native.sleep_set_tag(previous)
             if expandable:
                 torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-        self._warn_allocation_error()
+            self._warn_allocation_error()
 
     def release_pool(self, tag: str) -> None:
         """Drops ``tag``'s MemPool so that torch gives its memory back once no tensor uses
