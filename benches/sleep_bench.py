@@ -88,7 +88,8 @@ def bench(gib: int, reps: int) -> dict:
         "level1_over_baseline": l1_rt / base_rt,
         "cold_level1_over_baseline": (cold["l1_sleep"] + cold["l1_wake"]) / (cold["base_out"] + cold["base_in"]),
     }
-    del ours, base, hosts, check
+    for held in (ours, base, hosts, *check):
+        held.clear()
     alloc.release_pool("weights")
     alloc.release_host_cache()
     return out

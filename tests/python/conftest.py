@@ -23,6 +23,10 @@ except ImportError as e:  # pragma: no cover - a broken setup, not a test result
     ) from e
 
 
+#: GPU tests run only where this is set (on a machine with CUDA); elsewhere they skip.
+GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
+
+
 @pytest.fixture(scope="session")
 def torch():
     """PyTorch; the test is skipped, with the reason shown, where it is not installed."""
@@ -34,6 +38,30 @@ def torch():
             "ci/install-tools.sh installs it"
         )
     return t
+
+
+@pytest.fixture
+def cuda(torch):
+    """torch on a GPU machine with GRAPHCHECK_GPU_TESTS=1, seeded; the test is skipped,
+    saying why, elsewhere, and fails where the switch is on but torch sees no GPU."""
+    if not GPU:
+        pytest.skip("GPU tests are opt-in: set GRAPHCHECK_GPU_TESTS=1 on a machine with CUDA")
+    if not torch.cuda.is_available():
+        pytest.fail("GRAPHCHECK_GPU_TESTS=1 but torch sees no CUDA device")
+    torch.manual_seed(0)
+    return torch
+
+
+def warm_up(torch, fn, times=2):
+    """Runs ``fn`` on a side stream ``times`` times, as torch asks before a capture (lazy
+    initialisation, cuBLAS handles, autotuning happen here and not in the graph)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(s):
+        for _ in range(times):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
 
 
 def rust_binary():

@@ -5,27 +5,15 @@ manifests and live snapshots are written there for fixtures/gpu/.
 """
 
 import functools
-import os
-
-import pytest
 
 import graphcheck
 import graphcheck.torch as gt
-from conftest import CUBLAS_WORKSPACE, save_gpu_document as save
+from conftest import CUBLAS_WORKSPACE, save_gpu_document as save, warm_up
 
-GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
 D = 256
 L0 = "model.layers[0]"
 
 
-@pytest.fixture
-def cuda(torch):
-    if not GPU:
-        pytest.skip("GPU tests are opt-in: set GRAPHCHECK_GPU_TESTS=1 on a machine with CUDA")
-    if not torch.cuda.is_available():
-        pytest.fail("GRAPHCHECK_GPU_TESTS=1 but torch sees no CUDA device")
-    torch.manual_seed(0)
-    return torch
 
 
 
@@ -38,13 +26,7 @@ def model_of(torch, layer):
 
 def capture(torch, model, x):
     layer = model.layers[0]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(s):
-        for _ in range(2):
-            layer(x)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_up(torch, lambda: layer(x))
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.no_grad(), gt.graph(g, model=model, name="decode_bs8", inputs={"x": x}) as rec:
         y = layer(x)

@@ -5,15 +5,11 @@ a touch and resolved to its owner. Opt-in (GRAPHCHECK_GPU_TESTS=1); GRAPHCHECK_G
 keeps the manifest for fixtures/gpu/.
 """
 
-import os
-
-import pytest
 
 import graphcheck
 import graphcheck.torch as gt
-from conftest import CUBLAS_WORKSPACE, save_gpu_document as save
+from conftest import CUBLAS_WORKSPACE, save_gpu_document as save, warm_up
 
-GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
 
 try:
     import triton
@@ -48,10 +44,8 @@ def kernel_names(manifest, graph):
     return sorted({n["name"][:80] for g in manifest["graphs"] if g["name"] == graph for n in g["nodes"]})
 
 
-def test_every_tensor_of_sdpa_triton_and_fp8_gemm_is_found(torch):
-    if not GPU:
-        pytest.skip("GPU tests are opt-in: set GRAPHCHECK_GPU_TESTS=1 on a machine with CUDA")
-    torch.manual_seed(0)
+def test_every_tensor_of_sdpa_triton_and_fp8_gemm_is_found(cuda):
+    torch = cuda
     F = torch.nn.functional
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -98,13 +92,7 @@ def test_every_tensor_of_sdpa_triton_and_fp8_gemm_is_found(torch):
     graphs, results, failures = {}, {}, {}
     for name, (fn, _, io) in cases.items():
         try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.no_grad(), torch.cuda.stream(s):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(s)
-            torch.cuda.synchronize()
+            warm_up(torch, fn)
             g = torch.cuda.CUDAGraph(keep_graph=True)
             inputs = {k: v for k, v in io.items() if k == "x"}
             outputs = {k: v for k, v in io.items() if k == "out"}

@@ -6,15 +6,13 @@ An in-place `load_state_dict` reload must verify clean and replay right; rebindi
 derived tensor (the rotary `inv_freq`) must be caught and replay wrong. Opt-in
 (GRAPHCHECK_GPU_TESTS=1); GRAPHCHECK_GPU_OUT=DIR keeps the documents."""
 
-import os
 
 import pytest
 
 import graphcheck
 import graphcheck.torch as gt
-from conftest import CUBLAS_WORKSPACE, save_gpu_document as save
+from conftest import CUBLAS_WORKSPACE, save_gpu_document as save, warm_up
 
-GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
 LIVE_KINDS = {"drifted", "freed", "reused", "reshaped", "stale", "vanished"}
 
 
@@ -27,30 +25,29 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_inplace_reload_is_clean_and_a_rebound_buffer_is_caught(torch, family):
-    if not GPU:
-        pytest.skip("GPU tests are opt-in: set GRAPHCHECK_GPU_TESTS=1 on a machine with CUDA")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
+def small_config(transformers, family, **extra):
+    """The model class of ``family`` and a 2-layer config of it (hidden 256), for random
+    weights: nothing is downloaded."""
     config_cls, model_cls = (getattr(transformers, n) for n in FAMILIES[family])
     cfg = config_cls(
         vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **extra,
     )
+    return model_cls, cfg
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_inplace_reload_is_clean_and_a_rebound_buffer_is_caught(cuda, family):
+    torch = cuda
+    transformers = pytest.importorskip("transformers")
+    model_cls, cfg = small_config(transformers, family)
     model = model_cls(cfg).cuda().eval()
     ids = torch.randint(0, 512, (1, 16), device="cuda")
 
     def fwd():
         return model(input_ids=ids, use_cache=False).logits
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(s):
-        for _ in range(2):
-            fwd()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_up(torch, fwd)
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.no_grad(), gt.graph(g, model=model, name=f"{family}_prefill16", inputs={"ids": ids}) as rec:
         out = fwd()
@@ -106,17 +103,10 @@ def static_cache(torch, transformers, cfg, max_len):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_decode_step_with_a_static_kv_cache(torch, family):
-    if not GPU:
-        pytest.skip("GPU tests are opt-in: set GRAPHCHECK_GPU_TESTS=1 on a machine with CUDA")
+def test_decode_step_with_a_static_kv_cache(cuda, family):
+    torch = cuda
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config_cls, model_cls = (getattr(transformers, n) for n in FAMILIES[family])
-    cfg = config_cls(
-        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        attn_implementation="sdpa",
-    )
+    model_cls, cfg = small_config(transformers, family, attn_implementation="sdpa")
     model = model_cls(cfg).cuda().eval()
     cache = static_cache(torch, transformers, cfg, 64)
     prompt = torch.randint(0, 512, (1, 8), device="cuda")
@@ -128,13 +118,7 @@ def test_decode_step_with_a_static_kv_cache(torch, family):
     def step():
         return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_up(torch, step)
     runtime = ["kv_cache.**"]
     rec = gt.Recorder(model, runtime_state=runtime)
     rec.add_root(cache, "kv_cache")

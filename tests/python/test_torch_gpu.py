@@ -8,24 +8,13 @@ under fixtures/gpu/ were recorded so).
 """
 
 import json
-import os
-
-import pytest
 
 import graphcheck
 import graphcheck.torch as gt
-from conftest import save_gpu_document as save
-
-GPU = os.environ.get("GRAPHCHECK_GPU_TESTS") == "1"
+from conftest import save_gpu_document as save, warm_up
 
 
-@pytest.fixture
-def cuda(torch):
-    if not GPU:
-        pytest.skip("GPU tests are opt-in: set GRAPHCHECK_GPU_TESTS=1 on a machine with CUDA")
-    if not torch.cuda.is_available():
-        pytest.fail("GRAPHCHECK_GPU_TESTS=1 but torch sees no CUDA device")
-    return torch
+
 
 
 
@@ -60,13 +49,7 @@ def forward(model, x):
 
 
 def capture(torch, model, x, name="decode_bs8"):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(s):
-        for _ in range(2):
-            forward(model, x)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_up(torch, lambda: forward(model, x))
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.no_grad(), gt.graph(g, model=model, name=name, inputs={"x": x}) as rec:
         y = forward(model, x)
