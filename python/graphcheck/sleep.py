@@ -143,7 +143,8 @@ class SleepAllocator:
     def declare_pools(self, recorder) -> dict:
         """Declares a pool per tag in ``recorder`` (a :class:`graphcheck.torch.Recorder`),
         with the tag's name, kind and sleep policy; the allocator's segments give the
-        ranges when the manifest is built. Returns tag → pool id."""
+        ranges when the manifest is built. Returns tag → pool id. (A recorder declares
+        the tags it has not seen when it builds a manifest; this declares them now.)"""
         out = {}
         for tag, pool in sorted(self._pools.items()):
             kind, policy = self.pool_policy(tag)

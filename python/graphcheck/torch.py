@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from . import GraphcheckError, __version__, _native, load
+from . import sleep as _sleep_module
 from .sleep import SleepAllocator, SleepError, SleepOutOfMemoryError, allocator as sleep_allocator
 from .sleep import sleep, sleep_pool, wake
 
@@ -1035,7 +1036,7 @@ def snapshot(
     loaded fresh, walked the same way, or a mapping of owner path → digest). ``digests``
     (``True`` or an algorithm) digests every live tensor, with the manifest's algorithm
     when it has digests. ``pools`` maps torch pool ids to the manifest's pool names, for
-    CUDA probes. ``roots`` (root name → object) walks several roots instead of ``model``
+    CUDA probes (the sleep allocator's tags are mapped without asking). ``roots`` (root name → object) walks several roots instead of ``model``
     (the roots a :class:`Recorder` or :func:`instrument` recorded); ``model`` is then
     ``None`` or added as ``root``. Where PyTorch's memory history is on, CUDA tensors carry
     their allocation site. Returns the snapshot as a dict, checked by the core."""
@@ -1050,7 +1051,10 @@ def snapshot(
 
     pool_ids = {p["name"]: p["id"] for p in m.get("pools", [])}
     pool_of = {}
-    for key, name in (pools or {}).items():
+    # The sleep allocator's pools, where the manifest declares their tags; `pools` wins.
+    alloc = _sleep_module._ALLOCATOR
+    auto = {} if alloc is None else {k: n for k, n in alloc.pool_names().items() if n in pool_ids}
+    for key, name in {**auto, **(pools or {})}.items():
         if name not in pool_ids:
             raise GraphcheckError(f"pools: the manifest has no pool named {name!r}")
         pool_of[_pool_key(key)] = pool_ids[name]
@@ -1251,6 +1255,20 @@ class Recorder:
             self._pool_by_key[_pool_key(torch_pool)] = pid
         return pid
 
+    def _declare_sleep_pools(self) -> None:
+        """Declares a pool for each tag of the process's sleep allocator (where one is in
+        use) that is not declared yet, with its kind and sleep policy, so that manifests
+        attribute tensors to tags without the caller asking."""
+        alloc = _sleep_module._ALLOCATOR
+        if alloc is None:
+            return
+        names = {p["name"] for p in self._pools}
+        for tag, pool in sorted(alloc._pools.items()):
+            if _pool_key(pool) in self._pool_by_key or tag in names:
+                continue
+            kind, policy = alloc.pool_policy(tag)
+            self.add_pool(tag, kind=kind, sleep=policy, torch_pool=pool)
+
     def _pool_id(self, pool) -> Optional[int]:
         if pool is None or isinstance(pool, int):
             return pool
@@ -1304,6 +1322,7 @@ class Recorder:
         reg = self.registry.copy()
         for path, t, registration in self._extra:
             reg.add(t, path, registration, None)
+        self._declare_sleep_pools()
         pool_ranges = list(self._pool_ranges)
         raw_segments = _memory_segments()
         tensors = reg.tensor_specs(self.digests)

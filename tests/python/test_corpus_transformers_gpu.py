@@ -1,7 +1,6 @@
 """The reload corpus with real `transformers` models (issue 6): small Llama, Qwen3 and
 Mistral models built from configs with random weights (no download), a forward captured
-with graphcheck.torch.graph, and (Llama, Qwen3) a decode step captured with a static KV
-cache.
+with graphcheck.torch.graph, and a decode step of each captured with a static KV cache.
 An in-place `load_state_dict` reload must verify clean and replay right; rebinding one
 derived tensor (the rotary `inv_freq`) must be caught and replay wrong. Opt-in
 (GRAPHCHECK_GPU_TESTS=1); GRAPHCHECK_GPU_OUT=DIR keeps the documents."""
@@ -102,7 +101,7 @@ def static_cache(torch, transformers, cfg, max_len):
     return transformers.StaticCache(**kw)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
 def test_decode_step_with_a_static_kv_cache(cuda, family):
     torch = cuda
     transformers = pytest.importorskip("transformers")

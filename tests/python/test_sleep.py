@@ -78,3 +78,37 @@ def test_graphcheck_torch_exports_the_sleep_api():
 
     for name in ("sleep_pool", "sleep", "wake", "sleep_allocator", "SleepError"):
         assert name in gt.__all__ and hasattr(gt, name)
+
+
+class _FakePool:
+    def __init__(self, pid):
+        self.id = pid
+
+
+def test_recorders_declare_the_sleep_allocators_tags_without_being_asked(torch, monkeypatch):
+    """The pools come from the process's allocator (a stand-in here: the real one needs a
+    GPU, and test_sleep_gpu.py runs it) with each tag's kind and sleep policy."""
+    import graphcheck.torch as gt
+    from conftest import kernel, walked
+
+    class FakeAllocator:
+        offload_tags = ("weights",)
+        _pools = {"weights": _FakePool((1, 7)), "kv_cache": _FakePool((1, 8)), "scratch": _FakePool((1, 9))}
+        pool_policy = gs.SleepAllocator.pool_policy
+        pool_names = gs.SleepAllocator.pool_names
+
+    monkeypatch.setattr(gs, "_ALLOCATOR", FakeAllocator())
+    model = torch.nn.Linear(4, 4)
+    rec = gt.Recorder(model)
+    rec.add_pool("kv_cache", kind="kv_cache", sleep="discarded")  # declared by hand: kept once
+    rec.add_graph("g", walked(kernel(0, "k", model.weight)))
+    m = rec.manifest()
+    pools = {p["name"]: (p["kind"], p["sleep"]) for p in m["pools"]}
+    assert pools == {
+        "kv_cache": ("kv_cache", "discarded"),
+        "scratch": ("other", "discarded"),
+        "weights": ("weights", "restored"),
+    }
+    assert [p["name"] for p in rec.manifest()["pools"]] == [p["name"] for p in m["pools"]], "declared once"
+    live = gt.snapshot(model, m)
+    assert {p["name"] for p in live["pools"]} == set(pools)

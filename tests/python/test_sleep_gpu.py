@@ -71,11 +71,13 @@ def make_model(torch, *, constants_as_buffers, layers=4):
     return Model()
 
 
-def capture(torch, model, x, alloc, *, digests=True):
-    """Warms up, captures ``model(x)`` into a graph recorded with the allocator's pools."""
+def capture(torch, model, x, alloc, *, digests=True, declare=True):
+    """Warms up, captures ``model(x)`` into a graph recorded with the allocator's pools
+    (declared here, or, ``declare=False``, by the recorder when it builds)."""
     warm_up(torch, lambda: model(x))
     rec = gt.Recorder(model, digests=digests)
-    alloc.declare_pools(rec)
+    if declare:
+        alloc.declare_pools(rec)
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.no_grad(), gt.graph(g, recorder=rec, name="decode_bs8", inputs={"x": x}):
         y = model(x)
@@ -212,7 +214,7 @@ def test_persistent_metadata_under_the_kv_cache_tag_is_mispooled(sleeper, torch)
 
     model.forward = with_rope
     x = torch.randn(8, D, device="cuda")
-    g, y, manifest = capture(torch, model, x, alloc)
+    g, y, manifest = capture(torch, model, x, alloc, declare=False)  # the recorder declares
     save("sleep_mispooled_manifest.json", manifest)
     before = replay(torch, g, y)
     report = graphcheck.verify(manifest, allow=CUBLAS_WORKSPACE)
@@ -226,7 +228,7 @@ def test_persistent_metadata_under_the_kv_cache_tag_is_mispooled(sleeper, torch)
     err = (after - before).abs().max().item()
     print(f"mispooled: replay max error after level 1 {err}")
     assert err != err or err > 1e-3, "the KV-cache tag was discarded and the buffer with it"
-    live = gt.snapshot(model, manifest, event="sleep_level1", digests=True, pools=alloc.pool_names())
+    live = gt.snapshot(model, manifest, event="sleep_level1", digests=True)  # pools: automatic
     save("sleep_mispooled_live.json", live)
     report = graphcheck.verify(manifest, live, allow=CUBLAS_WORKSPACE)
     assert kinds(report) == [("mispooled", "model.rope_cache"), ("stale", "model.rope_cache")]
