@@ -122,6 +122,8 @@ enum ParamLayout {
     /// The closure `gpu_kernel_impl(_nocast)` hands `elementwise_kernel`: an
     /// `OffsetCalculator<N>` first, then the `std::array<char*, N>` of operand pointers.
     ElementwiseClosure,
+    /// An array of pointers (`std::array<char*, N>`): every word is an operand.
+    PointerArray,
 }
 
 /// The layout of each parameter of the kernel `name` (demangled), from its signature.
@@ -139,6 +141,10 @@ fn param_layouts(name: &str) -> Vec<ParamLayout> {
                         ParamLayout::OffsetCalculator
                     } else if t.contains("gpu_kernel_impl") && t.ends_with("::{lambda(int)#1}") {
                         ParamLayout::ElementwiseClosure
+                    } else if t.starts_with("std::array<char*,")
+                        || t.starts_with("at::detail::Array<char*,")
+                    {
+                        ParamLayout::PointerArray
                     } else {
                         ParamLayout::Opaque
                     }
@@ -414,9 +420,14 @@ impl ManifestBuilder {
                     .nodes
                     .into_iter()
                     .map(|n| {
-                        let layouts = layouts_of
+                        let mut layouts: &[ParamLayout] = layouts_of
                             .entry(n.name.clone())
                             .or_insert_with(|| param_layouts(&n.name));
+                        // A word past the parameters the signature names: the name was
+                        // not parsed right, so nothing is known of any parameter.
+                        if n.words.iter().any(|w| w.param as usize >= layouts.len()) {
+                            layouts = &[];
+                        }
                         // Per closure parameter: where its operand pointers start.
                         let mut data_start: HashMap<u32, Option<u32>> = HashMap::new();
                         for (p, l) in layouts.iter().enumerate() {
@@ -434,23 +445,30 @@ impl ManifestBuilder {
                         let mut ignored = Vec::new();
                         for w in n.words {
                             let tensor = resolve(w.addr);
-                            let index_slot = match layouts
+                            let layout = layouts
                                 .get(w.param as usize)
                                 .copied()
-                                .unwrap_or(ParamLayout::Opaque)
-                            {
-                                ParamLayout::Opaque => false,
+                                .unwrap_or(ParamLayout::Opaque);
+                            let start = data_start.get(&w.param).copied().flatten();
+                            let index_slot = match layout {
+                                ParamLayout::Opaque | ParamLayout::PointerArray => false,
                                 ParamLayout::TensorInfo => w.offset > 0,
                                 ParamLayout::OffsetCalculator => true,
-                                ParamLayout::ElementwiseClosure => data_start
-                                    .get(&w.param)
-                                    .copied()
-                                    .flatten()
-                                    .is_some_and(|start| w.offset < start),
+                                ParamLayout::ElementwiseClosure => {
+                                    start.is_some_and(|start| w.offset < start)
+                                }
+                            };
+                            // Words the layout says are operand pointers are touches,
+                            // whatever the memory they point to holds now.
+                            let known_pointer = match layout {
+                                ParamLayout::PointerArray => true,
+                                ParamLayout::ElementwiseClosure => start.is_some(),
+                                _ => false,
                             };
                             let reason = if index_slot {
                                 Some(IgnoredReason::IndexSlot)
-                            } else if w.offset > 0
+                            } else if !known_pointer
+                                && w.offset > 0
                                 && tensor.is_none()
                                 && in_free(w.addr.0)
                                 && !in_graph_pool(w.addr.0)
@@ -757,7 +775,42 @@ mod tests {
         let h = &m.graphs[1].nodes[0];
         assert_eq!((h.touches.len(), h.ignored.len()), (1, 1));
         assert_eq!(h.ignored[0].param, 3);
+        assert_eq!(param_layouts(unrolled)[2], ParamLayout::PointerArray);
         let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
         assert!(r.findings.is_empty(), "{:?}", r.findings);
+    }
+
+    /// A pointer freed between capture and build, in a parameter the signature types as
+    /// an array of pointers, is a touch (the dangling read is reported), and a name
+    /// parsed into too few parameters makes every word a candidate again.
+    #[test]
+    fn operand_pointers_into_free_memory_stay_touches() {
+        let mut b = ManifestBuilder::new(producer());
+        b.add_free_range(Addr(0x80_0000), 0x10_0000);
+        let free_seg = Some((0x80_0000, 0x20_0000));
+        let vectorized = "void at::native::vectorized_elementwise_kernel<4, F, std::array<char*, 2ul> >(int, F, std::array<char*, 2ul>)";
+        b.add_graph(
+            "g",
+            None,
+            one_node(vectorized, vec![word(2, 8, 0x80_0100, free_seg)]),
+        );
+        // `(int)` alone, but words at param 1: the parse cannot be right.
+        b.add_graph(
+            "h",
+            None,
+            one_node(
+                "k<at::cuda::detail::TensorInfo<float, unsigned int> >(int)",
+                vec![word(1, 16, 0x80_0200, free_seg)],
+            ),
+        );
+        let m = b.finish().unwrap();
+        assert_eq!(m.graphs[0].nodes[0].touches.len(), 1);
+        assert!(m.graphs[0].nodes[0].ignored.is_empty());
+        let h = &m.graphs[1].nodes[0];
+        let reasons: Vec<_> = h.ignored.iter().map(|w| w.reason).collect();
+        assert_eq!(reasons, [IgnoredReason::FreeMemory]);
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert_eq!(r.findings.len(), 1, "{:?}", r.findings);
+        assert_eq!(r.findings[0].kind, crate::verify::FindingKind::Unowned);
     }
 }

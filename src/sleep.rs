@@ -59,10 +59,13 @@ pub trait Backend {
 
     /// The allocation granularity of `device`, in bytes.
     fn granularity(&mut self, device: i32) -> Result<u64, SleepError>;
-    /// Reserves `size` bytes of virtual address space.
-    fn reserve(&mut self, size: u64) -> Result<u64, SleepError>;
+    /// Reserves `size` bytes of virtual address space (for `device`).
+    ///
+    /// Every call names the device whose memory it concerns, so that a backend can make
+    /// that device's context current around it.
+    fn reserve(&mut self, size: u64, device: i32) -> Result<u64, SleepError>;
     /// Gives a reservation back.
-    fn unreserve(&mut self, va: u64, size: u64) -> Result<(), SleepError>;
+    fn unreserve(&mut self, va: u64, size: u64, device: i32) -> Result<(), SleepError>;
     /// Creates `size` bytes of physical memory on `device`; [`SleepError::OutOfMemory`]
     /// where the device has none left.
     fn create(&mut self, size: u64, device: i32) -> Result<Self::Handle, SleepError>;
@@ -75,11 +78,11 @@ pub trait Backend {
         device: i32,
     ) -> Result<(), SleepError>;
     /// Unmaps `[va, va + size)`.
-    fn unmap(&mut self, va: u64, size: u64) -> Result<(), SleepError>;
+    fn unmap(&mut self, va: u64, size: u64, device: i32) -> Result<(), SleepError>;
     /// Releases physical memory (after unmapping it).
-    fn release(&mut self, handle: Self::Handle) -> Result<(), SleepError>;
-    /// A host buffer of `size` bytes.
-    fn host_alloc(&mut self, size: u64) -> Result<Self::Host, SleepError>;
+    fn release(&mut self, handle: Self::Handle, device: i32) -> Result<(), SleepError>;
+    /// A host buffer of `size` bytes, for copies of `device`'s memory.
+    fn host_alloc(&mut self, size: u64, device: i32) -> Result<Self::Host, SleepError>;
     fn host_free(&mut self, host: Self::Host) -> Result<(), SleepError>;
     /// Starts copying `[va, va + size)` into `host`; done after [`Backend::synchronize`].
     fn copy_out(
@@ -212,7 +215,6 @@ struct Asleep {
 
 /// The allocator: every allocation, its tag and its state; the sleep state.
 pub struct SleepAllocator<B: Backend> {
-    backend: B,
     allocs: BTreeMap<u64, Alloc<B::Handle, B::Host>>,
     tags: BTreeSet<String>,
     asleep: Option<Asleep>,
@@ -221,6 +223,8 @@ pub struct SleepAllocator<B: Backend> {
     host_cache: BTreeMap<u64, Vec<B::Host>>,
     granularity: BTreeMap<i32, u64>,
     stats: Stats,
+    /// Last, so that it is dropped last: host buffers may need its contexts.
+    backend: B,
 }
 
 impl<B: Backend> SleepAllocator<B> {
@@ -292,17 +296,17 @@ impl<B: Backend> SleepAllocator<B> {
     pub fn malloc(&mut self, size: u64, device: i32, tag: &str) -> Result<u64, SleepError> {
         let g = self.granularity(device)?;
         let rounded = size.max(1).div_ceil(g).saturating_mul(g);
-        let va = self.backend.reserve(rounded)?;
+        let va = self.backend.reserve(rounded, device)?;
         let handle = match self.backend.create(rounded, device) {
             Ok(h) => h,
             Err(e) => {
-                let _ = self.backend.unreserve(va, rounded);
+                let _ = self.backend.unreserve(va, rounded, device);
                 return Err(e);
             }
         };
         if let Err(e) = self.backend.map(va, rounded, &handle, device) {
-            let _ = self.backend.release(handle);
-            let _ = self.backend.unreserve(va, rounded);
+            let _ = self.backend.release(handle, device);
+            let _ = self.backend.unreserve(va, rounded, device);
             return Err(e);
         }
         self.allocs.insert(
@@ -341,10 +345,10 @@ impl<B: Backend> SleepAllocator<B> {
                 if let Err(e) = self.backend.synchronize(a.device) {
                     first_err.get_or_insert(e);
                 }
-                if let Err(e) = self.backend.unmap(va, a.size) {
+                if let Err(e) = self.backend.unmap(va, a.size, a.device) {
                     first_err.get_or_insert(e);
                 }
-                if let Err(e) = self.backend.release(h) {
+                if let Err(e) = self.backend.release(h, a.device) {
                     first_err.get_or_insert(e);
                 }
             }
@@ -355,7 +359,7 @@ impl<B: Backend> SleepAllocator<B> {
             }
             State::Discarded => self.stats.freed_while_asleep += 1,
         }
-        if let Err(e) = self.backend.unreserve(va, a.size) {
+        if let Err(e) = self.backend.unreserve(va, a.size, a.device) {
             first_err.get_or_insert(e);
         }
         first_err.map_or(Ok(()), Err)
@@ -366,14 +370,38 @@ impl<B: Backend> SleepAllocator<B> {
         self.host_cache.entry(size).or_default().push(host);
     }
 
-    fn take_host(&mut self, size: u64) -> Result<B::Host, SleepError> {
+    fn take_host(&mut self, size: u64, device: i32) -> Result<B::Host, SleepError> {
         if let Some(v) = self.host_cache.get_mut(&size)
             && let Some(h) = v.pop()
         {
             self.stats.host_bytes_cached -= size;
             return Ok(h);
         }
-        self.backend.host_alloc(size)
+        self.backend.host_alloc(size, device)
+    }
+
+    /// Frees the cached host buffers beyond what the live allocations could use: per
+    /// size, at most as many as there are mapped allocations of that size.
+    fn trim_host_cache(&mut self) -> Result<(), SleepError> {
+        let mut wanted: BTreeMap<u64, usize> = BTreeMap::new();
+        for a in self.allocs.values() {
+            if matches!(a.state, State::Mapped(_)) {
+                *wanted.entry(a.size).or_default() += 1;
+            }
+        }
+        let mut first_err = None;
+        for (size, hosts) in self.host_cache.iter_mut() {
+            let keep = wanted.get(size).copied().unwrap_or(0);
+            while hosts.len() > keep {
+                let h = hosts.pop().expect("longer than keep");
+                self.stats.host_bytes_cached -= size;
+                if let Err(e) = self.backend.host_free(h) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        self.host_cache.retain(|_, hosts| !hosts.is_empty());
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Frees the cached pinned host buffers.
@@ -445,7 +473,7 @@ impl<B: Backend> SleepAllocator<B> {
         let mut copies: Vec<(u64, B::Host)> = Vec::with_capacity(targets.len());
         let mut failed = None;
         for &(va, size, device) in &targets {
-            let mut host = match self.take_host(size) {
+            let mut host = match self.take_host(size, device) {
                 Ok(h) => h,
                 Err(e) => {
                     failed = Some(e);
@@ -468,12 +496,20 @@ impl<B: Backend> SleepAllocator<B> {
             }
         }
         if let Some(e) = failed {
+            // Copies already started may still be writing their buffers: wait for them
+            // (best effort) before the buffers can be reused or freed.
+            for &d in &devices {
+                let _ = self.backend.synchronize(d);
+            }
             for (va, host) in copies {
                 let size = self.allocs[&va].size;
                 self.cache_host(size, host);
             }
             return Err(e);
         }
+        // Buffers no allocation could use any more (sizes change with reloads) go back,
+        // rather than let pinned memory grow.
+        let _ = self.trim_host_cache();
 
         // Phase 2: release the physical memory. A failure here is the driver's; the
         // allocations released so far are recorded as such, so wake can bring them back.
@@ -489,7 +525,7 @@ impl<B: Backend> SleepAllocator<B> {
             if !matches!(a.state, State::Mapped(_)) {
                 continue;
             }
-            if let Err(e) = self.backend.unmap(va, a.size) {
+            if let Err(e) = self.backend.unmap(va, a.size, a.device) {
                 first_err.get_or_insert(e);
                 continue;
             }
@@ -505,7 +541,7 @@ impl<B: Backend> SleepAllocator<B> {
                 report.discarded_bytes += size;
             }
             self.stats.bytes_mapped -= size;
-            if let Err(e) = self.backend.release(h) {
+            if let Err(e) = self.backend.release(h, a.device) {
                 first_err.get_or_insert(e);
             }
         }
@@ -521,8 +557,8 @@ impl<B: Backend> SleepAllocator<B> {
 
     /// Maps new physical memory at the same addresses for the allocations of `tags`
     /// (every tag where `None`), restores host copies and fills the rest with `poison`.
-    /// Running out of device memory releases what this call mapped and leaves the
-    /// allocator asleep, as before the call.
+    /// Any failure (running out of device memory, a failed copy) releases what this call
+    /// mapped and leaves the allocator asleep, as before the call, host copies intact.
     pub fn wake(
         &mut self,
         tags: Option<&[String]>,
@@ -544,7 +580,7 @@ impl<B: Backend> SleepAllocator<B> {
         let total: u64 = targets.iter().map(|t| t.1).sum();
 
         // Phase 1: back and map every target, undone on any failure.
-        let mut mapped: Vec<(u64, u64, B::Handle)> = Vec::with_capacity(targets.len());
+        let mut mapped: Vec<(u64, u64, i32, B::Handle)> = Vec::with_capacity(targets.len());
         let mut failed = None;
         for &(va, size, device) in &targets {
             let h = match self.backend.create(size, device) {
@@ -555,18 +591,15 @@ impl<B: Backend> SleepAllocator<B> {
                 }
             };
             if let Err(e) = self.backend.map(va, size, &h, device) {
-                let _ = self.backend.release(h);
+                let _ = self.backend.release(h, device);
                 failed = Some(e);
                 break;
             }
-            mapped.push((va, size, h));
+            mapped.push((va, size, device, h));
         }
         if let Some(e) = failed {
             let done: u64 = mapped.iter().map(|m| m.1).sum();
-            for (va, size, h) in mapped {
-                let _ = self.backend.unmap(va, size);
-                let _ = self.backend.release(h);
-            }
+            self.unmap_all(mapped);
             return Err(match e {
                 SleepError::OutOfMemory { device, size } => SleepError::WakeOutOfMemory {
                     device,
@@ -578,35 +611,40 @@ impl<B: Backend> SleepAllocator<B> {
             });
         }
 
-        // Phase 2: contents. Host copies are freed only once every copy is done.
+        // Phase 2: contents. A failed copy or fill undoes the whole wake (the host copies
+        // are still there); host copies are freed only once every copy is done.
         let mut report = WakeReport::default();
-        let mut first_err = None;
-        for (va, size, _) in &mapped {
-            let a = &self.allocs[va];
-            let r = match &a.state {
+        let mut failed = None;
+        for (va, size, device, _) in &mapped {
+            let r = match &self.allocs[va].state {
                 State::Offloaded(host) => {
                     report.restored_bytes += size;
-                    self.backend.copy_in(host, *va, *size, a.device)
+                    self.backend.copy_in(host, *va, *size, *device)
                 }
                 State::Discarded => match poison {
                     Poison::Byte(b) => {
                         report.poisoned_bytes += size;
-                        self.backend.fill(*va, *size, b, a.device)
+                        self.backend.fill(*va, *size, b, *device)
                     }
                     Poison::None => Ok(()),
                 },
                 State::Mapped(_) => unreachable!("targets are unmapped"),
             };
             if let Err(e) = r {
-                first_err.get_or_insert(e);
+                failed = Some(e);
+                break;
             }
         }
         for d in self.devices() {
             if let Err(e) = self.backend.synchronize(d) {
-                first_err.get_or_insert(e);
+                failed.get_or_insert(e);
             }
         }
-        for (va, size, h) in mapped {
+        if let Some(e) = failed {
+            self.unmap_all(mapped);
+            return Err(e);
+        }
+        for (va, size, _, h) in mapped {
             let a = self.allocs.get_mut(&va).expect("target from the map");
             if let State::Offloaded(host) = std::mem::replace(&mut a.state, State::Mapped(h)) {
                 self.stats.host_bytes_held -= size;
@@ -622,7 +660,15 @@ impl<B: Backend> SleepAllocator<B> {
             self.asleep = None;
         }
         self.stats.wakes += 1;
-        first_err.map_or(Ok(report), Err)
+        Ok(report)
+    }
+
+    /// Undoes the mappings a failed `wake` made: the allocations stay as they were.
+    fn unmap_all(&mut self, mapped: Vec<(u64, u64, i32, B::Handle)>) {
+        for (va, size, device, h) in mapped {
+            let _ = self.backend.unmap(va, size, device);
+            let _ = self.backend.release(h, device);
+        }
     }
 }
 
@@ -644,6 +690,10 @@ mod tests {
         /// Device bytes left; creating more is out of memory.
         capacity: u64,
         syncs: u64,
+        /// Host buffers that may still be made; `None`: no limit.
+        hosts_left: Option<u64>,
+        /// Whether copies back to the device fail.
+        fail_copy_in: bool,
     }
 
     const G: u64 = 1 << 16;
@@ -671,13 +721,13 @@ mod tests {
         fn granularity(&mut self, _: i32) -> Result<u64, SleepError> {
             Ok(G)
         }
-        fn reserve(&mut self, size: u64) -> Result<u64, SleepError> {
+        fn reserve(&mut self, size: u64, _: i32) -> Result<u64, SleepError> {
             let va = self.next_va;
             self.next_va += size + G;
             self.reserved.insert(va, size);
             Ok(va)
         }
-        fn unreserve(&mut self, va: u64, size: u64) -> Result<(), SleepError> {
+        fn unreserve(&mut self, va: u64, size: u64, _: i32) -> Result<(), SleepError> {
             assert!(!self.mapped.contains_key(&va), "unreserving a mapped range");
             assert_eq!(self.reserved.remove(&va), Some(size));
             Ok(())
@@ -697,13 +747,13 @@ mod tests {
             assert!(self.mapped.insert(va, *h).is_none(), "double map");
             Ok(())
         }
-        fn unmap(&mut self, va: u64, _: u64) -> Result<(), SleepError> {
+        fn unmap(&mut self, va: u64, _: u64, _: i32) -> Result<(), SleepError> {
             self.mapped
                 .remove(&va)
                 .expect("unmapping an unmapped range");
             Ok(())
         }
-        fn release(&mut self, h: u64) -> Result<(), SleepError> {
+        fn release(&mut self, h: u64, _: i32) -> Result<(), SleepError> {
             assert!(
                 !self.mapped.values().any(|&m| m == h),
                 "releasing mapped memory"
@@ -711,7 +761,13 @@ mod tests {
             self.physical.remove(&h).expect("double release");
             Ok(())
         }
-        fn host_alloc(&mut self, size: u64) -> Result<Vec<u8>, SleepError> {
+        fn host_alloc(&mut self, size: u64, _: i32) -> Result<Vec<u8>, SleepError> {
+            if let Some(left) = &mut self.hosts_left {
+                if *left == 0 {
+                    return Err(SleepError::HostOutOfMemory { size });
+                }
+                *left -= 1;
+            }
             self.hosts_live += 1;
             Ok(vec![0; size as usize])
         }
@@ -730,6 +786,12 @@ mod tests {
             Ok(())
         }
         fn copy_in(&mut self, host: &Vec<u8>, va: u64, _: u64, _: i32) -> Result<(), SleepError> {
+            if self.fail_copy_in {
+                return Err(SleepError::Backend {
+                    call: "cuMemcpyHtoDAsync",
+                    detail: "injected".into(),
+                });
+            }
             self.bytes(va).copy_from_slice(host);
             Ok(())
         }
@@ -931,5 +993,65 @@ mod tests {
         assert_eq!(Poison::parse("0x7f"), Ok(Poison::Byte(0x7F)));
         assert_eq!(Poison::parse("17"), Ok(Poison::Byte(17)));
         assert!(Poison::parse("256").unwrap_err().contains("not \"256\""));
+    }
+
+    #[test]
+    fn a_failed_copy_on_wake_undoes_the_wake_and_keeps_the_host_copy() {
+        let (mut a, w, _) = two_tags();
+        a.sleep(1, &tags(&["weights"])).unwrap();
+        a.backend.fail_copy_in = true;
+        assert!(matches!(
+            a.wake(None, Poison::NAN),
+            Err(SleepError::Backend { .. })
+        ));
+        assert_eq!(a.asleep(), Some(1));
+        assert!(a.backend.mapped.is_empty() && a.backend.used() == 0);
+        assert_eq!(a.stats().host_bytes_held, 3 * G);
+        a.backend.fail_copy_in = false;
+        assert!(a.wake(None, Poison::NAN).unwrap().awake);
+        assert!(a.backend.bytes(w).iter().all(|&b| b == 1));
+    }
+
+    #[test]
+    fn running_out_of_host_memory_at_sleep_waits_for_started_copies_and_stays_awake() {
+        let mut a = SleepAllocator::new(Mem::new(16 * G));
+        let x = a.malloc(G, 0, "weights").unwrap();
+        a.malloc(G, 0, "weights").unwrap();
+        a.backend.bytes(x).fill(4);
+        a.backend.hosts_left = Some(1);
+        let syncs = a.backend.syncs;
+        assert!(matches!(
+            a.sleep(1, &tags(&["weights"])),
+            Err(SleepError::HostOutOfMemory { .. })
+        ));
+        assert!(
+            a.backend.syncs >= syncs + 2,
+            "synchronized before and after the copies"
+        );
+        assert_eq!(a.asleep(), None);
+        assert_eq!(a.stats().bytes_mapped, 2 * G);
+        assert!(a.backend.bytes(x).iter().all(|&b| b == 4));
+    }
+
+    #[test]
+    fn host_buffers_a_sleep_does_not_use_are_given_back() {
+        let mut a = SleepAllocator::new(Mem::new(16 * G));
+        let w = a.malloc(G, 0, "weights").unwrap();
+        a.sleep(1, &tags(&["weights"])).unwrap();
+        a.wake(None, Poison::NAN).unwrap();
+        // A reload that changes sizes: the cached 1-granule buffer fits nothing now.
+        a.free(w).unwrap();
+        a.malloc(2 * G, 0, "weights").unwrap();
+        a.sleep(1, &tags(&["weights"])).unwrap();
+        assert_eq!(a.backend.hosts_live, 1, "the unused buffer went back");
+        assert_eq!(a.stats().host_bytes_cached, 0);
+        // A level-2 sleep in between keeps the buffer a live allocation can use.
+        a.wake(None, Poison::NAN).unwrap();
+        a.sleep(2, &[]).unwrap();
+        a.wake(None, Poison::NAN).unwrap();
+        assert_eq!(
+            (a.backend.hosts_live, a.stats().host_bytes_cached),
+            (1, 2 * G)
+        );
     }
 }

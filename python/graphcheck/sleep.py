@@ -69,6 +69,46 @@ def _torch():
     return torch
 
 
+# Expandable segments do not work with a pluggable allocator's pool
+# (pytorch/pytorch#147851): off while any sleep_pool block is open on any thread, as vLLM
+# turns them off inside its pools. The setting is process-wide, hence the count.
+_EXPANDABLE_LOCK = threading.Lock()
+_EXPANDABLE_OPEN = 0
+
+
+def _expandable_configured() -> bool:
+    return any(
+        "expandable_segments:True" in os.environ.get(var, "")
+        for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    )
+
+
+def _set_expandable(on: bool) -> None:
+    torch = _torch()
+    setting = f"expandable_segments:{on}"
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9
+    if setter is not None:
+        setter(setting)
+    else:
+        torch.cuda.memory._set_allocator_settings(setting)
+
+
+def _expandable_off() -> None:
+    global _EXPANDABLE_OPEN
+    with _EXPANDABLE_LOCK:
+        if _EXPANDABLE_OPEN == 0 and _expandable_configured():
+            _set_expandable(False)
+        _EXPANDABLE_OPEN += 1
+
+
+def _expandable_restore() -> None:
+    global _EXPANDABLE_OPEN
+    with _EXPANDABLE_LOCK:
+        _EXPANDABLE_OPEN -= 1
+        if _EXPANDABLE_OPEN == 0 and _expandable_configured():
+            _set_expandable(True)
+
+
 class SleepAllocator:
     """The process's sleep allocator (one per process: get it with :func:`allocator`).
 
@@ -79,12 +119,18 @@ class SleepAllocator:
         torch = _torch()
         if not torch.cuda.is_available():
             raise SleepError("the sleep allocator needs CUDA, and torch sees no GPU")
+        if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+            raise SleepError(
+                f"the sleep allocator needs torch.cuda.MemPool and use_mem_pool; torch "
+                f"{torch.__version__} has not got them (tested with torch 2.11)"
+            )
         self.offload_tags = tuple(offload_tags)
         self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(
             _native.__file__, _native.SLEEP_MALLOC_SYMBOL, _native.SLEEP_FREE_SYMBOL
         )
         self._pools: dict = {}
         self._lock = threading.Lock()
+        self._freed_at_sleep = 0
 
     # -- pools ----------------------------------------------------------------------------
 
@@ -104,20 +150,18 @@ class SleepAllocator:
     def pool(self, tag: str) -> Iterator:
         """Allocates under ``tag`` on this thread inside the block; yields the MemPool."""
         torch = _torch()
+        if self.level is not None:
+            # torch would hand out cached blocks of the pool's unmapped segments.
+            raise SleepError(f"asleep (level {self.level}): wake before allocating under {tag!r}")
         mempool = self.mempool(tag)
-        # Expandable segments do not work with a pluggable allocator's pool
-        # (pytorch/pytorch#147851): off inside the block, as vLLM does.
-        expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        if expandable:
-            torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+        _expandable_off()
         previous = _native.sleep_set_tag(tag)
         try:
             with torch.cuda.use_mem_pool(mempool):
                 yield mempool
         finally:
             _native.sleep_set_tag(previous)
-            if expandable:
-                torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+            _expandable_restore()
             self._warn_allocation_error()
 
     def release_pool(self, tag: str) -> None:
@@ -170,7 +214,9 @@ class SleepAllocator:
         if isinstance(offload_tags, str):
             offload_tags = [offload_tags]
         _torch().cuda.synchronize()
-        return _native.sleep_sleep(int(level), list(offload_tags))
+        report = _native.sleep_sleep(int(level), list(offload_tags))
+        self._freed_at_sleep = self.stats()["freed_while_asleep"]
+        return report
 
     def wake(self, tags: Optional[Sequence[str]] = None, poison: Union[str, int] = "nan") -> dict:
         """Maps new memory at the same addresses for ``tags`` (all where ``None``),
@@ -179,9 +225,9 @@ class SleepAllocator:
         no room, :class:`SleepError` when not asleep or for an unknown tag."""
         if isinstance(tags, str):
             tags = [tags]
-        before = self.stats()["freed_while_asleep"]
         r = _native.sleep_wake(None if tags is None else list(tags), str(poison))
-        freed = self.stats()["freed_while_asleep"] - before
+        now = self.stats()["freed_while_asleep"]
+        freed, self._freed_at_sleep = now - self._freed_at_sleep, now
         if freed:
             warnings.warn(
                 f"{freed} allocation(s) were freed while asleep: their addresses and host "

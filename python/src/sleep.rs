@@ -24,7 +24,8 @@ create_exception!(
     SleepError,
     GraphcheckError,
     "A sleep-allocator call that cannot be done in the allocator's state (asleep, unknown \
-     tag, …); the allocator is left as it was."
+     tag, …), or a driver failure. The allocator is left as it was, except where the driver \
+     fails while releasing memory at sleep: it is then asleep with what was released."
 );
 create_exception!(
     graphcheck,
@@ -58,8 +59,8 @@ fn allocator() -> Result<MutexGuard<'static, Allocator>, String> {
             .map(|b| Mutex::new(SleepAllocator::new(b)))
             .map_err(|e| e.to_string())
     }) {
-        // A panic inside a call left the lock poisoned; the allocator's state is updated
-        // only after each driver call succeeds, so it is still consistent.
+        // A panic inside a call left the lock poisoned. The allocator has no panicking
+        // path on its own (the exported functions catch any), so the state is used as is.
         Ok(m) => Ok(m.lock().unwrap_or_else(PoisonError::into_inner)),
         Err(e) => Err(format!("the sleep allocator has no CUDA driver: {e}")),
     }

@@ -38,38 +38,44 @@ fn is_oom(r: sys::CUresult) -> bool {
 
 /// Pinned (page-locked) host memory: page-aligned memory of the Rust allocator, registered
 /// with the driver (`cuMemHostRegister`; on the H200 host this pins at about 195 ms/GiB,
-/// `cuMemHostAlloc` at 360 to 420), unregistered and freed on drop.
+/// `cuMemHostAlloc` at 360 to 420), unregistered in the context that registered it and
+/// freed on drop.
 pub struct PinnedHost {
     ptr: *mut u8,
     size: usize,
+    ctx: sys::CUcontext,
 }
 
 const PAGE: usize = 4096;
 
-// SAFETY: the buffer is plain memory owned by this value alone; the driver lets any
-// thread unregister it.
+// SAFETY: the buffer is plain memory owned by this value alone; the context is a
+// process-wide handle the driver lets any thread make current.
 unsafe impl Send for PinnedHost {}
 
 impl PinnedHost {
     fn layout(size: usize) -> std::alloc::Layout {
         std::alloc::Layout::from_size_align(size.max(1), PAGE).expect("a page-aligned layout")
     }
-
-    /// The bytes (for tests and digests).
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `size` bytes owned by self; registered memory is
-        // readable, and the driver's copies initialize it before anyone reads it.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.size) }
-    }
 }
 
 impl Drop for PinnedHost {
     fn drop(&mut self) {
-        // SAFETY: `ptr` was registered by `host_alloc` and is unregistered once, here,
-        // then given back to the allocator it came from with the same layout.
-        unsafe {
-            sys::cuMemHostUnregister(self.ptr.cast());
-            std::alloc::dealloc(self.ptr, Self::layout(self.size));
+        // SAFETY: pushes the (retained, still alive: `CudaVmm` releases its contexts only
+        // when dropped, after its buffers) context that registered `ptr`, unregisters
+        // it once, and pops.
+        let unregistered = unsafe {
+            sys::cuCtxPushCurrent_v2(self.ctx) == sys::CUresult::CUDA_SUCCESS && {
+                let r = sys::cuMemHostUnregister(self.ptr.cast());
+                let mut old: sys::CUcontext = std::ptr::null_mut();
+                sys::cuCtxPopCurrent_v2(&mut old);
+                r == sys::CUresult::CUDA_SUCCESS
+            }
+        };
+        // Memory the driver still has pinned must not go back to the allocator (it would
+        // be handed out, and registered again, while pinned): it is leaked instead.
+        if unregistered {
+            // SAFETY: allocated in `host_alloc` with this layout, no longer registered.
+            unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.size)) };
         }
     }
 }
@@ -109,6 +115,14 @@ impl CudaVmm {
     }
 
     fn enter(&mut self, device: i32) -> Result<Current, SleepError> {
+        let ctx = self.context(device)?;
+        // SAFETY: `ctx` is a retained primary context; popped by `Current`'s drop.
+        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+        Ok(Current)
+    }
+
+    /// The device's primary context, retained on first use.
+    fn context(&mut self, device: i32) -> Result<sys::CUcontext, SleepError> {
         let ctx = match self.contexts.get(&device) {
             Some(&(_, ctx)) => ctx,
             None => {
@@ -124,9 +138,7 @@ impl CudaVmm {
                 ctx
             }
         };
-        // SAFETY: `ctx` is a retained primary context; popped by `Current`'s drop.
-        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
-        Ok(Current)
+        Ok(ctx)
     }
 
     /// The device's free and total memory (`cuMemGetInfo`).
@@ -181,7 +193,8 @@ impl Backend for CudaVmm {
         Ok(g as u64)
     }
 
-    fn reserve(&mut self, size: u64) -> Result<u64, SleepError> {
+    fn reserve(&mut self, size: u64, device: i32) -> Result<u64, SleepError> {
+        let _c = self.enter(device)?;
         let mut va: sys::CUdeviceptr = 0;
         // SAFETY: writes one address; no fixed address is asked for.
         check("cuMemAddressReserve", unsafe {
@@ -190,7 +203,8 @@ impl Backend for CudaVmm {
         Ok(va)
     }
 
-    fn unreserve(&mut self, va: u64, size: u64) -> Result<(), SleepError> {
+    fn unreserve(&mut self, va: u64, size: u64, device: i32) -> Result<(), SleepError> {
+        let _c = self.enter(device)?;
         // SAFETY: `[va, va + size)` is a whole reservation of ours with nothing mapped.
         check("cuMemAddressFree", unsafe {
             sys::cuMemAddressFree(va, size as usize)
@@ -237,19 +251,23 @@ impl Backend for CudaVmm {
         Ok(())
     }
 
-    fn unmap(&mut self, va: u64, size: u64) -> Result<(), SleepError> {
+    fn unmap(&mut self, va: u64, size: u64, device: i32) -> Result<(), SleepError> {
+        let _c = self.enter(device)?;
         // SAFETY: `[va, va + size)` is one mapping of ours; the allocator synchronized the
         // device before, so no kernel is using it.
         check("cuMemUnmap", unsafe { sys::cuMemUnmap(va, size as usize) })
     }
 
-    fn release(&mut self, h: Self::Handle) -> Result<(), SleepError> {
+    fn release(&mut self, h: Self::Handle, device: i32) -> Result<(), SleepError> {
+        let _c = self.enter(device)?;
         // SAFETY: `h` is ours, released once; unmapped memory is freed at once, memory
         // still mapped (never here) when unmapped.
         check("cuMemRelease", unsafe { sys::cuMemRelease(h) })
     }
 
-    fn host_alloc(&mut self, size: u64) -> Result<PinnedHost, SleepError> {
+    fn host_alloc(&mut self, size: u64, device: i32) -> Result<PinnedHost, SleepError> {
+        let ctx = self.context(device)?;
+        let _c = self.enter(device)?;
         let layout = PinnedHost::layout(size as usize);
         // SAFETY: a non-zero, page-aligned layout.
         let ptr = unsafe { std::alloc::alloc(layout) };
@@ -271,6 +289,7 @@ impl Backend for CudaVmm {
         Ok(PinnedHost {
             ptr,
             size: size as usize,
+            ctx,
         })
     }
 

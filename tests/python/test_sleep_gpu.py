@@ -239,7 +239,7 @@ def test_persistent_metadata_under_the_kv_cache_tag_is_mispooled(sleeper, torch)
 def test_bad_use_raises_and_leaves_the_state_consistent(sleeper, torch):
     alloc = sleeper
     with gs.sleep_pool("weights"):
-        w = torch.full((4 << 20,), 3.0, device="cuda")
+        w = torch.full((16 << 20,), 3.0, device="cuda")  # 64 MiB
     with pytest.raises(gs.SleepError, match="not asleep"):
         alloc.wake()
     with pytest.raises(gs.SleepError, match="unknown tag"):
@@ -254,17 +254,20 @@ def test_bad_use_raises_and_leaves_the_state_consistent(sleeper, torch):
         alloc.wake(tags=["kv"])
     with pytest.raises(gs.SleepError, match="wake before releasing"):
         alloc.release_pool("weights")
+    # Allocating under a tag while asleep is refused: torch would hand out cached blocks
+    # of the pool's unmapped segments.
+    with pytest.raises(gs.SleepError, match="wake before allocating"):
+        with gs.sleep_pool("weights"):
+            pass
     # Freeing a tensor while asleep is fine: torch keeps the block in the tag's pool.
-    spare = None
-    with gs.sleep_pool("weights"):
-        spare = torch.empty(1 << 20, device="cuda")  # allocating while asleep works too
+    spare = torch.empty(1 << 20, device="cuda")
     del spare
     torch.cuda.empty_cache()
     assert alloc.level == 1
 
     # Out of device memory on wake: someone took the memory while the allocator slept.
     free, _ = alloc.mem_info()
-    filler = torch.empty(free - (8 << 20), dtype=torch.uint8, device="cuda")
+    filler = torch.empty(free - (32 << 20), dtype=torch.uint8, device="cuda")
     with pytest.raises(gs.SleepOutOfMemoryError, match="still asleep"):
         alloc.wake()
     assert alloc.level == 1
