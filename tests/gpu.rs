@@ -480,3 +480,94 @@ fn no_context_is_an_error_not_a_panic() -> Result<(), CudaError> {
     assert!(matches!(r, Err(CudaError::NoContext)), "{r:?}");
     Ok(())
 }
+
+/// Copies `data` to device address `va` (mapped for at least as many bytes).
+fn write_device(va: u64, data: &[u8]) {
+    // SAFETY: the caller's `va` is mapped for `data.len()` bytes; the host slice is live.
+    let r = unsafe { sys::cuMemcpyHtoD_v2(va, data.as_ptr().cast(), data.len()) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+}
+
+/// Reads `len` bytes at device address `va` (mapped for at least as many bytes).
+fn read_device(va: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: the caller's `va` is mapped for `len` bytes; `out` holds as many.
+    let r = unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), va, len) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    out
+}
+
+#[test]
+fn sleep_allocator_round_trip_over_the_driver() -> Result<(), CudaError> {
+    use graphcheck::cuda::vmm::CudaVmm;
+    use graphcheck::sleep::{Backend, Poison, SleepAllocator, SleepError};
+    if !enabled("sleep_allocator_round_trip_over_the_driver") {
+        return Ok(());
+    }
+    let g = gpu();
+    g.ctx.bind_to_thread()?;
+    let mut a = SleepAllocator::new(CudaVmm::new().expect("the driver loads"));
+    let bytes = 3usize << 20; // rounded up to the granularity (2 MiB on the H200)
+    let w = a.malloc(bytes as u64, 0, "weights").expect("malloc");
+    let kv = a.malloc(bytes as u64, 0, "kv_cache").expect("malloc");
+    let pattern: Vec<u8> = (0..bytes).map(|i| (i * 7 % 251) as u8).collect();
+    write_device(w, &pattern);
+    write_device(kv, &vec![7u8; bytes]);
+    let granule = a.backend_mut().granularity(0).expect("granularity");
+
+    let mapped = a.stats().bytes_mapped;
+    let (free0, _) = a.backend_mut().mem_info(0).expect("cuMemGetInfo");
+    let r = a.sleep(1, &["weights".to_string()]).expect("sleep");
+    let (free1, _) = a.backend_mut().mem_info(0).expect("cuMemGetInfo");
+    eprintln!("level 1: {r:?}; free {free0} -> {free1}, mapped was {mapped}");
+    assert_eq!(r.offloaded_bytes + r.discarded_bytes, mapped);
+    assert!(
+        (free1 - free0).abs_diff(mapped) <= granule,
+        "sleep returns the memory"
+    );
+    assert!(matches!(
+        a.sleep(1, &[]),
+        Err(SleepError::AlreadyAsleep { level: 1 })
+    ));
+
+    assert!(a.wake(None, Poison::NAN).expect("wake").awake);
+    let bases: Vec<u64> = a.allocations().iter().map(|i| i.base).collect();
+    assert_eq!(
+        bases,
+        {
+            let mut b = vec![w, kv];
+            b.sort();
+            b
+        },
+        "same virtual addresses"
+    );
+    assert_eq!(
+        read_device(w, bytes),
+        pattern,
+        "level 1 restores the weights bit for bit"
+    );
+    assert!(
+        read_device(kv, bytes).iter().all(|&b| b == 0xFF),
+        "the kv cache reads the poison"
+    );
+
+    a.free(w).expect("free");
+    a.free(kv).expect("free");
+    a.release_host_cache().expect("release");
+    let s = a.stats();
+    assert_eq!(
+        (
+            s.allocations,
+            s.bytes_mapped,
+            s.bytes_reserved,
+            s.host_bytes_cached
+        ),
+        (0, 0, 0, 0)
+    );
+    let (free2, _) = a.backend_mut().mem_info(0).expect("cuMemGetInfo");
+    assert!(
+        (free0 + mapped).abs_diff(free2) <= granule,
+        "teardown returns every byte"
+    );
+    Ok(())
+}
