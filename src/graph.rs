@@ -6,6 +6,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
+use crate::ids::IdIndex;
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
@@ -56,8 +57,8 @@ pub struct OwnershipGraph<'m> {
     kernel_nodes: Vec<Vec<NodeIndex>>,
     graph_nodes: Vec<NodeIndex>,
     alloc_nodes: Vec<NodeIndex>,
-    tensor_ix: HashMap<crate::format::TensorId, usize>,
-    alloc_ix: HashMap<crate::format::AllocationId, usize>,
+    tensor_ix: IdIndex<crate::format::TensorId>,
+    alloc_ix: IdIndex<crate::format::AllocationId>,
 }
 
 impl<'m> OwnershipGraph<'m> {
@@ -65,18 +66,8 @@ impl<'m> OwnershipGraph<'m> {
     pub fn new(m: &'m Manifest) -> OwnershipGraph<'m> {
         let mut g = StableDiGraph::new();
         let root = g.add_node(NodeW::Root);
-        let tensor_ix: HashMap<_, usize> = m
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.id, i))
-            .collect();
-        let alloc_ix: HashMap<_, usize> = m
-            .allocations
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (a.id, i))
-            .collect();
+        let tensor_ix = IdIndex::positions(m.tensors.iter().map(|t| t.id));
+        let alloc_ix = IdIndex::positions(m.allocations.iter().map(|a| a.id));
         let alloc_nodes: Vec<NodeIndex> = (0..m.allocations.len())
             .map(|i| g.add_node(NodeW::Allocation(i as u32)))
             .collect();
@@ -84,7 +75,7 @@ impl<'m> OwnershipGraph<'m> {
             .map(|i| {
                 let n = g.add_node(NodeW::Tensor(i as u32));
                 if let Some(a) = m.tensors[i].allocation.and_then(|a| alloc_ix.get(&a)) {
-                    g.add_edge(n, alloc_nodes[*a], EdgeW::InAllocation);
+                    g.add_edge(n, alloc_nodes[a], EdgeW::InAllocation);
                 }
                 n
             })
@@ -120,7 +111,7 @@ impl<'m> OwnershipGraph<'m> {
                     }
                 };
             }
-            if let Some(&t) = this.tensor_ix.get(&o.tensor) {
+            if let Some(t) = this.tensor_ix.get(&o.tensor) {
                 let tn = this.tensor_nodes[t];
                 this.graph.add_edge(parent, tn, EdgeW::Owns(o.registration));
             }
@@ -134,11 +125,11 @@ impl<'m> OwnershipGraph<'m> {
                 this.graph.add_edge(gn, kn, EdgeW::Contains);
                 for t in &node.touches {
                     let target = match t.tensor.and_then(|id| this.tensor_ix.get(&id)) {
-                        Some(&ti) => Some(this.tensor_nodes[ti]),
+                        Some(ti) => Some(this.tensor_nodes[ti]),
                         None => t
                             .allocation
                             .and_then(|a| this.alloc_ix.get(&a))
-                            .map(|&a| this.alloc_nodes[a]),
+                            .map(|a| this.alloc_nodes[a]),
                     };
                     if let Some(target) = target {
                         this.graph.add_edge(
@@ -160,12 +151,12 @@ impl<'m> OwnershipGraph<'m> {
 
     /// The index (into the manifest's `tensors`) of a tensor id.
     pub fn tensor_index(&self, id: crate::format::TensorId) -> Option<usize> {
-        self.tensor_ix.get(&id).copied()
+        self.tensor_ix.get(&id)
     }
 
     /// The index (into the manifest's `allocations`) of an allocation id.
     pub fn allocation_index(&self, id: crate::format::AllocationId) -> Option<usize> {
-        self.alloc_ix.get(&id).copied()
+        self.alloc_ix.get(&id)
     }
 
     /// The owner path a hop node stands for.

@@ -37,6 +37,16 @@ impl<K: RawId> IdIndex<K> {
         }
     }
 
+    /// Each id of `ids` mapped to its position in the sequence (the first, where an id
+    /// repeats: checked documents have none).
+    pub fn positions(ids: impl ExactSizeIterator<Item = K>) -> Self {
+        let mut ix = IdIndex::with_capacity(ids.len());
+        for (i, id) in ids.enumerate() {
+            ix.insert(id, i);
+        }
+        ix
+    }
+
     /// Maps `id` to `index`; returns the index it already had, if any (and keeps it).
     pub fn insert(&mut self, id: K, index: usize) -> Option<usize> {
         let raw = id.raw() as usize;

@@ -2,6 +2,7 @@
 //! order) that snapshot tests store, and the redactor that maps any address of a document
 //! to its symbolic id, for users who snapshot graphcheck's output themselves.
 
+use crate::ids::IdIndex;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
@@ -76,10 +77,10 @@ impl Symbolizer {
                 assign(i, &mut rank);
             }
         }
-        let ix: HashMap<_, usize> = tensors.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
+        let ix = IdIndex::positions(tensors.iter().map(|t| t.id));
         let mut by_path: Vec<(&str, usize)> = owners
             .iter()
-            .filter_map(|o| Some((o.path.as_str(), *ix.get(&o.tensor)?)))
+            .filter_map(|o| Some((o.path.as_str(), ix.get(&o.tensor)?)))
             .collect();
         by_path.sort();
         for (_, t) in &by_path {
@@ -218,9 +219,9 @@ fn tensor_section(
 ) {
     let pools = pool_names(pools);
     let mut owners_of: BTreeMap<usize, Vec<&Owner>> = BTreeMap::new();
-    let ix: HashMap<_, usize> = tensors.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
+    let ix = IdIndex::positions(tensors.iter().map(|t| t.id));
     for o in owners {
-        if let Some(&i) = ix.get(&o.tensor) {
+        if let Some(i) = ix.get(&o.tensor) {
             owners_of.entry(i).or_default().push(o);
         }
     }
@@ -299,23 +300,13 @@ fn pools_section(out: &mut String, pools: &[Pool]) {
 pub fn normalized_manifest(m: &Manifest) -> String {
     let sym = Symbolizer::for_manifest(m);
     let pools = pool_names(&m.pools);
-    let ix: HashMap<_, usize> = m
-        .tensors
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.id, i))
-        .collect();
-    let alloc_ix: HashMap<_, usize> = m
-        .allocations
-        .iter()
-        .enumerate()
-        .map(|(i, a)| (a.id, i))
-        .collect();
+    let ix = IdIndex::positions(m.tensors.iter().map(|t| t.id));
+    let alloc_ix = IdIndex::positions(m.allocations.iter().map(|a| a.id));
     let mut first_owner: HashMap<usize, &str> = HashMap::new();
     let mut sorted_owners: Vec<&Owner> = m.owners.iter().collect();
     sorted_owners.sort_by(|a, b| a.path.cmp(&b.path));
     for o in sorted_owners {
-        if let Some(&i) = ix.get(&o.tensor) {
+        if let Some(i) = ix.get(&o.tensor) {
             first_owner.entry(i).or_insert(o.path.as_str());
         }
     }
@@ -368,12 +359,12 @@ pub fn normalized_manifest(m: &Manifest) -> String {
             touches.sort_by_key(|t| (t.param, t.offset));
             for t in touches {
                 let target = match t.tensor.and_then(|id| ix.get(&id)) {
-                    Some(&i) => first_owner
+                    Some(i) => first_owner
                         .get(&i)
                         .map_or("(tensor, no owner)".to_string(), |p| p.to_string()),
                     None => t
                         .allocation
-                        .and_then(|a| alloc_ix.get(&a).map(|&i| &m.allocations[i]))
+                        .and_then(|a| alloc_ix.get(&a).map(|i| &m.allocations[i]))
                         .and_then(|a| a.pool)
                         .and_then(|p| pools.get(&p))
                         .map_or("(bare allocation)".to_string(), |p| {

@@ -41,6 +41,16 @@ fn error(e: &dyn std::error::Error) -> PyErr {
     GraphcheckError::new_err(chain(e))
 }
 
+/// A check failure of JSON text, named as the loaders name a file's.
+fn invalid(name: &Path, e: &loader::Invalid) -> String {
+    format!(
+        "{}: invalid document at `{}`: {}",
+        name.display(),
+        e.json_path,
+        e.message
+    )
+}
+
 /// A document as the caller handed it: a file, or JSON text named for error messages.
 enum Source {
     Path(PathBuf),
@@ -92,14 +102,7 @@ impl Source {
             Source::Path(p) => loader::load_manifest_checked(p).map_err(|e| chain(&e)),
             Source::Text { bytes, name } => {
                 let m = loader::parse_manifest(bytes, name).map_err(|e| chain(&e))?;
-                let t = loader::check_manifest(&m).map_err(|e| {
-                    format!(
-                        "{}: invalid document at `{}`: {}",
-                        name.display(),
-                        e.json_path,
-                        e.message
-                    )
-                })?;
+                let t = loader::check_manifest(&m).map_err(|e| invalid(name, &e))?;
                 Ok((m, t))
             }
         }
@@ -110,14 +113,7 @@ impl Source {
             Source::Path(p) => loader::load_live_checked(p).map_err(|e| chain(&e)),
             Source::Text { bytes, name } => {
                 let l = loader::parse_live(bytes, name).map_err(|e| chain(&e))?;
-                let t = loader::check_live(&l).map_err(|e| {
-                    format!(
-                        "{}: invalid document at `{}`: {}",
-                        name.display(),
-                        e.json_path,
-                        e.message
-                    )
-                })?;
+                let t = loader::check_live(&l).map_err(|e| invalid(name, &e))?;
                 Ok((l, t))
             }
         }
