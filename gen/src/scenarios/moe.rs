@@ -2,6 +2,7 @@
 //! scales set to `None` (vanished), and a scratch buffer only one graph reads (vllm#48902).
 
 use super::*;
+use crate::doc::Dtype;
 
 const ROUTER_TOPK: &str = "void vllm::moe::topkGatingSoftmax<8, 8, 4, 16, 32, int, c10::BFloat16>(c10::BFloat16 const*, bool const*, float*, int, int*, int*, int, int, int, bool)";
 const COMPUTE_PROBLEM_SIZES: &str =
@@ -32,36 +33,60 @@ const EXPERTS: u64 = 8;
 const TOPK: u64 = 2;
 const MOE_INTERMEDIATE: u64 = 768;
 
-pub(super) fn cutlass_moe_strides_alias() -> Scenario {
-    let mut doc = Doc::new();
-    let model = Model::new(&mut doc, "model", VOCAB);
-    let layer = Layer::new(&mut doc, "model.layers[0]", AttnOpts::default());
+/// Where the MoE scenarios' experts live.
+const EXPERTS_PATH: &str = "model.layers[0].mlp.experts";
+
+/// The router gate and the expert weights of layer 0, declared in the order every MoE
+/// scenario uses (so their addresses agree across scenarios).
+struct MoeWeights {
+    gate: TensorId,
+    w13: TensorId,
+    w2: TensorId,
+}
+
+fn moe_weights(doc: &mut Doc, dtype: Dtype) -> MoeWeights {
     let gate = doc.param(
         "model.layers[0].mlp.gate.weight",
         "ReplicatedLinear",
         BF16,
         &[EXPERTS, HIDDEN],
     );
-    let e = "model.layers[0].mlp.experts";
+    let e = EXPERTS_PATH;
     let w13 = doc.param(
         &format!("{e}.w13_weight"),
         "FusedMoE",
-        FP8,
+        dtype,
         &[EXPERTS, 2 * MOE_INTERMEDIATE, HIDDEN],
     );
     let w2 = doc.param(
         &format!("{e}.w2_weight"),
         "FusedMoE",
-        FP8,
+        dtype,
         &[EXPERTS, HIDDEN, MOE_INTERMEDIATE],
     );
-    let w13_scale = doc.param(
+    MoeWeights { gate, w13, w2 }
+}
+
+/// The per-expert fp8 weight scales.
+fn fp8_weight_scales(doc: &mut Doc) -> (TensorId, TensorId) {
+    let e = EXPERTS_PATH;
+    let w13 = doc.param(
         &format!("{e}.w13_weight_scale"),
         "FusedMoE",
         F32,
         &[EXPERTS],
     );
-    let w2_scale = doc.param(&format!("{e}.w2_weight_scale"), "FusedMoE", F32, &[EXPERTS]);
+    let w2 = doc.param(&format!("{e}.w2_weight_scale"), "FusedMoE", F32, &[EXPERTS]);
+    (w13, w2)
+}
+
+pub(super) fn cutlass_moe_strides_alias() -> Scenario {
+    let mut doc = Doc::new();
+    let model = Model::new(&mut doc, "model", VOCAB);
+    let layer = Layer::new(&mut doc, "model.layers[0]", AttnOpts::default());
+    let e = EXPERTS_PATH;
+    let MoeWeights { gate, w13, w2 } = moe_weights(&mut doc, FP8);
+    let (w13_scale, w2_scale) = fp8_weight_scales(&mut doc);
     // CutlassExpertsFp8.__init__ (from process_weights_after_loading): four stride
     // arrays, c_strides2 the same tensor as ab_strides1 (both hold K per expert).
     let fe = format!("{e}.quant_method.moe_kernel.fused_experts");
@@ -408,32 +433,8 @@ pub(super) fn owner_removed() -> Scenario {
     let mut doc = Doc::new();
     let model = Model::new(&mut doc, "model", VOCAB);
     let layer = Layer::new(&mut doc, "model.layers[0]", AttnOpts::default());
-    let gate = doc.param(
-        "model.layers[0].mlp.gate.weight",
-        "ReplicatedLinear",
-        BF16,
-        &[EXPERTS, HIDDEN],
-    );
-    let e = "model.layers[0].mlp.experts";
-    let w13 = doc.param(
-        &format!("{e}.w13_weight"),
-        "FusedMoE",
-        FP8,
-        &[EXPERTS, 2 * MOE_INTERMEDIATE, HIDDEN],
-    );
-    let w2 = doc.param(
-        &format!("{e}.w2_weight"),
-        "FusedMoE",
-        FP8,
-        &[EXPERTS, HIDDEN, MOE_INTERMEDIATE],
-    );
-    let w13_scale = doc.param(
-        &format!("{e}.w13_weight_scale"),
-        "FusedMoE",
-        F32,
-        &[EXPERTS],
-    );
-    let w2_scale = doc.param(&format!("{e}.w2_weight_scale"), "FusedMoE", F32, &[EXPERTS]);
+    let MoeWeights { gate, w13, w2 } = moe_weights(&mut doc, FP8);
+    let (w13_scale, w2_scale) = fp8_weight_scales(&mut doc);
     // Static activation scales, reduced to one scalar each at load.
     let w13_in = doc.param(W13_INPUT_SCALE, "FusedMoE", F32, &[]);
     let w2_in = doc.param(W2_INPUT_SCALE, "FusedMoE", F32, &[]);
@@ -517,25 +518,7 @@ pub(super) fn two_graphs_recapture() -> Scenario {
     let mut doc = Doc::new();
     let model = Model::new(&mut doc, "model", VOCAB);
     let layer = Layer::new(&mut doc, "model.layers[0]", AttnOpts::default());
-    let gate = doc.param(
-        "model.layers[0].mlp.gate.weight",
-        "ReplicatedLinear",
-        BF16,
-        &[EXPERTS, HIDDEN],
-    );
-    let e = "model.layers[0].mlp.experts";
-    let w13 = doc.param(
-        &format!("{e}.w13_weight"),
-        "FusedMoE",
-        BF16,
-        &[EXPERTS, 2 * MOE_INTERMEDIATE, HIDDEN],
-    );
-    let w2 = doc.param(
-        &format!("{e}.w2_weight"),
-        "FusedMoE",
-        BF16,
-        &[EXPERTS, HIDDEN, MOE_INTERMEDIATE],
-    );
+    let MoeWeights { gate, w13, w2 } = moe_weights(&mut doc, BF16);
     // The experts object's staging buffer for permuted tokens, sized for
     // max_num_batched_tokens (8192) x top-k: 64 MiB, its own segment.
     let scratch = doc.held(
