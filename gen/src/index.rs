@@ -57,21 +57,8 @@ pub struct ExpectedFinding {
     pub graphs: Option<Vec<String>>,
 }
 
-/// The finding kinds, in report order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    Vanished,
-    Drifted,
-    Freed,
-    Reused,
-    Reshaped,
-    Stale,
-    Unregistered,
-    Mispooled,
-    Unowned,
-    UnusedAllow,
-}
+/// The finding kinds: the core's vocabulary (`docs/findings.md`), in report order.
+pub use graphcheck::verify::FindingKind as Kind;
 
 /// A deliberately broken input.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
