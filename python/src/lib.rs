@@ -144,6 +144,39 @@ impl Source {
     }
 }
 
+/// Runs `f` with the GIL released. A panic inside it (a bug in graphcheck) becomes a
+/// `GraphcheckError` instead of `pyo3_runtime.PanicException`, which is a `BaseException`
+/// that an engine's `except Exception` would not catch: graphcheck never takes down the
+/// process it runs in.
+pub(crate) fn detached<T, F>(py: Python<'_>, f: F) -> PyResult<T>
+where
+    T: Send,
+    F: FnOnce() -> Result<T, String> + Send,
+{
+    py.detach(move || guarded(f))
+}
+
+/// Runs `f`, turning its error and any panic into a `GraphcheckError`.
+pub(crate) fn guarded<T, F>(f: F) -> PyResult<T>
+where
+    F: FnOnce() -> Result<T, String>,
+{
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(GraphcheckError::new_err),
+        Err(payload) => Err(GraphcheckError::new_err(panic_message(payload.as_ref()))),
+    }
+}
+
+/// What a caught panic says, as the message of the error that replaces it.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".into());
+    format!("internal error in graphcheck (a bug; please report it): {what}")
+}
+
 /// An error and its causes as one line.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
@@ -175,7 +208,7 @@ fn load(
 ) -> PyResult<(&'static str, String)> {
     let src = Source::extract(document, name)?;
     let expect = expect.map(str::to_owned);
-    py.detach(move || -> Result<(&'static str, String), String> {
+    detached(py, move || -> Result<(&'static str, String), String> {
         let (kind, json) = match expect.as_deref() {
             Some("manifest") => ("manifest", serde_json::to_string(&src.manifest()?.0)),
             Some("live") => ("live", serde_json::to_string(&src.live()?.0)),
@@ -189,7 +222,6 @@ fn load(
         };
         Ok((kind, json.map_err(|e| e.to_string())?))
     })
-    .map_err(GraphcheckError::new_err)
 }
 
 /// Runs verify; returns `(ok, report_json, table, markdown)`. `allow` is an allowlist
@@ -209,7 +241,7 @@ fn verify(
     let l_src = live
         .map(|l| Source::extract(l, Some("<live>")))
         .transpose()?;
-    py.detach(move || -> Result<_, String> {
+    detached(py, move || -> Result<_, String> {
         let allow = match (allow, allow_text) {
             (Some(_), Some(_)) => return Err("give allow or allow_text, not both".into()),
             (Some(p), None) => Allowlist::load(&p).map_err(|e| chain(&e))?,
@@ -251,7 +283,6 @@ fn verify(
             finish(render_markdown(&report, fmt)),
         ))
     })
-    .map_err(GraphcheckError::new_err)
 }
 
 /// The stable text of a document (`graphcheck show --normalized`).
@@ -259,11 +290,10 @@ fn verify(
 #[pyo3(signature = (document, name=None))]
 fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
     let src = Source::extract(document, name)?;
-    py.detach(move || {
+    detached(py, move || {
         src.document()
             .map(|d| graphcheck::normalize::normalized(&d))
     })
-    .map_err(GraphcheckError::new_err)
 }
 
 /// The summary of a document (`graphcheck show`).
@@ -271,8 +301,9 @@ fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -
 #[pyo3(signature = (document, name=None))]
 fn summary(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
     let src = Source::extract(document, name)?;
-    py.detach(move || src.document().map(|d| graphcheck::text::summary(&d)))
-        .map_err(GraphcheckError::new_err)
+    detached(py, move || {
+        src.document().map(|d| graphcheck::text::summary(&d))
+    })
 }
 
 /// Traces an address (`0x…`), an owner path, or with `kernel` every node whose name
@@ -297,7 +328,7 @@ fn explain(
             ));
         }
     };
-    py.detach(move || -> Result<_, String> {
+    detached(py, move || -> Result<_, String> {
         let (m, _) = src.manifest()?;
         let sym = Symbolizer::for_manifest(&m);
         let fmt: &dyn AddrFmt = if normalized { &sym } else { &RawAddrs };
@@ -306,7 +337,6 @@ fn explain(
         let text = if normalized { sym.redact(&text) } else { text };
         Ok((e.found, text))
     })
-    .map_err(GraphcheckError::new_err)
 }
 
 /// Compares two documents by owner path; returns `(same, text)`. `format` is `table`,
@@ -324,7 +354,7 @@ fn diff(
         Source::extract(b, Some("<B>"))?,
     );
     let format = format.to_owned();
-    py.detach(move || -> Result<_, String> {
+    detached(py, move || -> Result<_, String> {
         let (da, db) = (a.document()?, b.document()?);
         let r = graphcheck::diff::diff(&da, &db);
         let text = match format.as_str() {
@@ -343,16 +373,17 @@ fn diff(
         };
         Ok((r.same, text))
     })
-    .map_err(GraphcheckError::new_err)
 }
 
 /// The JSON Schema of format v1, as `graphcheck schema` prints it.
 #[pyfunction]
-fn schema() -> String {
-    let mut s = serde_json::to_string_pretty(&graphcheck::format::json_schema())
-        .expect("the schema is plain JSON");
-    s.push('\n');
-    s
+fn schema() -> PyResult<String> {
+    guarded(|| {
+        let mut s = serde_json::to_string_pretty(&graphcheck::format::json_schema())
+            .map_err(|e| e.to_string())?;
+        s.push('\n');
+        Ok(s)
+    })
 }
 
 /// What `build_manifest` takes: pools, tensors and owners from the Python registry walk,
@@ -509,8 +540,7 @@ fn build_manifest(
         .iter()
         .map(|w| w.inner.clone())
         .collect();
-    py.detach(move || build(&bytes, &walked))
-        .map_err(GraphcheckError::new_err)
+    detached(py, move || build(&bytes, &walked))
 }
 
 /// For each path, whether it matches the owner-path glob (`*` within one hop, `**`
@@ -518,22 +548,26 @@ fn build_manifest(
 #[pyfunction]
 fn glob_match(pattern: &str, paths: Vec<String>) -> PyResult<Vec<bool>> {
     let glob = Glob::new(pattern).map_err(|e| error(&e))?;
-    Ok(paths.iter().map(|p| glob.is_match(p)).collect())
+    guarded(|| Ok(paths.iter().map(|p| glob.is_match(p)).collect()))
 }
 
 /// Checks an owner path against the core's grammar; returns its canonical spelling.
 #[pyfunction]
 fn check_path(path: &str) -> PyResult<String> {
-    graphcheck::path::parse(path)
-        .map(|segs| graphcheck::path::join(&segs))
-        .map_err(|e| error(&e))
+    guarded(|| {
+        graphcheck::path::parse(path)
+            .map(|segs| graphcheck::path::join(&segs))
+            .map_err(|e| chain(&e))
+    })
 }
 
 /// Writes `data` to `path` atomically (the file is replaced whole or not at all).
 #[pyfunction]
 fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
-    py.detach(|| loader::write_atomic(&path, &data))
-        .map_err(|e| GraphcheckError::new_err(format!("failed to write {}: {e}", path.display())))
+    detached(py, || {
+        loader::write_atomic(&path, &data)
+            .map_err(|e| format!("failed to write {}: {e}", path.display()))
+    })
 }
 
 /// A walked graph held on the Rust side, as `walk` returns it: handing it to
@@ -550,7 +584,7 @@ impl Walked {
     #[staticmethod]
     fn from_json(py: Python<'_>, text: &str) -> PyResult<Walked> {
         let text = text.to_string();
-        py.detach(move || {
+        detached(py, move || {
             let mut de = serde_json::Deserializer::from_str(&text);
             serde_path_to_error::deserialize::<_, WalkedGraph>(&mut de)
                 .map_err(|e| format!("<walked graph>: invalid at `{}`: {}", e.path(), e.inner()))
@@ -558,14 +592,14 @@ impl Walked {
         .map(|w| Walked {
             inner: std::sync::Arc::new(w),
         })
-        .map_err(GraphcheckError::new_err)
     }
 
     /// The walked graph as WalkedGraph JSON (what `walk_graph` returns).
     fn to_json(&self, py: Python<'_>) -> PyResult<String> {
         let inner = self.inner.clone();
-        py.detach(move || serde_json::to_string(&*inner))
-            .map_err(|e| GraphcheckError::new_err(e.to_string()))
+        detached(py, move || {
+            serde_json::to_string(&*inner).map_err(|e| e.to_string())
+        })
     }
 
     /// Nodes that hold addresses (kernels, memsets, memcpys).
@@ -611,11 +645,9 @@ fn walk_raw(handle: u64) -> Result<WalkedGraph, String> {
 /// Walks a captured CUDA graph (as `walk_graph`) and keeps the result on the Rust side.
 #[pyfunction]
 fn walk(py: Python<'_>, handle: u64) -> PyResult<Walked> {
-    py.detach(move || walk_raw(handle))
-        .map(|w| Walked {
-            inner: std::sync::Arc::new(w),
-        })
-        .map_err(GraphcheckError::new_err)
+    detached(py, move || walk_raw(handle)).map(|w| Walked {
+        inner: std::sync::Arc::new(w),
+    })
 }
 
 /// Walks a captured CUDA graph and returns what its nodes hold, as WalkedGraph JSON (the
@@ -627,10 +659,9 @@ fn walk(py: Python<'_>, handle: u64) -> PyResult<Walked> {
 /// too old driver, or no current context, raises `GraphcheckError`.
 #[pyfunction]
 fn walk_graph(py: Python<'_>, handle: u64) -> PyResult<String> {
-    py.detach(move || {
+    detached(py, move || {
         walk_raw(handle).and_then(|w| serde_json::to_string(&w).map_err(|e| e.to_string()))
     })
-    .map_err(GraphcheckError::new_err)
 }
 
 #[pymodule]

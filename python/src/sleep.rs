@@ -53,6 +53,12 @@ thread_local! {
 /// The tag of allocations made with no `sleep_pool` active on the thread.
 const UNTAGGED: &str = "untagged";
 
+/// Runs an allocator call with the GIL released; a panic inside it becomes a `SleepError`
+/// (never `PanicException`, which an engine's `except Exception` does not catch).
+fn detached_sleep<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> PyResult<T> {
+    crate::detached(py, move || Ok(f())).map_err(|e| SleepError::new_err(e.value(py).to_string()))
+}
+
 fn allocator() -> Result<MutexGuard<'static, Allocator>, String> {
     match ALLOCATOR.get_or_init(|| {
         CudaVmm::new()
@@ -151,7 +157,9 @@ fn sleep_sleep(
     level: u8,
     offload_tags: Vec<String>,
 ) -> PyResult<BTreeMap<&'static str, u64>> {
-    let r = py.detach(|| allocator().map(|mut a| a.sleep(level, &offload_tags)));
+    let r = detached_sleep(py, || {
+        allocator().map(|mut a| a.sleep(level, &offload_tags))
+    })?;
     let r = r.map_err(SleepError::new_err)?.map_err(raise)?;
     Ok(BTreeMap::from([
         ("level", r.level as u64),
@@ -170,7 +178,9 @@ fn sleep_wake(
     poison: &str,
 ) -> PyResult<BTreeMap<&'static str, u64>> {
     let poison = Poison::parse(poison).map_err(SleepError::new_err)?;
-    let r = py.detach(|| allocator().map(|mut a| a.wake(tags.as_deref(), poison)));
+    let r = detached_sleep(py, || {
+        allocator().map(|mut a| a.wake(tags.as_deref(), poison))
+    })?;
     let r = r.map_err(SleepError::new_err)?.map_err(raise)?;
     Ok(BTreeMap::from([
         ("restored_bytes", r.restored_bytes),
@@ -234,7 +244,7 @@ fn sleep_take_error() -> Option<String> {
 /// Frees the pinned host buffers kept for the next sleep; returns the bytes freed.
 #[pyfunction]
 fn sleep_release_host_cache(py: Python<'_>) -> PyResult<u64> {
-    py.detach(|| allocator().map(|mut a| a.release_host_cache()))
+    detached_sleep(py, || allocator().map(|mut a| a.release_host_cache()))?
         .map_err(SleepError::new_err)?
         .map_err(raise)
 }

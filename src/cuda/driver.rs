@@ -7,6 +7,8 @@
 
 use std::ffi::{CStr, c_void};
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::ptr::addr_of;
 
 use cudarc::driver::sys;
 
@@ -113,6 +115,11 @@ impl<'a> GraphRef<'a> {
         check("cuGraphGetNodes", unsafe {
             sys::cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut n)
         })?;
+        // An empty graph (torch only warns on an empty capture) has no nodes to fetch, and
+        // asking for zero nodes into an array is CUDA_ERROR_INVALID_VALUE.
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let mut raw = vec![std::ptr::null_mut(); n];
         // SAFETY: `raw` has room for `n` handles; the driver writes at most `n`.
         check("cuGraphGetNodes", unsafe {
@@ -147,6 +154,41 @@ pub struct KernelNode<'a> {
     _life: PhantomData<&'a ()>,
 }
 
+/// A memset node's destination and the bytes it writes.
+#[derive(Clone, Copy, Debug)]
+pub struct MemsetNode {
+    pub dst: u64,
+    pub bytes: u64,
+}
+
+/// How the driver addresses one end of a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryType {
+    /// A host pointer (`CU_MEMORYTYPE_HOST`): pinned or registered host memory.
+    Host,
+    /// `CU_MEMORYTYPE_DEVICE`.
+    Device,
+    /// `CU_MEMORYTYPE_UNIFIED`: any address of the unified space, host or device.
+    Unified,
+}
+
+/// One end of a copy: its first byte (with the 3D offsets applied) and how it is
+/// addressed, or `None` for a CUDA array or an unknown memory type.
+#[derive(Clone, Copy, Debug)]
+pub struct MemcpyEnd {
+    pub addr: Option<(u64, MemoryType)>,
+    /// The `CUmemorytype` as the driver numbered it.
+    pub memory_type: u32,
+}
+
+/// A memcpy node's two ends and the bytes it copies.
+#[derive(Clone, Copy, Debug)]
+pub struct MemcpyNode {
+    pub dst: MemcpyEnd,
+    pub src: MemcpyEnd,
+    pub bytes: u64,
+}
+
 impl<'a> NodeRef<'a> {
     /// The node type as the driver numbers it.
     pub fn type_number(self) -> Result<u32, CudaError> {
@@ -161,12 +203,16 @@ impl<'a> NodeRef<'a> {
 
     /// The launch of a kernel node.
     pub fn kernel(self) -> Result<KernelNode<'a>, CudaError> {
-        // SAFETY: a plain C struct of handles, integers and pointers: all-zero is valid.
-        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // The struct holds only handles, integers and pointers (no enum field), so
+        // all-zero is a valid value and the driver's writes keep it valid.
+        let mut p = MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
         // SAFETY: writes the struct; the pointers in it stay owned by the node.
         check("cuGraphKernelNodeGetParams", unsafe {
-            sys::cuGraphKernelNodeGetParams_v2(self.raw, &mut p)
+            sys::cuGraphKernelNodeGetParams_v2(self.raw, p.as_mut_ptr())
         })?;
+        // SAFETY: zero-initialized and then written by the driver, field types all valid
+        // for any bit pattern (see above).
+        let p = unsafe { p.assume_init() };
         Ok(KernelNode {
             func: p.func,
             kern: p.kern,
@@ -178,35 +224,137 @@ impl<'a> NodeRef<'a> {
         })
     }
 
-    /// The destination of a memset node.
-    pub fn memset_dst(self) -> Result<u64, CudaError> {
-        // SAFETY: plain C struct; all-zero is valid.
-        let mut p: sys::CUDA_MEMSET_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    /// The destination and extent of a memset node.
+    pub fn memset(self) -> Result<MemsetNode, CudaError> {
+        // Integers only: all-zero is valid.
+        let mut p = MaybeUninit::<sys::CUDA_MEMSET_NODE_PARAMS>::zeroed();
         // SAFETY: writes the struct.
         check("cuGraphMemsetNodeGetParams", unsafe {
-            sys::cuGraphMemsetNodeGetParams(self.raw, &mut p)
+            sys::cuGraphMemsetNodeGetParams(self.raw, p.as_mut_ptr())
         })?;
-        Ok(p.dst)
+        // SAFETY: zero-initialized, then written by the driver; integer fields only.
+        let p = unsafe { p.assume_init() };
+        Ok(MemsetNode {
+            dst: p.dst,
+            bytes: (p.elementSize as u64)
+                .saturating_mul(p.width as u64)
+                .saturating_mul(p.height.max(1) as u64),
+        })
     }
 
-    /// The device ends of a memcpy node: (destination, source); host or array ends are
-    /// `None`.
-    pub fn memcpy_ends(self) -> Result<(Option<u64>, Option<u64>), CudaError> {
-        // SAFETY: plain C struct; all-zero is valid.
-        let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    /// The two ends of a memcpy node. `CUDA_MEMCPY3D` has two enum fields
+    /// (`srcMemoryType`, `dstMemoryType`, Rust enums with no zero variant): the struct is
+    /// never materialized as a Rust value; each field is read through a raw pointer, the
+    /// enums as `u32`.
+    pub fn memcpy(self) -> Result<MemcpyNode, CudaError> {
+        let mut p = MaybeUninit::<sys::CUDA_MEMCPY3D>::uninit();
+        // SAFETY: zeroing the bytes of a MaybeUninit makes no claim about their validity
+        // as a CUDA_MEMCPY3D; the driver then writes every field.
+        unsafe { std::ptr::write_bytes(p.as_mut_ptr(), 0, 1) };
         // SAFETY: writes the struct.
         check("cuGraphMemcpyNodeGetParams", unsafe {
-            sys::cuGraphMemcpyNodeGetParams(self.raw, &mut p)
+            sys::cuGraphMemcpyNodeGetParams(self.raw, p.as_mut_ptr())
         })?;
-        let device = |t: sys::CUmemorytype, d: u64| {
-            let t = t as u32;
-            // CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_UNIFIED = 4.
-            (t == 2 || t == 4).then_some(d)
+        let p = p.as_ptr();
+        // SAFETY: every read below is of a field of the (zeroed, then driver-written)
+        // struct through `addr_of!`, as its integer or pointer type; the two enum fields
+        // are read as the 4-byte integers they are in C (`#[repr(u32)]` in cudarc).
+        let end = |memory_type: *const sys::CUmemorytype,
+                   host: *const *const c_void,
+                   device: *const u64,
+                   x: *const usize,
+                   y: *const usize,
+                   z: *const usize,
+                   pitch: *const usize,
+                   height: *const usize| unsafe {
+            let memory_type = memory_type.cast::<u32>().read();
+            let (base, kind) = match memory_type {
+                // CU_MEMORYTYPE_HOST: a host pointer (pinned or registered memory).
+                1 => (host.read() as u64, MemoryType::Host),
+                // CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_UNIFIED: a device-visible address.
+                2 => (device.read(), MemoryType::Device),
+                4 => (device.read(), MemoryType::Unified),
+                // CU_MEMORYTYPE_ARRAY (3) and anything newer: no linear address.
+                other => {
+                    return MemcpyEnd {
+                        addr: None,
+                        memory_type: other,
+                    };
+                }
+            };
+            let (x, y, z, pitch, height) =
+                (x.read(), y.read(), z.read(), pitch.read(), height.read());
+            let offset = (x as u64)
+                .wrapping_add((y as u64).wrapping_mul(pitch as u64))
+                .wrapping_add(
+                    (z as u64)
+                        .wrapping_mul(pitch as u64)
+                        .wrapping_mul(height as u64),
+                );
+            MemcpyEnd {
+                addr: (base != 0).then(|| (base.wrapping_add(offset), kind)),
+                memory_type,
+            }
         };
-        Ok((
-            device(p.dstMemoryType, p.dstDevice),
-            device(p.srcMemoryType, p.srcDevice),
-        ))
+        // SAFETY: field addresses of the struct above (no reads here).
+        let (src, dst, bytes) = unsafe {
+            let src = end(
+                addr_of!((*p).srcMemoryType),
+                addr_of!((*p).srcHost),
+                addr_of!((*p).srcDevice),
+                addr_of!((*p).srcXInBytes),
+                addr_of!((*p).srcY),
+                addr_of!((*p).srcZ),
+                addr_of!((*p).srcPitch),
+                addr_of!((*p).srcHeight),
+            );
+            let dst = end(
+                addr_of!((*p).dstMemoryType),
+                addr_of!((*p).dstHost).cast::<*const c_void>(),
+                addr_of!((*p).dstDevice),
+                addr_of!((*p).dstXInBytes),
+                addr_of!((*p).dstY),
+                addr_of!((*p).dstZ),
+                addr_of!((*p).dstPitch),
+                addr_of!((*p).dstHeight),
+            );
+            let bytes = (addr_of!((*p).WidthInBytes).read() as u64)
+                .saturating_mul(addr_of!((*p).Height).read().max(1) as u64)
+                .saturating_mul(addr_of!((*p).Depth).read().max(1) as u64);
+            (src, dst, bytes)
+        };
+        Ok(MemcpyNode { dst, src, bytes })
+    }
+
+    /// What a graph memory-allocation node allocates: (address, bytes). The parameters
+    /// hold `CUmemPoolProps`, whose fields are enums: read field by field, never as a
+    /// Rust value.
+    pub fn mem_alloc(self) -> Result<(u64, u64), CudaError> {
+        let mut p = MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::uninit();
+        // SAFETY: zeroing bytes of a MaybeUninit claims nothing; the driver writes them.
+        unsafe { std::ptr::write_bytes(p.as_mut_ptr(), 0, 1) };
+        // SAFETY: writes the struct (the access descriptors stay owned by the node).
+        check("cuGraphMemAllocNodeGetParams", unsafe {
+            sys::cuGraphMemAllocNodeGetParams(self.raw, p.as_mut_ptr())
+        })?;
+        let p = p.as_ptr();
+        // SAFETY: integer fields of the driver-written struct, read through `addr_of!`.
+        Ok(unsafe {
+            (
+                addr_of!((*p).dptr).read(),
+                addr_of!((*p).bytesize).read() as u64,
+            )
+        })
+    }
+
+    /// The address a graph memory-free node frees.
+    pub fn mem_free(self) -> Result<u64, CudaError> {
+        let mut dptr: u64 = 0;
+        // SAFETY: writes one address.
+        check("cuGraphMemFreeNodeGetParams", unsafe {
+            sys::cuGraphMemFreeNodeGetParams(self.raw, &mut dptr)
+        })?;
+        Ok(dptr)
     }
 
     /// The body of a child-graph node, owned by the node.
@@ -244,18 +392,27 @@ impl<'a> NodeRef<'a> {
                 name: "not in this driver (needs CUDA 13)".into(),
             });
         };
-        // SAFETY: a C struct with a union of C structs; all-zero is valid.
-        let mut p: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
+        // `CUgraphNodeParams` starts with an enum (`type_`) and its `conditional` member
+        // holds another: never a Rust value, read field by field.
+        let mut p = MaybeUninit::<sys::CUgraphNodeParams>::uninit();
+        // SAFETY: zeroing bytes of a MaybeUninit claims nothing about their validity.
+        unsafe { std::ptr::write_bytes(p.as_mut_ptr(), 0, 1) };
         // SAFETY: writes the struct, whose layout is the same in the 12.8 and 13 headers.
-        check("cuGraphNodeGetParams", unsafe { get(self.raw, &mut p) })?;
+        check("cuGraphNodeGetParams", unsafe {
+            get(self.raw, p.as_mut_ptr())
+        })?;
+        let p = p.as_ptr();
         // SAFETY: the node is a conditional node (the caller checked its type), so the union
-        // holds `conditional`, whose `phGraph_out` points to `size` graphs owned by the node.
+        // holds `conditional`, whose `phGraph_out` points to `size` graphs owned by the
+        // node; both are read through `addr_of!` as their integer and pointer types.
         let bodies = unsafe {
-            let c = p.__bindgen_anon_1.conditional;
-            if c.phGraph_out.is_null() {
+            let c = addr_of!((*p).__bindgen_anon_1.conditional);
+            let graphs = addr_of!((*c).phGraph_out).read();
+            let size = addr_of!((*c).size).read();
+            if graphs.is_null() {
                 Vec::new()
             } else {
-                std::slice::from_raw_parts(c.phGraph_out, c.size as usize).to_vec()
+                std::slice::from_raw_parts(graphs, size as usize).to_vec()
             }
         };
         Ok(bodies
@@ -403,4 +560,26 @@ pub fn address_range(addr: u64) -> Option<(u64, u64)> {
     // SAFETY: writes two integers; any address may be asked about.
     let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
     (r == sys::CUresult::CUDA_SUCCESS && size > 0).then_some((base, size as u64))
+}
+
+/// The allocation holding `addr` as the driver's pointer attributes give it, (base, size):
+/// this also answers for pinned and registered host memory, which `cuMemGetAddressRange`
+/// does not know. `None` when the driver knows no allocation there.
+pub fn pointer_range(addr: u64) -> Option<(u64, u64)> {
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: each call writes one value of the attribute's documented type
+    // (CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: a CUdeviceptr, RANGE_SIZE: a size_t).
+    let ok = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut base as *mut u64).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            addr,
+        ) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuPointerGetAttribute(
+                (&mut size as *mut usize).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                addr,
+            ) == sys::CUresult::CUDA_SUCCESS
+    };
+    (ok && size > 0 && base != 0).then_some((base, size as u64))
 }

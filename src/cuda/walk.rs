@@ -85,6 +85,31 @@ impl Default for RangeCache {
 }
 
 impl RangeCache {
+    /// Records a range the walk learned other than from `cuMemGetAddressRange` (a graph
+    /// allocation node's memory, pinned host memory).
+    fn add_range(&mut self, base: u64, size: u64) {
+        let at = self.ranges.partition_point(|&(x, _)| x < base);
+        if self.ranges.get(at).map(|r| r.0) != Some(base) {
+            self.ranges.insert(at, (base, size));
+        }
+        // A word once missed may lie in the new range.
+        self.misses.clear();
+        self.recent_misses.fill(0);
+    }
+
+    /// A host end of a copy: the pointer attributes know pinned and registered host
+    /// memory, which `cuMemGetAddressRange` does not.
+    fn lookup_host(&mut self, v: u64) -> Option<(u64, u64)> {
+        if v == 0 {
+            return None;
+        }
+        self.lookups += 1;
+        let (b, s) = driver::pointer_range(v)?;
+        self.add_range(b, s);
+        self.last = (b, s);
+        Some((b, s))
+    }
+
     fn slot(v: u64) -> usize {
         (v.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize
     }
@@ -191,11 +216,23 @@ impl Walker {
     fn walk(&mut self, g: GraphRef<'_>, parent: Option<u32>) -> Result<(), CudaError> {
         let nodes = g.nodes()?;
         self.out.nodes.reserve(nodes.len());
-        for node in nodes {
+        let types: Vec<Result<u32, CudaError>> = nodes.iter().map(|n| n.type_number()).collect();
+        // Memory that the graph's own allocation nodes hand out is mapped only while the
+        // graph runs, so the driver may not know it yet: its ranges come from the nodes,
+        // before any kernel's words are resolved against them.
+        for (node, t) in nodes.iter().zip(&types) {
+            if let (Ok(10), Ok((base, size))) = (t, node.mem_alloc()) {
+                if base != 0 && size > 0 {
+                    self.cache.add_range(base, size);
+                    self.out.graph_allocations.push((Addr(base), size));
+                }
+            }
+        }
+        for (node, t) in nodes.into_iter().zip(types) {
             let index = self.next;
             self.next += 1;
             self.stats.nodes += 1;
-            let t = match node.type_number() {
+            let t = match t {
                 Ok(t) => t,
                 Err(e) => {
                     *self.out.node_counts.entry("unknown".into()).or_default() += 1;
@@ -234,9 +271,11 @@ impl Walker {
                     }
                     Err(e) => self.unread(index, type_name.into_owned(), format!("its bodies could not be read: {e}")),
                 },
-                // No device address to read.
+                10 => self.mem_alloc(node, index, parent),
+                11 => self.mem_free(node, index, parent),
+                // No device address to read: host callbacks, empty nodes, events.
                 3 | 5 | 6 | 7 => {}
-                8..=12 => self.unread(
+                8 | 9 | 12 => self.unread(
                     index,
                     type_name.into_owned(),
                     "graphcheck does not read this node type's parameters; any address it holds is not checked".into(),
@@ -372,8 +411,8 @@ impl Walker {
     }
 
     fn memset(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
-        let (words, opaque) = match node.memset_dst() {
-            Ok(dst) => (self.ends(&[dst]), None),
+        let (words, opaque) = match node.memset() {
+            Ok(m) => (self.ends(&[(0, m.dst)], false), None),
             Err(e) => (
                 Vec::new(),
                 Some(format!("its parameters could not be read: {e}")),
@@ -392,35 +431,35 @@ impl Walker {
     }
 
     fn memcpy(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
-        let (words, opaque) = match node.memcpy_ends() {
-            Ok((dst, src)) => {
-                // Parameter 0 is the destination, 1 the source; host or array ends hold no
-                // device address.
+        let (words, opaque, name) = match node.memcpy() {
+            Ok(m) => {
+                // Parameter 0 is the destination, 1 the source. A host end (pinned or
+                // registered memory) is an address like any other: the tensor behind it
+                // is an owner, and freeing it is a hazard. Array ends hold no address.
                 let mut w = Vec::new();
-                for (param, end) in [(0u32, dst), (1, src)] {
-                    if let Some(a) = end {
-                        self.stats.words += 1;
-                        if let Some((b, s)) = self.cache.lookup(a) {
-                            w.push(RawWord {
-                                param,
-                                offset: 0,
-                                addr: Addr(a),
-                                allocation: Some((Addr(b), s)),
-                            });
-                        }
+                for (param, end) in [(0u32, m.dst), (1, m.src)] {
+                    if let Some((a, t)) = end.addr {
+                        w.extend(self.ends(&[(param, a)], t != driver::MemoryType::Device));
                     }
                 }
-                (w, None)
+                let name = format!(
+                    "memcpy {}->{} ({} bytes)",
+                    memory_type_name(m.src.memory_type),
+                    memory_type_name(m.dst.memory_type),
+                    m.bytes
+                );
+                (w, None, name)
             }
             Err(e) => (
                 Vec::new(),
                 Some(format!("its parameters could not be read: {e}")),
+                "memcpy".into(),
             ),
         };
         self.push(WalkedNode {
             index,
             kind: NodeKind::Memcpy,
-            name: "memcpy".into(),
+            name,
             grid: None,
             block: None,
             parent,
@@ -429,13 +468,71 @@ impl Walker {
         });
     }
 
-    fn ends(&mut self, addrs: &[u64]) -> Vec<RawWord> {
-        let mut w = Vec::new();
-        for &a in addrs {
-            self.stats.words += 1;
-            if let Some((b, s)) = self.cache.lookup(a) {
-                w.push(RawWord {
+    fn mem_alloc(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+        let (words, opaque, name) = match node.mem_alloc() {
+            Ok((base, size)) => (
+                vec![RawWord {
                     param: 0,
+                    offset: 0,
+                    addr: Addr(base),
+                    allocation: Some((Addr(base), size)),
+                }],
+                None,
+                format!("mem_alloc ({size} bytes)"),
+            ),
+            Err(e) => (
+                Vec::new(),
+                Some(format!("its parameters could not be read: {e}")),
+                "mem_alloc".into(),
+            ),
+        };
+        self.stats.words += 1;
+        self.push(WalkedNode {
+            index,
+            kind: NodeKind::MemAlloc,
+            name,
+            grid: None,
+            block: None,
+            parent,
+            opaque,
+            words,
+        });
+    }
+
+    fn mem_free(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+        let (words, opaque) = match node.mem_free() {
+            Ok(dptr) => (self.ends(&[(0, dptr)], false), None),
+            Err(e) => (
+                Vec::new(),
+                Some(format!("its parameters could not be read: {e}")),
+            ),
+        };
+        self.push(WalkedNode {
+            index,
+            kind: NodeKind::MemFree,
+            name: "mem_free".into(),
+            grid: None,
+            block: None,
+            parent,
+            opaque,
+            words,
+        });
+    }
+
+    /// Address words for (parameter, address) ends that lie in an allocation; `host`
+    /// also asks the driver's pointer attributes, which know pinned host memory.
+    fn ends(&mut self, ends: &[(u32, u64)], host: bool) -> Vec<RawWord> {
+        let mut w = Vec::new();
+        for &(param, a) in ends {
+            self.stats.words += 1;
+            let range = match self.cache.lookup(a) {
+                Some(r) => Some(r),
+                None if host => self.cache.lookup_host(a),
+                None => None,
+            };
+            if let Some((b, s)) = range {
+                w.push(RawWord {
+                    param,
                     offset: 0,
                     addr: Addr(a),
                     allocation: Some((Addr(b), s)),
@@ -444,6 +541,17 @@ impl Walker {
         }
         w
     }
+}
+
+/// The driver's name for a `CUmemorytype`.
+fn memory_type_name(t: u32) -> std::borrow::Cow<'static, str> {
+    std::borrow::Cow::Borrowed(match t {
+        1 => "host",
+        2 => "device",
+        3 => "array",
+        4 => "unified",
+        _ => return std::borrow::Cow::Owned(format!("memory_type_{t}")),
+    })
 }
 
 #[cfg(test)]
