@@ -44,6 +44,10 @@ pub struct WalkedGraph {
     pub node_counts: BTreeMap<String, u64>,
     pub unread: Vec<Unread>,
     pub nodes: Vec<WalkedNode>,
+    /// Memory the graph's own allocation nodes (`mem_alloc`) hand out: (base, size). It
+    /// belongs to the graph, as a graph pool's memory does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graph_allocations: Vec<(Addr, u64)>,
 }
 
 impl WalkedGraph {
@@ -306,7 +310,22 @@ impl ManifestBuilder {
     }
 
     /// Adds a walked graph.
+    ///
+    /// Memory the graph allocates itself (its `mem_alloc` nodes) is declared as a graph
+    /// pool of its own, named after the graph: what lies there is the graph's, not an
+    /// owner's, and sleep or reload does not concern it.
     pub fn add_graph(&mut self, name: &str, pool: Option<PoolId>, walked: WalkedGraph) -> GraphId {
+        if !walked.graph_allocations.is_empty() {
+            let own = self.add_pool(
+                &format!("{name} graph allocations"),
+                PoolKind::Graph,
+                SleepPolicy::Untouched,
+            );
+            for &(base, size) in &walked.graph_allocations {
+                self.pool_ranges
+                    .push((base.0, base.0.saturating_add(size), own));
+            }
+        }
         let id = GraphId(self.graphs.len() as u32);
         self.graphs.push((name.to_string(), pool, walked));
         id
@@ -601,6 +620,7 @@ mod tests {
                     word(1, 0, 0x40_0100, seg_g), // a graph-pool intermediate
                 ],
             }],
+            graph_allocations: vec![],
         };
         b.add_graph("bs1", Some(graph_pool), walked);
         let m = b.finish().unwrap();
@@ -637,7 +657,56 @@ mod tests {
                 opaque: None,
                 words,
             }],
+            graph_allocations: vec![],
         }
+    }
+
+    #[test]
+    fn memory_of_graph_allocation_nodes_belongs_to_the_graph() {
+        // A captured cudaMallocAsync: the mem_alloc node's memory, read by a kernel of the
+        // same graph, is the graph's own (a graph pool), not an unowned address.
+        let mut b = ManifestBuilder::new(producer());
+        let range = Some((0x7000_0000, 0x1000));
+        let mut walked = one_node("k", vec![word(0, 0, 0x7000_0040, range)]);
+        walked.nodes.insert(
+            0,
+            WalkedNode {
+                index: 1,
+                kind: NodeKind::MemAlloc,
+                name: "mem_alloc (4096 bytes)".into(),
+                grid: None,
+                block: None,
+                parent: None,
+                opaque: None,
+                words: vec![word(0, 0, 0x7000_0000, range)],
+            },
+        );
+        walked.graph_allocations = vec![(Addr(0x7000_0000), 0x1000)];
+        b.add_graph("g", None, walked);
+        let m = b.finish().unwrap();
+        assert_eq!(m.pools.len(), 1);
+        assert_eq!(m.pools[0].kind, PoolKind::Graph);
+        assert_eq!(m.pools[0].name, "g graph allocations");
+        assert_eq!(m.allocations[0].pool, Some(m.pools[0].id));
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+
+        // Without the declaration the same word is unowned: the test can fail.
+        let mut b = ManifestBuilder::new(producer());
+        b.add_graph(
+            "g",
+            None,
+            one_node("k", vec![word(0, 0, 0x7000_0040, range)]),
+        );
+        let m = b.finish().unwrap();
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.kind == crate::verify::FindingKind::Unowned),
+            "{:?}",
+            r.findings
+        );
     }
 
     /// Guards the Qwen3 false `unowned` (fixtures/gpu/corpus_qwen3_*): stale bytes in the

@@ -470,6 +470,12 @@ pub enum NodeKind {
     Kernel,
     Memset,
     Memcpy,
+    // A graph memory-allocation node (`cudaMallocAsync` captured): its touch is the
+    // memory it allocates. (Plain comments: a doc comment turns the schema's enum into a
+    // `oneOf`.)
+    MemAlloc,
+    // A graph memory-free node: its touch is the memory it frees.
+    MemFree,
 }
 
 impl fmt::Display for NodeKind {
@@ -478,6 +484,8 @@ impl fmt::Display for NodeKind {
             NodeKind::Kernel => "kernel",
             NodeKind::Memset => "memset",
             NodeKind::Memcpy => "memcpy",
+            NodeKind::MemAlloc => "mem_alloc",
+            NodeKind::MemFree => "mem_free",
         })
     }
 }
