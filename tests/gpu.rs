@@ -310,8 +310,9 @@ fn child_graph_bodies_are_walked() -> Result<(), CudaError> {
     g.ctx.bind_to_thread()?;
     // SAFETY: `outer` lives until the destroy below and nothing else touches it.
     let walked = walk_graph(unsafe { GraphRef::from_raw(outer) });
-    // SAFETY: created above, destroyed once.
-    unsafe { sys::cuGraphDestroy(outer) };
+    // The walk changed nothing: the outer graph replays its child's kernel.
+    RawGraph(outer).replay(s, 1);
+    assert!(s.clone_dtoh(&out)?.iter().all(|&v| v == 2.0));
     let (walked, _) = walked?;
     assert_eq!(walked.node_counts.get("child_graph"), Some(&1));
     assert_eq!(walked.node_counts.get("empty"), Some(&1));
@@ -569,5 +570,552 @@ fn sleep_allocator_round_trip_over_the_driver() -> Result<(), CudaError> {
         (free0 + mapped).abs_diff(free2) <= granule,
         "teardown returns every byte"
     );
+    Ok(())
+}
+
+// -- every node type a capture produces (issue 10) ----------------------------------------
+
+/// Asserts that a driver call succeeded, naming it.
+fn ck(call: &str, r: sys::CUresult) {
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{call}");
+}
+
+/// A graph captured with the driver's calls directly, owned here and destroyed on drop.
+struct RawGraph(sys::CUgraph);
+
+impl Drop for RawGraph {
+    fn drop(&mut self) {
+        // SAFETY: created by a capture below, destroyed once.
+        unsafe { sys::cuGraphDestroy(self.0) };
+    }
+}
+
+impl RawGraph {
+    fn graph_ref(&self) -> GraphRef<'_> {
+        // SAFETY: the graph lives as long as `self` and nothing modifies it while borrowed.
+        unsafe { GraphRef::from_raw(self.0) }
+    }
+
+    /// Instantiates the graph, launches it `times` times on `stream` and waits.
+    fn replay(&self, stream: &CudaStream, times: usize) {
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: instantiates our graph into an exec we destroy below.
+        unsafe {
+            ck(
+                "cuGraphInstantiateWithFlags",
+                sys::cuGraphInstantiateWithFlags(&mut exec, self.0, 0),
+            );
+            for _ in 0..times {
+                ck(
+                    "cuGraphLaunch",
+                    sys::cuGraphLaunch(exec, stream.cu_stream()),
+                );
+            }
+            ck(
+                "cuStreamSynchronize",
+                sys::cuStreamSynchronize(stream.cu_stream()),
+            );
+            sys::cuGraphExecDestroy(exec);
+        }
+    }
+}
+
+/// Captures what `work` enqueues on `stream` with `cuStreamBeginCapture` (global mode, so
+/// that other streams can join by events), without instantiating it.
+fn raw_capture(stream: &CudaStream, work: impl FnOnce(sys::CUstream)) -> RawGraph {
+    let s = stream.cu_stream();
+    // SAFETY: begins and ends a capture on our own stream.
+    unsafe {
+        ck(
+            "cuStreamBeginCapture",
+            sys::cuStreamBeginCapture_v2(
+                s,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            ),
+        );
+    }
+    work(s);
+    let mut g: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above.
+    unsafe { ck("cuStreamEndCapture", sys::cuStreamEndCapture(s, &mut g)) };
+    assert!(!g.is_null(), "the capture produced a graph");
+    RawGraph(g)
+}
+
+/// Pinned host memory of `n` floats, freed on drop.
+struct Pinned {
+    ptr: *mut f32,
+    n: usize,
+}
+
+impl Pinned {
+    fn new(n: usize, value: f32) -> Pinned {
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: allocates page-locked host memory that we free on drop.
+        unsafe { ck("cuMemAllocHost", sys::cuMemAllocHost_v2(&mut p, n * 4)) };
+        let pinned = Pinned { ptr: p.cast(), n };
+        pinned.fill(value);
+        pinned
+    }
+    fn fill(&self, value: f32) {
+        // SAFETY: `n` floats of our own allocation; no copy is in flight (callers sync).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.n) }.fill(value);
+    }
+    fn read(&self) -> Vec<f32> {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.n) }.to_vec()
+    }
+    fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAllocHost, freed once.
+        unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
+    }
+}
+
+fn launch_scale(g: &Gpu, s: &CudaStream, out: u64, input: u64, k: f32, n: usize) {
+    let f = g.module.load_function("scale").expect("scale");
+    let ni = n as i32;
+    // SAFETY: arguments match `scale(float*, const float*, float, int)`; both buffers
+    // hold `n` floats.
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&out)
+            .arg(&input)
+            .arg(&k)
+            .arg(&ni)
+            .launch(LaunchConfig::for_num_elems(n as u32))
+    }
+    .expect("launch scale");
+}
+
+/// The (parameter, address) words of the walked nodes of `kind`, in node order.
+fn words_of(m: &Manifest, kind: NodeKind) -> Vec<Vec<(u32, Addr, Option<TensorId>)>> {
+    m.graphs[0]
+        .nodes
+        .iter()
+        .filter(|n| n.kind == kind)
+        .map(|n| {
+            n.touches
+                .iter()
+                .map(|t| (t.param, t.addr, t.tensor))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn memcpy_nodes_device_and_pinned_host_ends() -> Result<(), CudaError> {
+    if !enabled("memcpy_nodes_device_and_pinned_host_ends") {
+        return Ok(());
+    }
+    let g = gpu();
+    let s = &g.stream;
+    let n = 1024usize;
+    let x = s.clone_htod(&vec![1.0f32; n])?;
+    let y = s.alloc_zeros::<f32>(n)?;
+    let d = s.alloc_zeros::<f32>(n)?;
+    let z = s.alloc_zeros::<f32>(n)?;
+    let host_in = Pinned::new(n, 5.0);
+    let host_out = Pinned::new(n, 0.0);
+    let (px, py, pd, pz) = (ptr(&x, s), ptr(&y, s), ptr(&d, s), ptr(&z, s));
+    s.synchronize()?;
+    let bytes = n * 4;
+    // Device to device, pinned host to device, a kernel, device to pinned host: the copies
+    // torch makes for `copy_`, input staging and `.to("cpu", non_blocking=True)`.
+    let graph = raw_capture(s, |cs| {
+        // SAFETY: every buffer holds `bytes` bytes and outlives the graph's launches.
+        unsafe {
+            ck(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(py, px, bytes, cs),
+            );
+            ck(
+                "cuMemcpyHtoDAsync",
+                sys::cuMemcpyHtoDAsync_v2(pd, host_in.ptr.cast(), bytes, cs),
+            );
+        }
+        launch_scale(&g, s, pz, pd, 2.0, n);
+        // SAFETY: as above.
+        unsafe {
+            ck(
+                "cuMemcpyDtoHAsync",
+                sys::cuMemcpyDtoHAsync_v2(host_out.ptr.cast(), pz, bytes, cs),
+            );
+        }
+    });
+    g.ctx.bind_to_thread()?;
+    let registry = vec![
+        NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.y", py, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.d", pd, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.z", pz, "float32", 4, n as u64),
+        NamedAllocation::host("model.host_in", host_in.addr(), "float32", 4, n as u64),
+        NamedAllocation::host("model.host_out", host_out.addr(), "float32", 4, n as u64),
+    ];
+    let (m, _) = graphcheck::cuda::capture::manifest_of_graphs(
+        &[("copies", graph.graph_ref())],
+        &registry,
+        "graphcheck gpu test",
+    )?;
+    save("native_memcpy", &m);
+    assert_eq!(m.graphs[0].node_counts.get("memcpy"), Some(&3));
+    assert!(m.graphs[0].unread.is_empty(), "{:?}", m.graphs[0].unread);
+    let t = |p: &str| Some(tensor_of(&m, p));
+    // Each copy: destination (param 0) and source (param 1), host ends included.
+    let copies = words_of(&m, NodeKind::Memcpy);
+    let mut seen: Vec<Vec<(u32, Addr, Option<TensorId>)>> = copies.clone();
+    seen.sort();
+    let mut want = vec![
+        vec![(0, Addr(py), t("model.y")), (1, Addr(px), t("model.x"))],
+        vec![
+            (0, Addr(pd), t("model.d")),
+            (1, Addr(host_in.addr()), t("model.host_in")),
+        ],
+        vec![
+            (0, Addr(host_out.addr()), t("model.host_out")),
+            (1, Addr(pz), t("model.z")),
+        ],
+    ];
+    want.sort();
+    assert_eq!(seen, want);
+    let names: Vec<&str> = m.graphs[0]
+        .nodes
+        .iter()
+        .filter(|n| n.kind == NodeKind::Memcpy)
+        .map(|n| n.name.as_str())
+        .collect();
+    eprintln!("memcpy nodes: {names:?}");
+    clean(&m);
+    // The walk changed nothing: the replay reads the pinned input as it is at launch.
+    host_in.fill(7.0);
+    graph.replay(s, 1);
+    assert!(host_out.read().iter().all(|&v| v == 14.0));
+    assert!(s.clone_dtoh(&y)?.iter().all(|&v| v == 1.0));
+    Ok(())
+}
+
+#[test]
+fn empty_capture_is_an_empty_graph_that_verifies_clean() -> Result<(), CudaError> {
+    if !enabled("empty_capture_is_an_empty_graph_that_verifies_clean") {
+        return Ok(());
+    }
+    let g = gpu();
+    let graph = raw_capture(&g.stream, |_| {});
+    g.ctx.bind_to_thread()?;
+    let (m, stats) = graphcheck::cuda::capture::manifest_of_graphs(
+        &[("empty", graph.graph_ref())],
+        &[],
+        "graphcheck gpu test",
+    )?;
+    save("native_empty", &m);
+    assert_eq!(stats[0].nodes, 0);
+    assert!(m.graphs[0].nodes.is_empty());
+    assert!(m.graphs[0].node_counts.is_empty());
+    clean(&m);
+    graph.replay(&g.stream, 2);
+    Ok(())
+}
+
+static HOST_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe extern "C" fn count_host_call(_: *mut std::ffi::c_void) {
+    HOST_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[test]
+fn events_fork_join_and_host_function_nodes() -> Result<(), CudaError> {
+    if !enabled("events_fork_join_and_host_function_nodes") {
+        return Ok(());
+    }
+    let g = gpu();
+    let s = &g.stream;
+    let side = g.ctx.new_stream()?;
+    let n = 512usize;
+    let x = s.clone_htod(&vec![1.0f32; n])?;
+    let a = s.alloc_zeros::<f32>(n)?;
+    let b = s.alloc_zeros::<f32>(n)?;
+    let (px, pa, pb) = (ptr(&x, s), ptr(&a, s), ptr(&b, s));
+    s.synchronize()?;
+    let mut ev = [std::ptr::null_mut(); 4]; // fork, join, external wait, external record
+    // SAFETY: creates events destroyed at the end of the test.
+    unsafe {
+        for e in &mut ev {
+            ck("cuEventCreate", sys::cuEventCreate(e, 0));
+        }
+        // Recorded (and complete) before the capture: the external wait node waits on it.
+        ck("cuEventRecord", sys::cuEventRecord(ev[2], s.cu_stream()));
+        ck(
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(s.cu_stream()),
+        );
+    }
+    HOST_CALLS.store(0, std::sync::atomic::Ordering::SeqCst);
+    let graph = raw_capture(s, |cs| {
+        // SAFETY: events and streams are ours; the callback is a plain counter.
+        unsafe {
+            // An external wait: captured as a wait_event node, not as an edge.
+            ck(
+                "cuStreamWaitEvent",
+                sys::cuStreamWaitEvent(
+                    cs,
+                    ev[2],
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32,
+                ),
+            );
+            // Fork onto the side stream, as torch's `wait_stream` does.
+            ck("cuEventRecord", sys::cuEventRecord(ev[0], cs));
+            ck(
+                "cuStreamWaitEvent",
+                sys::cuStreamWaitEvent(side.cu_stream(), ev[0], 0),
+            );
+        }
+        launch_scale(&g, s, pa, px, 2.0, n);
+        launch_scale(&g, &side, pb, px, 3.0, n);
+        // SAFETY: as above.
+        unsafe {
+            ck("cuEventRecord", sys::cuEventRecord(ev[1], side.cu_stream()));
+            ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(cs, ev[1], 0));
+            ck(
+                "cuLaunchHostFunc",
+                sys::cuLaunchHostFunc(cs, Some(count_host_call), std::ptr::null_mut()),
+            );
+            // An external record: captured as an event_record node.
+            ck(
+                "cuEventRecordWithFlags",
+                sys::cuEventRecordWithFlags(
+                    ev[3],
+                    cs,
+                    sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+                ),
+            );
+        }
+    });
+    g.ctx.bind_to_thread()?;
+    let registry = vec![
+        NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.a", pa, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.b", pb, "float32", 4, n as u64),
+    ];
+    let (m, _) = graphcheck::cuda::capture::manifest_of_graphs(
+        &[("fork_join", graph.graph_ref())],
+        &registry,
+        "graphcheck gpu test",
+    )?;
+    save("native_events_host", &m);
+    let counts = &m.graphs[0].node_counts;
+    eprintln!("node counts: {counts:?}");
+    assert_eq!(counts.get("kernel"), Some(&2));
+    assert_eq!(counts.get("wait_event"), Some(&1));
+    assert_eq!(counts.get("event_record"), Some(&1));
+    assert_eq!(counts.get("host"), Some(&1));
+    assert!(m.graphs[0].unread.is_empty(), "{:?}", m.graphs[0].unread);
+    // Both streams' kernels are in the one graph, with their buffers.
+    let mut kernels = words_of(&m, NodeKind::Kernel);
+    kernels.sort();
+    let t = |p: &str| Some(tensor_of(&m, p));
+    let mut want = vec![
+        vec![(0, Addr(pa), t("model.a")), (1, Addr(px), t("model.x"))],
+        vec![(0, Addr(pb), t("model.b")), (1, Addr(px), t("model.x"))],
+    ];
+    want.sort();
+    assert_eq!(kernels, want);
+    clean(&m);
+    graph.replay(s, 2);
+    assert_eq!(HOST_CALLS.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert!(s.clone_dtoh(&a)?.iter().all(|&v| v == 2.0));
+    assert!(s.clone_dtoh(&b)?.iter().all(|&v| v == 3.0));
+    // SAFETY: created above; no launch is in flight.
+    unsafe {
+        for e in ev {
+            sys::cuEventDestroy_v2(e);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn conditional_node_bodies_are_walked_and_replay() -> Result<(), CudaError> {
+    if !enabled("conditional_node_bodies_are_walked_and_replay") {
+        return Ok(());
+    }
+    let g = gpu();
+    let s = &g.stream;
+    let n = 256usize;
+    let x = s.clone_htod(&vec![1.0f32; n])?;
+    let out = s.alloc_zeros::<f32>(n)?;
+    let (px, pout) = (ptr(&x, s), ptr(&out, s));
+    s.synchronize()?;
+    let mut outer: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: a graph we own (RawGraph destroys it).
+    unsafe { ck("cuGraphCreate", sys::cuGraphCreate(&mut outer, 0)) };
+    let outer = RawGraph(outer);
+    let mut handle: sys::CUgraphConditionalHandle = 0;
+    // SAFETY: a handle of our graph; default 1 (assigned at every launch): the body runs.
+    unsafe {
+        ck(
+            "cuGraphConditionalHandleCreate",
+            sys::cuGraphConditionalHandleCreate(
+                &mut handle,
+                outer.0,
+                g.ctx.cu_ctx(),
+                1,
+                sys::CU_GRAPH_COND_ASSIGN_DEFAULT,
+            ),
+        );
+    }
+    // The node's parameters hold enums: built in place, field by field.
+    let mut p = std::mem::MaybeUninit::<sys::CUgraphNodeParams>::uninit();
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: zeroed bytes, then every field the call reads written with valid values;
+    // the driver writes the body graph's handle into `phGraph_out`.
+    let body = unsafe {
+        std::ptr::write_bytes(p.as_mut_ptr(), 0, 1);
+        let pp = p.as_mut_ptr();
+        std::ptr::addr_of_mut!((*pp).type_)
+            .write(sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL);
+        let c = std::ptr::addr_of_mut!((*pp).__bindgen_anon_1.conditional);
+        std::ptr::addr_of_mut!((*c).handle).write(handle);
+        std::ptr::addr_of_mut!((*c).type_)
+            .write(sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF);
+        std::ptr::addr_of_mut!((*c).size).write(1);
+        std::ptr::addr_of_mut!((*c).ctx).write(g.ctx.cu_ctx());
+        ck(
+            "cuGraphAddNode",
+            sys::cuGraphAddNode(&mut node, outer.0, std::ptr::null(), 0, pp),
+        );
+        *std::ptr::addr_of!((*c).phGraph_out).read()
+    };
+    assert!(!body.is_null());
+    // The body: a kernel captured into it.
+    // SAFETY: capture into the body graph the node owns; ended below.
+    unsafe {
+        ck(
+            "cuStreamBeginCaptureToGraph",
+            sys::cuStreamBeginCaptureToGraph(
+                s.cu_stream(),
+                body,
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            ),
+        );
+    }
+    launch_scale(&g, s, pout, px, 4.0, n);
+    let mut ended: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above; the graph is the node's body, not ours.
+    unsafe {
+        ck(
+            "cuStreamEndCapture",
+            sys::cuStreamEndCapture(s.cu_stream(), &mut ended),
+        )
+    };
+    g.ctx.bind_to_thread()?;
+    let registry = vec![
+        NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.out", pout, "float32", 4, n as u64),
+    ];
+    let (m, _) = graphcheck::cuda::capture::manifest_of_graphs(
+        &[("conditional", outer.graph_ref())],
+        &registry,
+        "graphcheck gpu test",
+    )?;
+    save("native_conditional", &m);
+    let gr = &m.graphs[0];
+    eprintln!("node counts: {:?}, unread: {:?}", gr.node_counts, gr.unread);
+    assert_eq!(gr.node_counts.get("conditional"), Some(&1));
+    assert_eq!(gr.node_counts.get("kernel"), Some(&1));
+    assert!(gr.unread.is_empty(), "{:?}", gr.unread);
+    let k = gr
+        .nodes
+        .iter()
+        .find(|n| n.kind == NodeKind::Kernel)
+        .expect("the body's kernel");
+    assert_eq!(k.name, "scale");
+    assert_eq!(k.parent, Some(0), "inside the conditional node");
+    assert_eq!(
+        touches_of(&m, tensor_of(&m, "model.out")),
+        vec![("scale".to_string(), 0, 0)]
+    );
+    clean(&m);
+    outer.replay(s, 1);
+    assert!(s.clone_dtoh(&out)?.iter().all(|&v| v == 4.0));
+    Ok(())
+}
+
+#[test]
+fn graph_memory_alloc_and_free_nodes() -> Result<(), CudaError> {
+    if !enabled("graph_memory_alloc_and_free_nodes") {
+        return Ok(());
+    }
+    let g = gpu();
+    let s = &g.stream;
+    let n = 1024usize;
+    let x = s.clone_htod(&vec![1.0f32; n])?;
+    let y = s.alloc_zeros::<f32>(n)?;
+    let (px, py) = (ptr(&x, s), ptr(&y, s));
+    s.synchronize()?;
+    let mut tmp: u64 = 0;
+    // cudaMallocAsync in a capture: a mem_alloc node, its memory used by two kernels, then
+    // a mem_free node.
+    let graph = raw_capture(s, |cs| {
+        // SAFETY: allocates graph memory of `n` floats on the capturing stream.
+        unsafe { ck("cuMemAllocAsync", sys::cuMemAllocAsync(&mut tmp, n * 4, cs)) };
+        launch_scale(&g, s, tmp, px, 3.0, n);
+        launch_scale(&g, s, py, tmp, 2.0, n);
+        // SAFETY: frees it in the same graph.
+        unsafe { ck("cuMemFreeAsync", sys::cuMemFreeAsync(tmp, cs)) };
+    });
+    g.ctx.bind_to_thread()?;
+    let registry = vec![
+        NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.y", py, "float32", 4, n as u64),
+    ];
+    let (m, _) = graphcheck::cuda::capture::manifest_of_graphs(
+        &[("graph_alloc", graph.graph_ref())],
+        &registry,
+        "graphcheck gpu test",
+    )?;
+    save("native_graph_alloc", &m);
+    let gr = &m.graphs[0];
+    eprintln!("node counts: {:?}", gr.node_counts);
+    assert_eq!(gr.node_counts.get("mem_alloc"), Some(&1));
+    assert_eq!(gr.node_counts.get("mem_free"), Some(&1));
+    assert!(gr.unread.is_empty(), "{:?}", gr.unread);
+    assert_eq!(
+        words_of(&m, NodeKind::MemAlloc),
+        vec![vec![(0, Addr(tmp), None)]]
+    );
+    assert_eq!(
+        words_of(&m, NodeKind::MemFree),
+        vec![vec![(0, Addr(tmp), None)]]
+    );
+    // Both kernels' words for the graph's own memory were found and lie in the graph's
+    // allocation pool.
+    let tmp_touches: Vec<_> = gr
+        .nodes
+        .iter()
+        .filter(|n| n.kind == NodeKind::Kernel)
+        .flat_map(|n| &n.touches)
+        .filter(|t| t.addr == Addr(tmp))
+        .collect();
+    assert_eq!(tmp_touches.len(), 2);
+    let pool = m
+        .pools
+        .iter()
+        .find(|p| p.name == "graph_alloc graph allocations")
+        .expect("the graph's allocation pool");
+    for t in tmp_touches {
+        let a = t.allocation.expect("an allocation");
+        assert_eq!(m.allocations[a.0 as usize].pool, Some(pool.id));
+    }
+    clean(&m);
+    graph.replay(s, 2);
+    assert!(s.clone_dtoh(&y)?.iter().all(|&v| v == 6.0));
     Ok(())
 }

@@ -51,6 +51,8 @@ pub struct NamedAllocation {
     pub itemsize: u32,
     pub shape: Vec<u64>,
     pub registration: Registration,
+    /// `cuda:0`, or `cpu` for pinned host memory that copies read or write.
+    pub device: String,
 }
 
 impl NamedAllocation {
@@ -64,6 +66,15 @@ impl NamedAllocation {
             itemsize,
             shape: vec![count],
             registration: Registration::Parameter,
+            device: "cuda:0".into(),
+        }
+    }
+
+    /// The same, in pinned host memory.
+    pub fn host(path: &str, base: u64, dtype: &str, itemsize: u32, count: u64) -> Self {
+        NamedAllocation {
+            device: "cpu".into(),
+            ..Self::contiguous(path, base, dtype, itemsize, count)
         }
     }
 }
@@ -71,6 +82,26 @@ impl NamedAllocation {
 /// Walks each named graph and builds one manifest over the registry.
 pub fn manifest_of(
     graphs: &[(&str, &CudaGraph)],
+    registry: &[NamedAllocation],
+    tool: &str,
+) -> Result<(Manifest, Vec<WalkStats>), CudaError> {
+    let refs: Vec<(&str, GraphRef<'_>)> = graphs
+        .iter()
+        .map(|&(name, g)| {
+            // SAFETY: the CudaGraph owns the CUgraph and is borrowed for the whole walk,
+            // which does not modify it.
+            #[allow(unsafe_code)]
+            let graph = unsafe { GraphRef::from_raw(g.cu_graph()) };
+            (name, graph)
+        })
+        .collect();
+    manifest_of_graphs(&refs, registry, tool)
+}
+
+/// [`manifest_of`] for graphs held any other way (built with the driver's graph calls,
+/// captured with `cuStreamBeginCapture` directly).
+pub fn manifest_of_graphs(
+    graphs: &[(&str, GraphRef<'_>)],
     registry: &[NamedAllocation],
     tool: &str,
 ) -> Result<(Manifest, Vec<WalkStats>), CudaError> {
@@ -99,22 +130,20 @@ pub fn manifest_of(
             stride,
             dtype: a.dtype.clone(),
             itemsize: a.itemsize,
-            device: "cuda:0".into(),
-            pool: Some(default_pool),
+            device: a.device.clone(),
+            pool: (a.device != "cpu").then_some(default_pool),
             digest: None,
             alloc_site: Vec::new(),
         })?;
         b.add_owner(&a.path, id, a.registration, None)?;
-        if let Some((base, size)) = super::driver::address_range(a.base.0) {
+        if let Some((base, size)) = super::driver::address_range(a.base.0)
+            .or_else(|| super::driver::pointer_range(a.base.0))
+        {
             b.add_allocation(Addr(base), size);
         }
     }
     let mut stats = Vec::new();
-    for (name, g) in graphs {
-        // SAFETY-free: `g` owns the graph and outlives the walk; it is not modified meanwhile.
-        #[allow(unsafe_code)]
-        // SAFETY: the CudaGraph owns the CUgraph and is borrowed for the whole walk.
-        let graph = unsafe { GraphRef::from_raw(g.cu_graph()) };
+    for &(name, graph) in graphs {
         let (walked, s) = walk_graph(graph)?;
         stats.push(s);
         b.add_graph(name, None, walked);
