@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Installs the tools the tests need, where missing: cargo-insta, pytest, maturin, torch.
+# Installs the tools the tests need, where missing: cargo-insta, and in the project's own
+# Python environment (ci/venv.sh: never the machine's global Python) pytest, maturin, torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. ci/venv.sh
 
 INSTA_VERSION=1.49.0
 if ! cargo insta --version 2>/dev/null | grep -q "$INSTA_VERSION"; then
     echo "installing cargo-insta $INSTA_VERSION (about a minute)" >&2
     cargo install cargo-insta --version "$INSTA_VERSION" --locked --quiet
 fi
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -r ci/requirements-test.txt
+"$PY" -m pip install --quiet --disable-pip-version-check -r ci/requirements-test.txt
 
 # PyTorch for the graphcheck.torch tests, which use CPU tensors only. PyPI has no CPU-only
 # build for Linux: its torch wheel (540 MB) does not import without the CUDA libraries it
@@ -16,10 +18,9 @@ python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ig
 # 3 GB of downloads, 5.3 GB on disk, about 2.5 minutes on a fresh machine. Skipped when
 # torch already imports (CI runs on the machine that installed it).
 TORCH_VERSION=2.15.0
-if ! python3 -c "import torch" >/dev/null 2>&1; then
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "installing torch $TORCH_VERSION with its CUDA libraries (about 3 GB, a few minutes)" >&2
     # No pip cache: the wheels are about 3 GB, and a second copy of them in the cache
     # could fill a small CI disk.
-    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-        --no-cache-dir "torch==$TORCH_VERSION"
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-cache-dir "torch==$TORCH_VERSION"
 fi

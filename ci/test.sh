@@ -8,6 +8,7 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "installing test tools"
 ci/install-tools.sh
+. ci/venv.sh
 
 step "building (workspace, all targets)"
 cargo build --workspace --all-targets --all-features --locked
@@ -17,9 +18,9 @@ CI=true cargo insta test --workspace --all-features --check --unreferenced=rejec
 
 step "Python package (maturin wheel of python/, installed for the Python tests)"
 rm -rf target/wheels-ci
-python3 -m maturin build --quiet --locked -o target/wheels-ci
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+"$PY" -m maturin build --quiet --locked -o target/wheels-ci
+"$PY" -m pip install --quiet --disable-pip-version-check \
     --force-reinstall --no-deps target/wheels-ci/graphcheck-*.whl
 
 step "Python tests"
-python3 -m pytest -q tests/python
+"$PY" -m pytest -q -rs tests/python
