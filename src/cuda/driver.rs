@@ -371,7 +371,9 @@ impl<'a> NodeRef<'a> {
     }
 
     /// The bodies of a conditional node, owned by the node. Reading them takes
-    /// `cuGraphNodeGetParams`, which drivers before CUDA 13 lack.
+    /// `cuGraphNodeGetParams`, looked up at run time: the H200's driver 580 (CUDA 13.0)
+    /// does not export it (checked with `nm -D` and `cuGetProcAddress`), and no other call
+    /// returns the bodies, so there the node is listed as unread.
     pub fn conditional_bodies(self) -> Result<Vec<GraphRef<'a>>, CudaError> {
         type GetParams =
             unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNodeParams) -> sys::CUresult;
@@ -389,7 +391,9 @@ impl<'a> NodeRef<'a> {
             return Err(CudaError::Call {
                 call: "cuGraphNodeGetParams",
                 code: 0,
-                name: "not in this driver (needs CUDA 13)".into(),
+                name: "this driver does not export it (driver 580 / CUDA 13.0 does not), and no \
+                       other driver call hands out a conditional node's bodies"
+                    .into(),
             });
         };
         // `CUgraphNodeParams` starts with an enum (`type_`) and its `conditional` member
