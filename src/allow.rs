@@ -1,6 +1,7 @@
 //! The allowlist: owner-path globs (or kernel-name patterns), each with the finding kinds it
 //! silences and a reason.
-//! An entry that silences nothing is itself reported, so the list cannot rot.
+//! An entry that silences nothing is itself reported (a warning; an error under
+//! `--deny-unused-allow`), so the list cannot rot.
 //!
 //! ```toml
 //! [[allow]]
@@ -23,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::path::Glob;
-use crate::verify::{Allowed, Finding, FindingKind};
+use crate::verify::{Allowed, Finding, FindingKind, Severity};
 
 /// Why an allowlist could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +116,10 @@ impl Entry {
 #[derive(Clone, Debug, Default)]
 pub struct Allowlist {
     pub entries: Vec<Entry>,
+    /// Whether an entry that allowed nothing fails the run (`--deny-unused-allow`). By
+    /// default it is a warning: an entry for a kernel this run did not capture must not
+    /// turn a clean run red.
+    pub deny_unused: bool,
 }
 
 impl Allowlist {
@@ -185,11 +190,21 @@ impl Allowlist {
                 reason: e.reason,
             });
         }
-        Ok(Allowlist { entries })
+        Ok(Allowlist {
+            entries,
+            deny_unused: false,
+        })
+    }
+
+    /// The same list, with unused entries failing the run or not.
+    pub fn deny_unused(mut self, deny: bool) -> Allowlist {
+        self.deny_unused = deny;
+        self
     }
 
     /// Splits findings into reported and allowed, and appends an `unused_allow` finding for
-    /// each entry that allowed nothing although one of its kinds was checked.
+    /// each entry that allowed nothing although one of its kinds was checked: a warning,
+    /// or an error where [`Allowlist::deny_unused`] is set.
     pub fn apply(
         &self,
         findings: Vec<Finding>,
@@ -220,6 +235,11 @@ impl Allowlist {
             if !used && relevant {
                 reported.push(Finding {
                     kind: FindingKind::UnusedAllow,
+                    severity: if self.deny_unused {
+                        Severity::Error
+                    } else {
+                        Severity::Warning
+                    },
                     subject: e.describe(),
                     owners: Vec::new(),
                     new_owners: Vec::new(),

@@ -265,6 +265,7 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
             let _ = writeln!(out, "      chain: {}", hops.join(" → "));
         }
     }
+    storage_sharers(m, ti, out);
     let touches = og.touches_of(ti);
     let graphs = og.graphs_touching(ti);
     if touches.is_empty() {
@@ -299,6 +300,57 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
                 crate::report::shorten(name, 120)
             );
         }
+    }
+}
+
+/// Owner paths of the other tensors whose storage holds every byte of tensor `ti`'s view:
+/// the bases and sibling views that keep its bytes alive. A view held only through plain
+/// attributes is registered through a registered one (`docs/findings.md`), and it is still
+/// reached through them when its own path goes.
+fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
+    let t = &m.tensors[ti];
+    let (start, end) = (t.data_ptr().0, t.data_ptr().0.saturating_add(t.nbytes));
+    let holders: BTreeSet<crate::format::TensorId> = m
+        .tensors
+        .iter()
+        .enumerate()
+        .filter(|&(i, s)| {
+            i != ti
+                && s.storage_base.0 <= start
+                && end <= s.storage_base.0.saturating_add(s.storage_nbytes)
+        })
+        .map(|(_, s)| s.id)
+        .collect();
+    let mut paths: Vec<(&str, crate::format::Registration)> = m
+        .owners
+        .iter()
+        .filter(|o| holders.contains(&o.tensor))
+        .map(|o| (o.path.as_str(), o.registration))
+        .collect();
+    if paths.is_empty() {
+        return;
+    }
+    paths.sort();
+    let list = |paths: &[&(&str, crate::format::Registration)]| {
+        paths
+            .iter()
+            .map(|(p, r)| format!("{p} ({r})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let all: Vec<_> = paths.iter().collect();
+    let _ = writeln!(out, "  storage shared with: {}", list(&all));
+    let own_registered = m
+        .owners
+        .iter()
+        .any(|o| o.tensor == t.id && o.registration.is_registered());
+    let through: Vec<_> = paths.iter().filter(|(_, r)| r.is_registered()).collect();
+    if !own_registered && !through.is_empty() {
+        let _ = writeln!(
+            out,
+            "  registered through: {}; sleep and in-place reloads restore these bytes",
+            list(&through)
+        );
     }
 }
 

@@ -4,7 +4,7 @@
 use comfy_table::{ContentArrangement, Table, presets};
 
 use crate::format::Addr;
-use crate::verify::{Finding, FindingKind, KernelRef, Report};
+use crate::verify::{Finding, FindingKind, KernelRef, Report, Severity};
 
 /// Formats an address for display: raw hex, or a symbolic id (see [`crate::normalize`]).
 pub trait AddrFmt {
@@ -96,27 +96,58 @@ fn address_cell(f: &Finding, fmt: &dyn AddrFmt) -> String {
     }
 }
 
+/// `3 drifted, 1 freed`: counts by kind, in report order.
+fn by_kind<'a>(findings: impl Iterator<Item = &'a Finding>) -> String {
+    let mut counts: std::collections::BTreeMap<FindingKind, usize> = Default::default();
+    for f in findings {
+        *counts.entry(f.kind).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(k, c)| format!("{c} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn plural(n: usize, word: &str) -> String {
+    format!("{n} {word}{}", if n == 1 { "" } else { "s" })
+}
+
 fn headline(r: &Report) -> String {
-    let n = r.findings.len();
+    let n = r.errors().count();
+    let w = r.warnings().count();
     let mode = if r.checked.contains(&FindingKind::Drifted) {
         "capture and live checks"
     } else {
         "capture-time checks only (no live snapshot)"
     };
+    // Warnings are counted apart: they do not fail the run.
+    let warnings = if w == 0 {
+        String::new()
+    } else {
+        format!("; {} ({})", plural(w, "warning"), by_kind(r.warnings()))
+    };
     if n == 0 {
         format!(
-            "graphcheck verify: ok — no findings in {} graphs, {} touched tensors ({mode})",
+            "graphcheck verify: ok — no findings in {} graphs, {} touched tensors ({mode}){warnings}",
             r.graphs, r.subjects
         )
     } else {
-        let by_kind: Vec<String> = r.summary.iter().map(|(k, c)| format!("{c} {k}")).collect();
         format!(
-            "graphcheck verify: {n} finding{} ({}) in {} graphs, {} touched tensors ({mode})",
-            if n == 1 { "" } else { "s" },
-            by_kind.join(", "),
+            "graphcheck verify: {} ({}) in {} graphs, {} touched tensors ({mode}){warnings}",
+            plural(n, "finding"),
+            by_kind(r.errors()),
             r.graphs,
             r.subjects
         )
+    }
+}
+
+/// The kind as a report shows it: `unused_allow (warning)` where it does not fail the run.
+fn kind_label(f: &Finding) -> String {
+    match f.severity {
+        Severity::Warning => format!("{} (warning)", f.kind),
+        _ => f.kind.to_string(),
     }
 }
 
@@ -132,7 +163,7 @@ pub fn render_table(r: &Report, fmt: &dyn AddrFmt) -> String {
             .set_header(["kind", "owner", "tensor", "address", "graphs"]);
         for f in &r.findings {
             t.add_row([
-                f.kind.to_string(),
+                kind_label(f),
                 owner_cell(f),
                 tensor_cell(f),
                 address_cell(f, fmt),
@@ -153,7 +184,14 @@ pub fn render_table(r: &Report, fmt: &dyn AddrFmt) -> String {
             let fs: Vec<&Finding> = r.findings.iter().filter(|f| f.subject == subject).collect();
             out.push('\n');
             out.push_str(&match fs[0].kind {
-                FindingKind::UnusedAllow => format!("allow entry `{subject}`"),
+                FindingKind::UnusedAllow => format!(
+                    "allow entry `{subject}`{}",
+                    match fs[0].severity {
+                        Severity::Warning =>
+                            " (warning: does not fail the run; --deny-unused-allow makes it fail)",
+                        _ => "",
+                    }
+                ),
                 FindingKind::Unowned => format!(
                     "unowned {}",
                     fs[0]
@@ -215,7 +253,11 @@ fn md_escape(s: &str) -> String {
 /// Markdown for a CI step summary (`$GITHUB_STEP_SUMMARY`).
 pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
     let mut out = String::new();
-    let icon = if r.ok { "✅" } else { "❌" };
+    let icon = match (r.ok, r.warnings().next().is_some()) {
+        (false, _) => "❌",
+        (true, true) => "⚠️",
+        (true, false) => "✅",
+    };
     out.push_str(&format!("### {icon} {}\n\n", headline(r)));
     if !r.findings.is_empty() {
         out.push_str("| kind | owner | tensor | address | graphs | kernels | why |\n");
@@ -232,8 +274,13 @@ pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
                     .join("<br>"),
             };
             out.push_str(&format!(
-                "| **{}** | {} | {} | {} | {} | {} | {} |\n",
+                "| **{}**{} | {} | {} | {} | {} | {} | {} |\n",
                 f.kind,
+                if f.severity == Severity::Warning {
+                    " (warning)"
+                } else {
+                    ""
+                },
                 md_escape(&owner),
                 md_escape(&tensor_cell(f)),
                 md_escape(&address_cell(f, fmt)),

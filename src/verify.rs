@@ -1,6 +1,7 @@
 //! Verify: classify every touched storage view of a manifest, alone (capture-time checks)
 //! or against a live snapshot (all checks). The rules are `docs/findings.md`.
 
+use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
@@ -13,8 +14,9 @@ use crate::format::{
     Addr, AllocState, Contents, Frame, Live, Manifest, PoolKind, Registration, SleepPolicy, Tensor,
     TensorId, ViewKey,
 };
-use crate::index::AddressIndex;
+use crate::index::{AddressIndex, IntervalIndex};
 use crate::load::{Tables, check_live, check_manifest};
+use crate::path::{Segment, parse};
 
 /// The kinds of finding, in report order.
 #[derive(
@@ -102,6 +104,27 @@ impl fmt::Display for FindingKind {
     }
 }
 
+/// Whether a finding fails the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Severity {
+    /// Fails the run: `ok` is false, exit code 1.
+    Error,
+    /// Shown, but the run stays `ok`: an allowlist entry that allowed nothing (unless the
+    /// allowlist denies unused entries, `--deny-unused-allow`).
+    Warning,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        }
+    }
+}
+
 /// An owner path named by a finding.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct OwnerRef {
@@ -124,6 +147,8 @@ pub struct KernelRef {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Finding {
     pub kind: FindingKind,
+    /// Whether it fails the run; every kind but `unused_allow` is always an error.
+    pub severity: Severity,
     /// Owner paths sorted and joined with ` = `, or the hex address (`unowned`), or the
     /// glob (`unused_allow`).
     pub subject: String,
@@ -169,7 +194,7 @@ pub struct Allowed {
 pub struct Report {
     /// The version of this report's JSON layout.
     pub format_version: u32,
-    /// No finding (allowed ones aside).
+    /// No finding of severity `error` (allowed ones and warnings aside).
     pub ok: bool,
     /// The kinds this run could check.
     pub checked: Vec<FindingKind>,
@@ -182,6 +207,20 @@ pub struct Report {
 }
 
 impl Report {
+    /// The findings that fail the run.
+    pub fn errors(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+    }
+
+    /// The findings shown that do not fail the run.
+    pub fn warnings(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Warning)
+    }
+
     /// Every graph some finding names, sorted: what to recapture.
     pub fn recapture(&self) -> Vec<String> {
         let set: BTreeSet<&String> = self.findings.iter().flat_map(|f| &f.graphs).collect();
@@ -261,6 +300,45 @@ struct Ctx<'m> {
     mt: &'m Tables,
     /// Touch references per manifest tensor index.
     touches_of: TouchIndex,
+    /// Manifest tensors by the span of their storage, built on first use: only subjects
+    /// held through plain attributes, or whose owner paths moved, need it.
+    storages: OnceCell<IntervalIndex<usize>>,
+    /// Manifest tensors by the span of their view, built on first use.
+    views: OnceCell<IntervalIndex<usize>>,
+}
+
+/// Whether the storage of `storage` holds every byte of `view`'s span.
+fn storage_holds(storage: &Tensor, view: &Tensor) -> bool {
+    let start = view.data_ptr().0;
+    let end = start.saturating_add(view.nbytes);
+    storage.storage_base.0 <= start
+        && end
+            <= storage
+                .storage_base
+                .0
+                .saturating_add(storage.storage_nbytes)
+}
+
+/// Whether two tensors are views of one storage: same base, same size.
+fn same_storage(a: &Tensor, b: &Tensor) -> bool {
+    a.storage_base == b.storage_base && a.storage_nbytes == b.storage_nbytes
+}
+
+/// Whether two owner paths name slots of one container that differ only in one index
+/// (`ys[2]` and `ys[1]`, `experts[3].w` and `experts[2].w`): where a list insert or delete
+/// moves a tensor.
+fn shift_siblings(a: &str, b: &str) -> bool {
+    let (Ok(x), Ok(y)) = (parse(a), parse(b)) else {
+        return false;
+    };
+    if x.len() != y.len() {
+        return false;
+    }
+    let mut differ = x.iter().zip(&y).filter(|(p, q)| p != q);
+    matches!(
+        (differ.next(), differ.next()),
+        (Some((Segment::Index(_), Segment::Index(_))), None)
+    )
 }
 
 /// The graphs (sorted names) and node parameters of some touches, deduplicated.
@@ -290,6 +368,69 @@ fn kernel_refs(
 }
 
 impl<'m> Ctx<'m> {
+    /// Indices of the manifest tensors whose storage holds every byte of `t`'s view
+    /// (`t`'s own tensors among them).
+    fn holders(&self, t: &Tensor) -> Vec<usize> {
+        let index = self.storages.get_or_init(|| {
+            IntervalIndex::new(
+                self.m
+                    .tensors
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let base = t.storage_base.0;
+                        (base, base.saturating_add(t.storage_nbytes), i)
+                    })
+                    .collect(),
+            )
+        });
+        let mut out = Vec::new();
+        index.stab(t.data_ptr().0, |_, _, i| {
+            if storage_holds(&self.m.tensors[i], t) {
+                out.push(i);
+            }
+        });
+        out
+    }
+
+    /// The manifest tensor with `l`'s view and storage, if any: a live tensor graphcheck
+    /// already knew at capture.
+    fn known(&self, l: &Tensor) -> Option<usize> {
+        let index = self.views.get_or_init(|| {
+            IntervalIndex::new(
+                self.m
+                    .tensors
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (t.data_ptr().0, t.end().0, i))
+                    .collect(),
+            )
+        });
+        let mut found = None;
+        index.stab(l.data_ptr().0, |_, _, i| {
+            let m = &self.m.tensors[i];
+            if m.view_key() == l.view_key() && same_storage(m, l) {
+                found.get_or_insert(i);
+            }
+        });
+        found
+    }
+
+    /// The registered owners (parameter, buffer, held) of the manifest tensors whose
+    /// storage holds `t`'s bytes: a view into a registered tensor's storage is registered
+    /// through them, because sleep and in-place reloads restore those bytes.
+    fn registered_through(&self, t: &Tensor) -> Vec<usize> {
+        let mut owners: Vec<usize> = self
+            .holders(t)
+            .into_iter()
+            .flat_map(|i| self.mt.owners_of[i].iter().copied())
+            .filter(|&o| self.m.owners[o].registration.is_registered())
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
+        owners
+    }
+
     fn kernels(&self, tensors: &[usize]) -> (Vec<String>, Vec<KernelRef>) {
         kernel_refs(
             self.m,
@@ -329,6 +470,7 @@ impl<'m> Ctx<'m> {
         let t = s.tensor;
         Finding {
             kind,
+            severity: Severity::Error,
             subject,
             owners: refs,
             new_owners: Vec::new(),
@@ -375,7 +517,13 @@ pub fn verify_checked(
     allow: &Allowlist,
 ) -> Report {
     let (touches_of, bare) = TouchIndex::new(m, mt);
-    let ctx = Ctx { m, mt, touches_of };
+    let ctx = Ctx {
+        m,
+        mt,
+        touches_of,
+        storages: OnceCell::new(),
+        views: OnceCell::new(),
+    };
 
     // Subjects: touched tensors grouped by view key, in document order of first tensor.
     let mut by_key: FxHashMap<ViewKey<'_>, usize> = FxHashMap::default();
@@ -427,7 +575,7 @@ pub fn verify_checked(
     }
     Report {
         format_version: REPORT_VERSION,
-        ok: findings.is_empty(),
+        ok: findings.iter().all(|f| f.severity == Severity::Warning),
         checked,
         summary,
         findings,
@@ -457,6 +605,7 @@ fn capture_checks(ctx: &Ctx<'_>, s: &Subject<'_>, out: &mut Vec<Finding>) {
     if !p
         .iter()
         .any(|&o| ctx.m.owners[o].registration.is_registered())
+        && ctx.registered_through(s.tensor).is_empty()
     {
         let regs: BTreeSet<&str> = p
             .iter()
@@ -551,6 +700,7 @@ fn unowned<'m>(ctx: &Ctx<'m>, bare: &[TouchRef], subjects: &[Subject<'m>], out: 
         };
         out.push(Finding {
             kind: FindingKind::Unowned,
+            severity: Severity::Error,
             subject: key.to_string(),
             owners: Vec::new(),
             new_owners: Vec::new(),
@@ -597,6 +747,119 @@ impl ProbeIndex {
     }
 }
 
+/// What became of one persistent owner path of a subject in the live snapshot.
+#[derive(Clone, Copy)]
+enum PathNow<'l> {
+    /// It resolves to a tensor at the captured data pointer.
+    Kept(&'l Tensor),
+    /// It no longer resolves.
+    Gone,
+    /// It resolves to a tensor at another address, and the manifest tensor with that view
+    /// and storage, if any: then the path may have shifted onto another captured tensor.
+    Rebound(&'l Tensor, Option<usize>),
+}
+
+/// Live owner paths, none of them the subject's own, that still reach the captured bytes.
+#[derive(Default)]
+struct Carriers<'l> {
+    paths: BTreeSet<&'l str>,
+    /// A carrying tensor with the captured view and storage, whose contents can be
+    /// compared with the captured digest.
+    same_view: Option<&'l Tensor>,
+}
+
+/// The carriers of a subject (`docs/findings.md`, "Identity follows the storage"):
+/// - a persistent path that held, at capture, a storage holding the captured bytes, and
+///   holds that same storage now (a view's base, another view of the storage);
+/// - a persistent path that differs from one of the subject's paths only in one index and
+///   holds the captured view and storage, with contents that are not stale (a list shifted
+///   by an insert or a delete), where either no path of the subject was rebound to a tensor
+///   the manifest does not know (`all_shift`), or the tensor that path held at capture is
+///   still held (it shifted on). A sibling that took the block of a tensor rebound to a new
+///   one, and whose own old tensor is gone, took freed memory: not a carrier.
+#[allow(clippy::too_many_arguments)]
+fn carriers<'l>(
+    ctx: &Ctx<'_>,
+    l: &'l Live,
+    lt: &Tables,
+    live_index: &AddressIndex,
+    s: &Subject<'_>,
+    mine: &BTreeSet<&str>,
+    all_shift: bool,
+) -> Carriers<'l> {
+    let t = s.tensor;
+    let mut c = Carriers::default();
+    for mi in ctx.holders(t) {
+        let held = &ctx.m.tensors[mi];
+        for &o in &ctx.mt.owners_of[mi] {
+            let owner = &ctx.m.owners[o];
+            if !owner.registration.is_persistent() || mine.contains(owner.path.as_str()) {
+                continue;
+            }
+            let Some(&lo) = lt.owner_by_path.get(&owner.path) else {
+                continue;
+            };
+            let now = &l.owners[lo];
+            let lq = lt.tensor(&l.tensors, now.tensor);
+            if now.registration.is_persistent() && same_storage(lq, held) {
+                c.paths.insert(now.path.as_str());
+                if lq.view_key() == t.view_key() && c.same_view.is_none() {
+                    c.same_view = Some(lq);
+                }
+            }
+        }
+    }
+    live_index.for_each_view_at(t.data_ptr(), |vi| {
+        let lq = &l.tensors[vi];
+        if lq.view_key() != t.view_key()
+            || !same_storage(lq, t)
+            || stale_reason(l.event.contents, t, lq).is_some()
+        {
+            return;
+        }
+        for &lo in &lt.owners_of[vi] {
+            let q = &l.owners[lo];
+            if q.registration.is_persistent()
+                && !mine.contains(q.path.as_str())
+                && mine.iter().any(|p| shift_siblings(p, &q.path))
+                && (all_shift || still_held(ctx, l, lt, live_index, &q.path))
+            {
+                c.paths.insert(q.path.as_str());
+                c.same_view.get_or_insert(lq);
+            }
+        }
+    });
+    c
+}
+
+/// Whether the tensor `path` held at capture is still held, by any persistent owner, with
+/// its view and storage.
+fn still_held(ctx: &Ctx<'_>, l: &Live, lt: &Tables, live_index: &AddressIndex, path: &str) -> bool {
+    let Some(&o) = ctx.mt.owner_by_path.get(path) else {
+        return false;
+    };
+    let was = ctx.mt.tensor(&ctx.m.tensors, ctx.m.owners[o].tensor);
+    let mut held = false;
+    live_index.for_each_view_at(was.data_ptr(), |vi| {
+        let t = &l.tensors[vi];
+        held |= t.view_key() == was.view_key()
+            && same_storage(t, was)
+            && lt.owners_of[vi]
+                .iter()
+                .any(|&lo| l.owners[lo].registration.is_persistent());
+    });
+    held
+}
+
+/// `names` as `` `a`, `b` ``.
+fn quoted<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    names
+        .into_iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[allow(clippy::too_many_arguments)]
 fn live_checks(
     ctx: &Ctx<'_>,
@@ -612,23 +875,53 @@ fn live_checks(
         return;
     }
     let t = s.tensor;
+    let now: Vec<(usize, PathNow<'_>)> = p
+        .iter()
+        .map(|&o| {
+            let st = match lt.owner_by_path.get(&ctx.m.owners[o].path) {
+                None => PathNow::Gone,
+                Some(&lo) => {
+                    let lten = lt.tensor(&l.tensors, l.owners[lo].tensor);
+                    if lten.data_ptr() == t.data_ptr() {
+                        PathNow::Kept(lten)
+                    } else {
+                        PathNow::Rebound(lten, ctx.known(lten))
+                    }
+                }
+            };
+            (o, st)
+        })
+        .collect();
+    let mine: BTreeSet<&str> = p.iter().map(|&o| ctx.m.owners[o].path.as_str()).collect();
+    let any_kept = now.iter().any(|(_, n)| matches!(n, PathNow::Kept(_)));
+    let all_shift = !now
+        .iter()
+        .any(|(_, n)| matches!(n, PathNow::Rebound(_, None)));
+    // Only subjects whose paths moved, or whose address another owner holds, need them.
+    let carried = OnceCell::new();
+    let carriers = || carried.get_or_init(|| carriers(ctx, l, lt, live_index, s, &mine, all_shift));
+    // The captured bytes are still reached: through one of the subject's own paths, or
+    // through a carrier. Then a path that went away, or that shifted onto another captured
+    // tensor, is no hazard: identity follows the storage.
+    let reached = any_kept || !carriers().paths.is_empty();
+
     let mut vanished = Vec::new();
-    let mut drifted: Vec<(usize, &Tensor)> = Vec::new();
+    let mut drifted: Vec<(usize, &Tensor, Option<usize>)> = Vec::new();
     let mut reshaped: Vec<(usize, &Tensor)> = Vec::new();
     let mut stale: Vec<(usize, &Tensor, &'static str)> = Vec::new();
-    for &o in &p {
-        let path = &ctx.m.owners[o].path;
-        let Some(&lo) = lt.owner_by_path.get(path) else {
-            vanished.push(o);
-            continue;
-        };
-        let lten = lt.tensor(&l.tensors, l.owners[lo].tensor);
-        if lten.data_ptr() != t.data_ptr() {
-            drifted.push((o, lten));
-        } else if !lten.same_layout(t) {
-            reshaped.push((o, lten));
-        } else if let Some(why) = stale_reason(l.event.contents, t, lten) {
-            stale.push((o, lten, why));
+    for &(o, n) in &now {
+        match n {
+            PathNow::Gone if !reached => vanished.push(o),
+            PathNow::Gone => {}
+            PathNow::Rebound(_, Some(_)) if reached => {}
+            PathNow::Rebound(lten, known) => drifted.push((o, lten, known)),
+            PathNow::Kept(lten) => {
+                if !lten.same_layout(t) {
+                    reshaped.push((o, lten));
+                } else if let Some(why) = stale_reason(l.event.contents, t, lten) {
+                    stale.push((o, lten, why));
+                }
+            }
         }
     }
     if !vanished.is_empty() {
@@ -636,24 +929,46 @@ fn live_checks(
             FindingKind::Vanished,
             s,
             &vanished,
-            "the owner path does not resolve in the live model; the graphs still read the captured address".into(),
+            "the owner path does not resolve in the live model, and no other owner holds the captured storage; the graphs still read the captured address".into(),
         ));
     }
     if !drifted.is_empty() {
         let owners: Vec<usize> = drifted.iter().map(|d| d.0).collect();
-        let new = drifted[0].1;
+        let (_, new, known) = drifted[0];
+        // Where the path now holds a tensor captured under other paths (a list shifted by
+        // a delete), say which: the captured one is the one that went.
+        let was = known
+            .map(|i| {
+                let paths: BTreeSet<&str> = ctx.mt.owners_of[i]
+                    .iter()
+                    .map(|&o| ctx.m.owners[o].path.as_str())
+                    .filter(|p| !mine.contains(p))
+                    .collect();
+                if paths.is_empty() {
+                    String::new()
+                } else {
+                    format!(", captured as {}", quoted(paths))
+                }
+            })
+            .unwrap_or_default();
         let mut f = ctx.finding(
             FindingKind::Drifted,
             s,
             &owners,
             format!(
-                "the owner now holds {} at {}; the graphs still read {}",
+                "the owner now holds {} at {}{was}; the graphs still read {}",
                 new.layout(),
                 new.data_ptr(),
                 t.data_ptr()
             ),
         );
         f.live_addr = Some(new.data_ptr());
+        out.push(f);
+    } else if !p
+        .iter()
+        .any(|&o| ctx.m.owners[o].registration.is_registered())
+        && let Some(f) = drifted_through(ctx, l, lt, s, &p)
+    {
         out.push(f);
     }
     if !reshaped.is_empty() {
@@ -677,6 +992,21 @@ fn live_checks(
     if !stale.is_empty() {
         let owners: Vec<usize> = stale.iter().map(|d| d.0).collect();
         out.push(ctx.finding(FindingKind::Stale, s, &owners, stale[0].2.to_string()));
+    } else if !any_kept
+        && reached
+        && let Some(lq) = carriers().same_view
+        && let Some(why) = stale_reason(l.event.contents, t, lq)
+    {
+        // No path of its own holds it any more: judge the contents where it is now held.
+        out.push(ctx.finding(
+            FindingKind::Stale,
+            s,
+            &p,
+            format!(
+                "{why}; now held as {}",
+                quoted(carriers().paths.iter().copied())
+            ),
+        ));
     }
 
     // The captured address itself.
@@ -699,7 +1029,6 @@ fn live_checks(
             ));
         }
         AllocState::Active => {
-            let mine: BTreeSet<&str> = p.iter().map(|&o| ctx.m.owners[o].path.as_str()).collect();
             let mut others: BTreeSet<&str> = BTreeSet::new();
             let mut any_mine = false;
             live_index.for_each_view_at(t.data_ptr(), |vi| {
@@ -712,7 +1041,12 @@ fn live_checks(
                     }
                 }
             });
-            if !any_mine && !others.is_empty() {
+            // A carrier at the address holds the captured storage itself: no other owner's
+            // data.
+            if !any_mine
+                && !others.is_empty()
+                && !others.iter().any(|o| carriers().paths.contains(o))
+            {
                 let mut f = ctx.finding(
                     FindingKind::Reused,
                     s,
@@ -728,6 +1062,53 @@ fn live_checks(
             }
         }
     }
+}
+
+/// `drifted` for a subject held only through plain attributes and registered through the
+/// owner of a storage that holds its bytes (`Ctx::registered_through`): when no such
+/// owner holds that storage any more and one of them holds another, reloads restore the
+/// new storage while the graphs read the old one.
+fn drifted_through(
+    ctx: &Ctx<'_>,
+    l: &Live,
+    lt: &Tables,
+    s: &Subject<'_>,
+    p: &[usize],
+) -> Option<Finding> {
+    let t = s.tensor;
+    let through = ctx.registered_through(t);
+    if through.is_empty() {
+        return None;
+    }
+    let mut moved = None;
+    for &r in &through {
+        let owner = &ctx.m.owners[r];
+        let Some(&lo) = lt.owner_by_path.get(&owner.path) else {
+            continue;
+        };
+        let held = ctx.mt.tensor(&ctx.m.tensors, owner.tensor);
+        let lr = lt.tensor(&l.tensors, l.owners[lo].tensor);
+        if same_storage(lr, held) {
+            return None;
+        }
+        moved.get_or_insert((owner, lr));
+    }
+    let (owner, lr) = moved?;
+    let mut f = ctx.finding(
+        FindingKind::Drifted,
+        s,
+        p,
+        format!(
+            "a view into the storage of `{}` ({}), which now holds {} at {}; reloads restore the new storage, the graphs still read {}",
+            owner.path,
+            owner.registration,
+            lr.layout(),
+            lr.data_ptr(),
+            t.data_ptr()
+        ),
+    );
+    f.live_addr = Some(lr.data_ptr());
+    Some(f)
 }
 
 fn stale_reason(contents: Contents, captured: &Tensor, live: &Tensor) -> Option<&'static str> {
@@ -764,7 +1145,7 @@ pub fn touched(m: &Manifest) -> BTreeSet<TensorId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{Digest, Registration};
+    use crate::format::{Digest, Probe, Registration};
     use crate::testkit::*;
 
     const SCALE: &str = "model.scale = model.scale_alias";
@@ -969,5 +1350,405 @@ mod tests {
         l.owners[0].tensor = TensorId(42);
         let e = verify(&m, Some(&l), &Allowlist::default()).unwrap_err();
         assert!(e.to_string().contains("owners[0].tensor"), "{e}");
+    }
+
+    // Identity follows the storage; a view into a registered storage is registered;
+    // an unused allowlist entry warns. Helpers build on the testkit manifest.
+
+    /// `n` bytes of slot `slot`'s 256-byte storage from byte `offset`: a view of it.
+    fn view(id: u32, slot: u64, offset: u64, n: u64) -> Tensor {
+        let mut t = tensor(id, slot, W);
+        t.offset = offset;
+        t.nbytes = n;
+        t.shape = vec![n / 2];
+        t
+    }
+
+    /// Adds `t` (and its allocation, if new) to `m`, held at `path`, read by bs1's first
+    /// node.
+    fn add(m: &mut Manifest, t: Tensor, path: &str, r: Registration) {
+        let slot = (t.storage_base.0 - BASE) / 0x1000;
+        if !m.allocations.iter().any(|a| a.base == t.storage_base) {
+            m.allocations.push(alloc(slot, W));
+        }
+        m.graphs[0].nodes[0]
+            .touches
+            .push(touch(Some(t.id.0), slot, t.offset));
+        m.owners.push(owner(path, t.id.0, r));
+        if !m.tensors.iter().any(|x| x.id == t.id) {
+            m.tensors.push(t);
+        }
+    }
+
+    /// The live snapshot equal to `m`, with an active probe at every captured address.
+    fn live_of(m: &Manifest, contents: Contents) -> Live {
+        let mut l = live(m, contents);
+        for t in m
+            .graphs
+            .iter()
+            .flat_map(|g| &g.nodes)
+            .flat_map(|n| &n.touches)
+        {
+            if !l.probes.iter().any(|p| p.addr == t.addr) {
+                l.probes.push(Probe {
+                    addr: t.addr,
+                    state: AllocState::Active,
+                    pool: None,
+                    allocation: None,
+                });
+            }
+        }
+        l
+    }
+
+    fn set_probe(l: &mut Live, addr: u64, state: AllocState) {
+        l.probes
+            .iter_mut()
+            .find(|p| p.addr == Addr(addr))
+            .expect("a probe at the address")
+            .state = state;
+    }
+
+    fn drop_owner(l: &mut Live, path: &str) {
+        let before = l.owners.len();
+        l.owners.retain(|o| o.path != path);
+        assert_eq!(before, l.owners.len() + 1, "{path}");
+    }
+
+    fn rebind(l: &mut Live, path: &str, t: u32) {
+        l.owners.iter_mut().find(|o| o.path == path).unwrap().tensor = TensorId(t);
+    }
+
+    /// Findings naming `path` among their owners, by kind; with a live snapshot, only the
+    /// live kinds (the capture-time ones are tested apart).
+    fn about(r: &Report, path: &str) -> Vec<FindingKind> {
+        let live = r.checked.contains(&FindingKind::Drifted);
+        r.findings
+            .iter()
+            .filter(|f| f.owners.iter().any(|o| o.path == path))
+            .filter(|f| !live || !FindingKind::CAPTURE_TIME.contains(&f.kind))
+            .map(|f| f.kind)
+            .collect()
+    }
+
+    /// The testkit manifest plus `model.w_half`, a plain attribute holding the second
+    /// quarter of `model.w`'s storage, which bs1 reads.
+    fn with_view() -> Manifest {
+        let mut m = manifest();
+        add(
+            &mut m,
+            view(5, 0, 64, 64),
+            "model.w_half",
+            Registration::ModuleAttribute,
+        );
+        m
+    }
+
+    #[test]
+    fn a_view_into_a_parameter_is_registered_through_it() {
+        let r = verify(&with_view(), None, &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.w_half"), vec![], "{:?}", kinds(&r));
+        // A view into a storage only plain attributes hold is still unregistered.
+        let mut m = manifest();
+        add(
+            &mut m,
+            view(5, 1, 64, 64),
+            "model.scale_half",
+            Registration::ObjectAttribute,
+        );
+        let r = verify(&m, None, &Allowlist::default()).unwrap();
+        assert_eq!(
+            about(&r, "model.scale_half"),
+            vec![FindingKind::Unregistered]
+        );
+    }
+
+    #[test]
+    fn rebinding_the_parameter_a_view_is_registered_through_is_drifted() {
+        let m = with_view();
+        let mut l = live_of(&m, Contents::Updated);
+        // model.w is a new tensor in slot 5; the view keeps the old storage alive.
+        l.allocations.push(alloc(5, W));
+        let mut new = tensor(10, 5, W);
+        new.id = TensorId(10);
+        l.tensors.push(new);
+        rebind(&mut l, "model.w", 10);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.w_half"), vec![FindingKind::Drifted]);
+        let f = r
+            .findings
+            .iter()
+            .find(|f| f.subject == "model.w_half")
+            .unwrap();
+        assert_eq!(f.live_addr, Some(Addr(BASE + 0x5000)));
+        assert!(f.detail.contains("`model.w` (parameter)"), "{}", f.detail);
+        assert!(about(&r, "model.w").contains(&FindingKind::Drifted));
+    }
+
+    #[test]
+    fn a_view_dropped_while_its_base_lives_is_clean() {
+        let m = with_view();
+        let mut l = live_of(&m, Contents::Preserved);
+        drop_owner(&mut l, "model.w_half");
+        l.tensors.retain(|t| t.id != TensorId(5));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.w_half"), vec![], "{:?}", kinds(&r));
+
+        // The base gone too, its storage freed: nothing holds those bytes any more.
+        let mut l = live_of(&m, Contents::Preserved);
+        drop_owner(&mut l, "model.w_half");
+        drop_owner(&mut l, "model.w");
+        l.tensors
+            .retain(|t| t.id != TensorId(5) && t.id != TensorId(0));
+        set_probe(&mut l, BASE + 64, AllocState::Free);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(
+            about(&r, "model.w_half"),
+            vec![FindingKind::Vanished, FindingKind::Freed]
+        );
+    }
+
+    #[test]
+    fn the_base_carries_only_the_bytes_its_storage_holds() {
+        // A live tensor at the same base whose storage is smaller than the captured view's
+        // end is not the captured storage: the view vanished and its bytes were reused.
+        let m = with_view();
+        let mut l = live_of(&m, Contents::Preserved);
+        drop_owner(&mut l, "model.w_half");
+        l.tensors.retain(|t| t.id != TensorId(5));
+        let w = l.tensors.iter_mut().find(|t| t.id == TensorId(0)).unwrap();
+        w.storage_nbytes = 64;
+        w.nbytes = 64;
+        w.shape = vec![32];
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert!(
+            about(&r, "model.w_half").contains(&FindingKind::Vanished),
+            "{:?}",
+            kinds(&r)
+        );
+    }
+
+    #[test]
+    fn two_tensors_sharing_a_storage_one_dropped_is_clean() {
+        // model.x is slot 6's whole storage, model.y the same bytes as a [2, 64] tensor.
+        let mut m = manifest();
+        m.allocations.push(alloc(6, W));
+        m.tensors.push(tensor(6, 6, W));
+        m.owners.push(owner("model.x", 6, Registration::Buffer));
+        let mut y = tensor(7, 6, W);
+        y.shape = vec![2, 64];
+        y.stride = vec![64, 1];
+        add(&mut m, y, "model.y", Registration::Buffer);
+        let r = verify(&m, None, &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.y"), vec![]);
+
+        let mut l = live_of(&m, Contents::Preserved);
+        drop_owner(&mut l, "model.y");
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.y"), vec![], "{:?}", kinds(&r));
+
+        // Both dropped and the block freed: vanished and freed.
+        drop_owner(&mut l, "model.x");
+        set_probe(&mut l, BASE + 0x6000, AllocState::Free);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(
+            about(&r, "model.y"),
+            vec![FindingKind::Vanished, FindingKind::Freed]
+        );
+    }
+
+    /// `ys[i]` a plain list of slot `5 + i`'s tensors, every one read by bs1.
+    fn with_list(n: u32) -> Manifest {
+        let mut m = manifest();
+        for i in 0..n {
+            add(
+                &mut m,
+                tensor(5 + i, 5 + u64::from(i), W),
+                &format!("model.ys[{i}]"),
+                Registration::Container,
+            );
+        }
+        m
+    }
+
+    /// `del ys[k]`: later elements shift down one index; the deleted tensor's block is free.
+    fn del(m: &Manifest, n: u32, k: u32, contents: Contents) -> Live {
+        let mut l = live_of(m, contents);
+        for i in k..n - 1 {
+            rebind(&mut l, &format!("model.ys[{i}]"), 5 + i + 1);
+        }
+        drop_owner(&mut l, &format!("model.ys[{}]", n - 1));
+        l.tensors.retain(|t| t.id != TensorId(5 + k));
+        set_probe(&mut l, BASE + (5 + u64::from(k)) * 0x1000, AllocState::Free);
+        l
+    }
+
+    #[test]
+    fn a_list_shifted_by_a_delete_reports_only_the_deleted_tensor() {
+        for n in [3, 4] {
+            let m = with_list(n);
+            let l = del(&m, n, 1, Contents::Preserved);
+            let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+            let k: Vec<_> = kinds(&r)
+                .into_iter()
+                .filter(|(k, s)| {
+                    s.starts_with("model.ys") && !FindingKind::CAPTURE_TIME.contains(k)
+                })
+                .collect();
+            // ys[1] now holds what ys[2] held; the tensor it held is gone.
+            assert_eq!(
+                k,
+                vec![
+                    (FindingKind::Drifted, "model.ys[1]".into()),
+                    (FindingKind::Freed, "model.ys[1]".into()),
+                ],
+                "n={n}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_shift_whose_contents_changed_is_not_the_same_tensor() {
+        // What ys[1] holds now reads other bytes than the captured ys[2]: without the
+        // contents as evidence, the address is another owner's.
+        let m = with_list(3);
+        let mut l = del(&m, 3, 1, Contents::Preserved);
+        let t = l.tensors.iter_mut().find(|t| t.id == TensorId(7)).unwrap();
+        t.digest = Some(Digest("sum64:dead".into()));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(
+            about(&r, "model.ys[2]"),
+            vec![FindingKind::Vanished, FindingKind::Reused]
+        );
+    }
+
+    #[test]
+    fn a_list_shifted_by_an_insert_reports_the_new_slot_as_drifted() {
+        // ys.insert(0, new): every captured tensor is still held, one index later.
+        let m = with_list(2);
+        let mut l = live_of(&m, Contents::Preserved);
+        l.allocations.push(alloc(8, W));
+        l.tensors.push(tensor(8, 8, W));
+        rebind(&mut l, "model.ys[0]", 8);
+        rebind(&mut l, "model.ys[1]", 5);
+        l.owners
+            .push(owner("model.ys[2]", 6, Registration::Container));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.ys[0]"), vec![FindingKind::Drifted]);
+        assert_eq!(about(&r, "model.ys[1]"), vec![]);
+    }
+
+    #[test]
+    fn a_rebound_parameter_is_drifted_while_its_old_storage_lives() {
+        // model.w rebound; the old storage still held through a plain attribute graphcheck
+        // did not see at capture: drifted (and the address another owner's).
+        let m = manifest();
+        let mut l = live_of(&m, Contents::Preserved);
+        l.allocations.push(alloc(5, W));
+        l.tensors.push(tensor(10, 5, W));
+        rebind(&mut l, "model.w", 10);
+        l.owners
+            .push(owner("model.w_old", 0, Registration::ModuleAttribute));
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(
+            about(&r, "model.w"),
+            vec![FindingKind::Drifted, FindingKind::Reused]
+        );
+
+        // Held through a view graphcheck knew at capture: the same storage, not another
+        // owner's; only drifted.
+        let mut m = manifest();
+        m.tensors.push(view(5, 0, 0, 128));
+        m.owners
+            .push(owner("model.w_head", 5, Registration::ModuleAttribute));
+        let mut l = live_of(&m, Contents::Preserved);
+        l.allocations.push(alloc(5, W));
+        l.tensors.push(tensor(10, 5, W));
+        rebind(&mut l, "model.w", 10);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.w"), vec![FindingKind::Drifted]);
+    }
+
+    #[test]
+    fn an_expert_reusing_a_siblings_block_is_still_reused() {
+        // experts[0].s rebound to a new tensor, experts[1].s rebound into experts[0].s's
+        // old block (same layout): sibling paths, but a rebinding to an unknown tensor is
+        // no shift.
+        let mut m = manifest();
+        for i in 0..2u32 {
+            add(
+                &mut m,
+                tensor(5 + i, 5 + u64::from(i), W),
+                &format!("model.experts[{i}].s"),
+                Registration::Parameter,
+            );
+        }
+        let mut l = live_of(&m, Contents::Updated);
+        l.allocations.push(alloc(8, W));
+        l.tensors.push(tensor(8, 8, W));
+        rebind(&mut l, "model.experts[0].s", 8);
+        let mut thief = tensor(9, 5, W);
+        thief.digest = Some(Digest("sum64:beef".into()));
+        l.tensors.push(thief);
+        rebind(&mut l, "model.experts[1].s", 9);
+        l.tensors
+            .retain(|t| t.id != TensorId(5) && t.id != TensorId(6));
+        set_probe(&mut l, BASE + 0x6000, AllocState::Free);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(
+            about(&r, "model.experts[0].s"),
+            vec![FindingKind::Drifted, FindingKind::Reused]
+        );
+        assert_eq!(
+            about(&r, "model.experts[1].s"),
+            vec![FindingKind::Drifted, FindingKind::Freed]
+        );
+    }
+
+    #[test]
+    fn shift_siblings_differ_in_exactly_one_index() {
+        assert!(shift_siblings("m.ys[2]", "m.ys[1]"));
+        assert!(shift_siblings("m.experts[3].w", "m.experts[2].w"));
+        assert!(!shift_siblings("m.ys[2]", "m.ys[2]"));
+        assert!(!shift_siblings("m.ys[2]", "m.zs[1]"));
+        assert!(!shift_siblings("m.a[0][1]", "m.a[1][0]"));
+        assert!(!shift_siblings("m.d[\"a\"]", "m.d[\"b\"]"));
+        assert!(!shift_siblings("m.ys[2]", "m.ys[2].w"));
+        assert!(!shift_siblings("m.q.s", "m.o.s"));
+    }
+
+    #[test]
+    fn an_unused_entry_warns_unless_denied() {
+        let m = manifest();
+        // Every capture-time finding allowed, plus an entry that allows nothing.
+        let text = "[[allow]]\npath = \"model.**\"\nreason = \"x\"\n\
+                    [[allow]]\nkernel = \"k*\"\nreason = \"x\"\n\
+                    [[allow]]\npath = \"model.gone\"\nreason = \"old\"\n";
+        let r = verify(&m, None, &Allowlist::parse(text).unwrap()).unwrap();
+        assert_eq!(
+            kinds(&r),
+            vec![(FindingKind::UnusedAllow, "model.gone".into())]
+        );
+        assert_eq!(r.findings[0].severity, Severity::Warning);
+        assert!(r.ok);
+        assert_eq!(r.warnings().count(), 1);
+        assert_eq!(r.errors().count(), 0);
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["findings"][0]["severity"], "warning");
+        assert_eq!(json["ok"], true);
+
+        let deny = Allowlist::parse(text).unwrap().deny_unused(true);
+        let r = verify(&m, None, &deny).unwrap();
+        assert_eq!(r.findings[0].severity, Severity::Error);
+        assert!(!r.ok);
+        // Other findings still fail the run beside a warning.
+        let r = verify(
+            &m,
+            None,
+            &Allowlist::parse("[[allow]]\npath = \"model.gone\"\nreason = \"old\"\n").unwrap(),
+        )
+        .unwrap();
+        assert!(!r.ok);
+        assert_eq!(r.warnings().count(), 1);
     }
 }

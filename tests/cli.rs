@@ -167,12 +167,42 @@ fn every_scenario_gives_exactly_its_expected_findings() {
                 ));
             }
         }
-        if report["ok"].as_bool() != Some(want.is_empty()) {
+        // Severity as the index states it (absent: error); `ok` means no error.
+        let severity = |f: &Value| f["severity"].as_str().unwrap_or("error").to_string();
+        let mut got_sev: Vec<(String, String, String)> = report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["kind"].as_str().unwrap().into(),
+                    f["subject"].as_str().unwrap().into(),
+                    f["severity"].as_str().unwrap_or("(none)").into(),
+                )
+            })
+            .collect();
+        let mut want_sev: Vec<(String, String, String)> = expect["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["kind"].as_str().unwrap().into(),
+                    f["subject"].as_str().unwrap().into(),
+                    severity(f),
+                )
+            })
+            .collect();
+        got_sev.sort();
+        want_sev.sort();
+        if got_sev != want_sev {
             failures.push(format!(
-                "{name}: ok is {}, findings {}",
-                report["ok"],
-                want.len()
+                "{name}: severities\n  got  {got_sev:?}\n  want {want_sev:?}"
             ));
+        }
+        let errors = want_sev.iter().filter(|f| f.2 == "error").count();
+        if report["ok"].as_bool() != Some(errors == 0) {
+            failures.push(format!("{name}: ok is {}, errors {errors}", report["ok"]));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -218,6 +248,58 @@ fn snapshots_per_scenario() {
                 transcript(&argv, &graphcheck(&argv))
             );
         }
+    }
+}
+
+/// Regression: an allowlist entry that allowed nothing warns (exit 0) unless
+/// `--deny-unused-allow` (exit 1, the finding an error).
+#[test]
+fn unused_allow_warns_and_deny_unused_allow_fails() {
+    let s = index()["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "allowlisted_workspace")
+        .expect("the allowlisted_workspace scenario")
+        .clone();
+    let manifest = rel(s["manifest"].as_str().unwrap());
+    let allow = rel(s["allow"].as_str().unwrap());
+    let base = ["verify", manifest.as_str(), "--allow", allow.as_str()];
+    let out = graphcheck(&[&base[..], &["--format", "json"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["findings"][0]["kind"], "unused_allow");
+    assert_eq!(report["findings"][0]["severity"], "warning");
+
+    let deny: Vec<&str> = [&base[..], &["--deny-unused-allow", "--format", "json"]].concat();
+    let out = graphcheck(&deny);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["findings"][0]["severity"], "error");
+
+    // Without an allowlist the flag changes nothing.
+    let out = graphcheck(&[
+        "verify",
+        "fixtures/synthetic/clean_reload_inplace/manifest.json",
+        "fixtures/synthetic/clean_reload_inplace/live.json",
+        "--deny-unused-allow",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+
+    let _guard = settings("allowlisted_workspace", &root().join(&manifest)).bind_to_scope();
+    for format in ["table", "markdown"] {
+        let argv: Vec<&str> = [&base[..], &["--format", format]].concat();
+        insta::assert_snapshot!(
+            format!("verify_warning_{format}"),
+            transcript(&argv, &graphcheck(&argv))
+        );
+        let argv: Vec<&str> = [&base[..], &["--deny-unused-allow", "--format", format]].concat();
+        insta::assert_snapshot!(
+            format!("verify_deny_unused_allow_{format}"),
+            transcript(&argv, &graphcheck(&argv))
+        );
     }
 }
 

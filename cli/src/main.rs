@@ -19,7 +19,7 @@ use graphcheck::text::{diff_text, summary};
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  verify: no findings (allowed ones aside); diff: equal; explain: found
+  0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found
   1  verify: findings; diff: the documents differ; explain: nothing matched
   2  bad input or usage: unreadable or invalid document or allowlist, bad flag";
 
@@ -54,6 +54,9 @@ enum Command {
         /// An allowlist (TOML: [[allow]] path, kinds, reason).
         #[arg(long, value_name = "FILE")]
         allow: Option<PathBuf>,
+        /// Fail (exit 1) on an allowlist entry that allowed nothing, instead of warning.
+        #[arg(long)]
+        deny_unused_allow: bool,
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
         /// Write the report to FILE (atomically) instead of stdout.
@@ -143,6 +146,7 @@ fn run(cli: Cli) -> Result<i32> {
             manifest,
             live,
             allow,
+            deny_unused_allow,
             format,
             output,
             normalized,
@@ -150,7 +154,8 @@ fn run(cli: Cli) -> Result<i32> {
             let allow = match &allow {
                 Some(p) => Allowlist::load(p)?,
                 None => Allowlist::default(),
-            };
+            }
+            .deny_unused(deny_unused_allow);
             // The two documents load on two threads: parsing is most of the work.
             let t = progress(&manifest, "manifest and live snapshot");
             let (m, l) = std::thread::scope(|s| {

@@ -179,6 +179,42 @@ impl Doc {
         id
     }
 
+    /// A view of `base`'s storage (what `.T`, `.permute` or `.split` give): `offset` bytes
+    /// in, its own shape and stride (in elements), the same storage, allocation and pool. A
+    /// view of a digested tensor gets a digest of its own.
+    pub fn view(&mut self, base: TensorId, offset: u64, shape: &[u64], stride: &[i64]) -> TensorId {
+        let b = self.get(base).clone();
+        // Bytes from the first element to one past the last one.
+        let last: u64 = shape
+            .iter()
+            .zip(stride)
+            .map(|(&d, &s)| d.saturating_sub(1) * s.unsigned_abs())
+            .sum();
+        let nbytes = if shape.contains(&0) {
+            0
+        } else {
+            (last + 1) * u64::from(b.itemsize)
+        };
+        assert!(
+            offset + nbytes <= b.storage_nbytes,
+            "a view past its storage"
+        );
+        let id = TensorId(self.tensors.len() as u32);
+        self.tensors.push(Tensor {
+            id,
+            offset,
+            nbytes,
+            shape: shape.to_vec(),
+            stride: stride.to_vec(),
+            digest: b.digest.as_ref().map(|_| digest(id, 0)),
+            reference_digest: None,
+            alloc_site: Vec::new(),
+            ..b
+        });
+        self.freed.push(false);
+        id
+    }
+
     /// Allocates a block no tensor record describes (a graph intermediate, a global).
     pub fn raw(&mut self, pool: PoolId, nbytes: u64) -> u64 {
         self.heap.alloc(pool, nbytes).1
@@ -280,15 +316,24 @@ impl Doc {
         assert_eq!(before, self.owners.len() + 1, "no owner {path}");
     }
 
-    /// Releases `t`'s storage to the allocator; no owner may hold it any more.
+    /// Releases `t`'s storage to the allocator; no owner may hold it, nor a view of it,
+    /// any more.
     pub fn free(&mut self, t: TensorId) {
+        let base = self.get(t).storage_base;
+        let views: Vec<TensorId> = self
+            .tensors
+            .iter()
+            .filter(|v| v.storage_base == base && !self.freed[v.id.0 as usize])
+            .map(|v| v.id)
+            .collect();
         assert!(
-            self.owners.iter().all(|o| o.tensor != t),
-            "freeing a tensor that is still owned"
+            self.owners.iter().all(|o| !views.contains(&o.tensor)),
+            "freeing a storage that is still owned"
         );
-        let base = self.get(t).storage_base.0;
-        self.heap.free(base);
-        self.freed[t.0 as usize] = true;
+        self.heap.free(base.0);
+        for v in views {
+            self.freed[v.0 as usize] = true;
+        }
     }
 
     /// The next content version of `t` (new weights copied in place).

@@ -130,7 +130,7 @@ mod tests {
     fn every_document_loads() {
         let files = corpus();
         let index = index(&files);
-        assert_eq!(index.scenarios.len(), 13);
+        assert_eq!(index.scenarios.len(), 16);
         for s in &index.scenarios {
             graphcheck::load::parse_manifest(&files[&s.manifest], Path::new(&s.manifest))
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -195,12 +195,28 @@ mod tests {
                 sorted.sort();
                 assert_eq!(keys, sorted, "{}: findings out of report order", s.name);
             }
+            // Exit 1 exactly when a finding is an error; `unused_allow` alone warns.
             assert_eq!(
                 s.expect.exit_code,
-                i32::from(!s.expect.findings.is_empty()),
+                i32::from(
+                    s.expect
+                        .findings
+                        .iter()
+                        .any(|f| f.severity == crate::index::Severity::Error)
+                ),
                 "{}",
                 s.name
             );
+            for f in &s.expect.findings {
+                assert_eq!(
+                    f.severity == crate::index::Severity::Warning,
+                    f.kind == Kind::UnusedAllow,
+                    "{}: {:?} {}",
+                    s.name,
+                    f.kind,
+                    f.subject
+                );
+            }
             for f in s.expect.findings.iter().chain(&s.expect.allowed) {
                 if matches!(f.kind, Kind::Unowned | Kind::UnusedAllow) {
                     continue;

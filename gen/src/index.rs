@@ -55,6 +55,21 @@ pub struct ExpectedFinding {
     /// to recapture), where the scenario pins it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graphs: Option<Vec<String>>,
+    /// `warning` for a finding that does not fail the run (`unused_allow`, without
+    /// `--deny-unused-allow`); absent for an error.
+    #[serde(default = "error", skip_serializing_if = "is_error")]
+    pub severity: Severity,
+}
+
+/// Whether a finding fails the run: the core's [`graphcheck::verify::Severity`].
+pub use graphcheck::verify::Severity;
+
+fn error() -> Severity {
+    Severity::Error
+}
+
+fn is_error(s: &Severity) -> bool {
+    *s == Severity::Error
 }
 
 /// The finding kinds: the core's vocabulary (`docs/findings.md`), in report order.

@@ -192,6 +192,9 @@ class Finding:
     graphs: tuple[str, ...]
     kernels: tuple[KernelRef, ...]
     detail: str
+    #: ``"error"`` fails the run; ``"warning"`` (an unused allowlist entry, unless
+    #: ``deny_unused_allow``) is shown but leaves the report ``ok``.
+    severity: str = "error"
     new_owners: tuple[str, ...] = ()
     dtype: Optional[str] = None
     shape: Optional[tuple[int, ...]] = None
@@ -211,6 +214,7 @@ class Finding:
             graphs=tuple(f.get("graphs", [])),
             kernels=tuple(KernelRef(**k) for k in f.get("kernels", [])),
             detail=f.get("detail", ""),
+            severity=f.get("severity", "error"),
             new_owners=tuple(f.get("new_owners", [])),
             dtype=f.get("dtype"),
             shape=tup(f.get("shape")),
@@ -233,7 +237,8 @@ class Allowed:
 
 @dataclass(frozen=True)
 class Report:
-    """What :func:`verify` found. ``str(report)`` is the table the CLI prints."""
+    """What :func:`verify` found. ``str(report)`` is the table the CLI prints. ``ok``: no
+    finding of severity ``"error"``; ``findings`` holds the warnings too."""
 
     ok: bool
     findings: tuple[Finding, ...]
@@ -271,6 +276,16 @@ class Report:
     def __str__(self) -> str:
         return self.table
 
+    @property
+    def errors(self) -> list[Finding]:
+        """The findings that fail the run."""
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        """The findings shown that do not fail the run (an unused allowlist entry)."""
+        return [f for f in self.findings if f.severity == "warning"]
+
     def of_kind(self, kind: str) -> list[Finding]:
         """The findings of one kind."""
         return [f for f in self.findings if f.kind == kind]
@@ -286,13 +301,19 @@ def verify(
     allow: Optional[Allow] = None,
     *,
     normalized: bool = False,
+    deny_unused_allow: bool = False,
 ) -> Report:
     """Verifies a manifest alone (capture-time checks) or against a live snapshot (every
-    kind), under an optional allowlist. ``normalized`` prints addresses as symbolic ids."""
+    kind), under an optional allowlist. ``normalized`` prints addresses as symbolic ids.
+
+    An allowlist entry that allowed nothing is an ``unused_allow`` finding of severity
+    ``"warning"``: shown, but the report stays ``ok``. ``deny_unused_allow=True`` makes it
+    an error, as ``graphcheck verify --deny-unused-allow`` does."""
     out = _native.verify(
         _source(manifest),
         None if live is None else _source(live),
         normalized=normalized,
+        deny_unused_allow=bool(deny_unused_allow),
         **_allow_args(allow),
     )
     return Report._from_native(*out)
@@ -309,10 +330,15 @@ class VerificationFailed(GraphcheckError, AssertionError):
 
 
 def assert_clean(
-    manifest: Document, live: Optional[Document] = None, allow: Optional[Allow] = None
+    manifest: Document,
+    live: Optional[Document] = None,
+    allow: Optional[Allow] = None,
+    *,
+    deny_unused_allow: bool = False,
 ) -> Report:
-    """Verifies and raises :class:`VerificationFailed` unless there is no finding."""
-    report = verify(manifest, live, allow)
+    """Verifies and raises :class:`VerificationFailed` unless the report is ``ok`` (no
+    finding but warnings; with ``deny_unused_allow``, an unused allowlist entry fails too)."""
+    report = verify(manifest, live, allow, deny_unused_allow=deny_unused_allow)
     if not report.ok:
         raise VerificationFailed(report)
     return report

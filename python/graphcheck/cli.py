@@ -18,7 +18,7 @@ from . import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, GraphcheckError, __version
 
 EXIT_CODES = """\
 Exit codes:
-  0  verify: no findings (allowed ones aside); diff: equal; explain: found
+  0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found
   1  verify: findings; diff: the documents differ; explain: nothing matched
   2  bad input or usage: unreadable or invalid document or allowlist, bad flag"""
 
@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("manifest", help="the manifest recorded at capture")
     v.add_argument("live", nargs="?", help="the live snapshot taken after sleep/wake or reload")
     v.add_argument("--allow", metavar="FILE", help="an allowlist (TOML: [[allow]] path, kinds, reason)")
+    v.add_argument(
+        "--deny-unused-allow",
+        action="store_true",
+        help="fail (exit 1) on an allowlist entry that allowed nothing, instead of warning",
+    )
     v.add_argument("--format", choices=FORMATS, default="table")
     v.add_argument("--output", metavar="FILE", help="write the report to FILE (atomically) instead of stdout")
     v.add_argument("--normalized", action="store_true", help="print addresses as symbolic ids (A3+0x40)")
@@ -90,7 +95,11 @@ def _emit(text: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "verify":
         ok, report_json, table, markdown = _native.verify(
-            args.manifest, args.live, allow=args.allow, normalized=args.normalized
+            args.manifest,
+            args.live,
+            allow=args.allow,
+            normalized=args.normalized,
+            deny_unused_allow=args.deny_unused_allow,
         )
         text = {"table": table, "markdown": markdown, "json": report_json}[args.format]
         if args.output is not None:

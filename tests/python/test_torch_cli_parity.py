@@ -1,6 +1,6 @@
 """The Python CLI (`python -m graphcheck`, the wheel's `graphcheck` script) prints what the
 Rust binary prints and exits with the same code, over the whole fixture corpus: verify in
-every format and with allowlists, show, show --normalized, explain, diff, schema, and the
+every format and with allowlists (with and without --deny-unused-allow), show, show --normalized, explain, diff, schema, and the
 bad inputs (exit 2)."""
 
 import contextlib
@@ -31,6 +31,15 @@ def commands():
             for fmt in ("table", "json", "markdown"):
                 out.append((f"{name}:verify:{fmt}", ["verify", m, *live, *allow, "--format", fmt]))
             out.append((f"{name}:verify:normalized", ["verify", m, *live, *allow, "--normalized"]))
+            if allow:
+                # An unused entry warns (exit 0); this flag makes it fail (exit 1).
+                for fmt in ("table", "json"):
+                    out.append(
+                        (
+                            f"{name}:verify:deny_unused_allow:{fmt}",
+                            ["verify", m, *live, *allow, "--deny-unused-allow", "--format", fmt],
+                        )
+                    )
             out.append((f"{name}:show", ["show", m]))
             out.append((f"{name}:show:normalized", ["show", m, "--normalized"]))
             if live:
@@ -87,6 +96,15 @@ def test_output_file_is_written_atomically(tmp_path):
     assert (code, out) == (1, "")
     rust = subprocess.run([str(rust_binary()), "verify", m, "--format", "json"], capture_output=True, text=True)
     assert target.read_text() == rust.stdout
+
+
+def test_deny_unused_allow_turns_the_warning_into_a_failure():
+    s = FIXTURES / "synthetic/allowlisted_workspace"
+    argv = ["verify", str(s / "manifest.json"), "--allow", str(s / "allow.toml"), "--format", "json"]
+    code, out, _ = run_python(argv)
+    assert code == 0 and json.loads(out)["findings"][0]["severity"] == "warning"
+    code, out, _ = run_python([*argv, "--deny-unused-allow"])
+    assert code == 1 and json.loads(out)["findings"][0]["severity"] == "error"
 
 
 def test_usage_errors_exit_2():

@@ -260,3 +260,74 @@ def test_recorder_does_not_keep_the_model_tensors_alive(torch):
     model.layers[0].embed_scale = torch.tensor(2.0)
     gc.collect()
     assert old() is None, "the recorder keeps a replaced tensor alive"
+
+
+# -- identity follows the storage; views registered through their base; unused_allow warns --
+
+
+def test_a_view_dropped_while_its_base_lives_is_clean(torch):
+    # A plain attribute holding a view into a buffer's storage: registered through the
+    # buffer at capture; when the view is dropped, the buffer still holds the bytes.
+    model = make_model(torch)
+    layer = model.layers[0]
+    layer.cos_head = layer.cos[4:8]
+    rec = gt.Recorder(model)
+    rec.add_graph("decode_bs1", walked(kernel(0, "rope", layer.cos_head)))
+    manifest = rec.manifest()
+    assert graphcheck.verify(manifest).ok, str(graphcheck.verify(manifest))
+    del layer.cos_head
+    report = graphcheck.verify(manifest, gt.snapshot(model, manifest))
+    assert report.ok, str(report)
+    # The buffer rebound too, its old storage released: nothing holds the bytes now.
+    layer.cos = torch.randn(16)
+    report = graphcheck.verify(manifest, gt.snapshot(model, manifest))
+    assert "freed" in [f.kind for f in report.findings], str(report)
+
+
+def test_a_list_shifted_by_a_delete_reports_only_the_deleted_tensor(torch):
+    # PyTorch's liveness case `del ys[1]`: ys[2] moves to ys[1], unchanged; ys[1]'s tensor
+    # is released.
+    model = make_model(torch)
+    model.ys = [torch.randn(10), torch.randn(10), torch.randn(10)]
+    rec = gt.Recorder(model, digests=True)
+    rec.add_graph("decode_bs1", walked(kernel(0, "foreach_add", *model.ys)))
+    manifest = rec.manifest()
+    del model.ys[1]
+    live = gt.snapshot(model, manifest, digests=True)
+    found = [(k, s) for k, s in kinds(graphcheck.verify(manifest, live)) if k != "unregistered"]
+    assert found == [("drifted", "model.ys[1]"), ("freed", "model.ys[1]")]
+
+
+def test_rebinding_the_parameter_under_a_view_is_drifted(torch):
+    model = make_model(torch)
+    layer = model.layers[0]
+    layer.row = layer.proj.weight[1]  # a plain attribute: a view into the parameter
+    rec = gt.Recorder(model)
+    rec.add_graph("decode_bs1", walked(kernel(0, "gemv", layer.row)))
+    manifest = rec.manifest()
+    assert graphcheck.verify(manifest).ok
+    # The reload replaces the parameter; the view keeps the old storage alive, so nothing
+    # is freed, but reloads now write where the graph does not read.
+    layer.proj.weight = torch.nn.Parameter(torch.randn(8, 8))
+    report = graphcheck.verify(manifest, gt.snapshot(model, manifest))
+    assert [f.kind for f in report.findings] == ["drifted"], str(report)
+    assert "model.layers[0].proj.weight" in report.findings[0].detail
+
+
+def test_an_unused_allow_entry_warns_unless_denied(torch):
+    model = make_model(torch)
+    manifest = record(torch, model)
+    allow = [{"path": "model.gone", "reason": "a backend no longer used"}]
+    report = graphcheck.verify(manifest, allow=allow)
+    assert report.ok and bool(report)
+    assert [(f.kind, f.severity) for f in report.findings] == [("unused_allow", "warning")]
+    assert report.warnings == list(report.findings) and report.errors == []
+    assert "(warning)" in str(report) and "(warning)" in report.markdown
+    assert json.loads(report.json)["findings"][0]["severity"] == "warning"
+    graphcheck.assert_clean(manifest, allow=allow)
+
+    denied = graphcheck.verify(manifest, allow=allow, deny_unused_allow=True)
+    assert not denied.ok
+    assert [(f.kind, f.severity) for f in denied.errors] == [("unused_allow", "error")]
+    with pytest.raises(graphcheck.VerificationFailed):
+        graphcheck.assert_clean(manifest, allow=allow, deny_unused_allow=True)

@@ -2,10 +2,10 @@
 
 use super::*;
 
-const KV_LORA_RANK: u64 = 512;
-const QK_NOPE: u64 = 128;
+pub(super) const KV_LORA_RANK: u64 = 512;
+pub(super) const QK_NOPE: u64 = 128;
 const QK_ROPE: u64 = 64;
-const V_HEAD: u64 = 128;
+pub(super) const V_HEAD: u64 = 128;
 const MLA_BLOCK: u64 = 64;
 const CONCAT_AND_CACHE_MLA: &str = "void vllm::concat_and_cache_mla_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16*, long const*, int, int, int, int, int, int, float const*)";
 const CAT: &str = "void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 3, 64, 64>(at::native::(anonymous namespace)::OpaqueType<2u>*, at::native::(anonymous namespace)::CatArrInputTensorMetadata<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 64, 64>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)";
@@ -23,12 +23,28 @@ const FM_LSEACCUM: u32 = 0xa0;
 const FM_TILE_META: u32 = 0xb0;
 const FM_NUM_SPLITS: u32 = 0xb8;
 
-const W_UK_T: &str = "model.layers[0].self_attn.mla_attn.W_UK_T";
-const W_UV: &str = "model.layers[0].self_attn.mla_attn.W_UV";
+pub(super) const W_UK_T: &str = "model.layers[0].self_attn.mla_attn.W_UK_T";
+pub(super) const W_UV: &str = "model.layers[0].self_attn.mla_attn.W_UV";
+pub(super) const KV_B_PROJ: &str = "model.layers[0].self_attn.kv_b_proj.weight";
+
+/// How `process_weights_after_loading` makes the absorbed weights.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Absorbed {
+    /// New contiguous tensors (the quantized and the older paths).
+    Copies,
+    /// Views of the unquantized `kv_b_proj.weight`: `.T`, `.view(rank, heads, nope + v)`,
+    /// `.split`, then `.permute(1, 2, 0)` and `.transpose(0, 1)`; no copy.
+    Views,
+}
 
 /// A DeepSeek-V2-Lite-style MLA decoder layer on FlashMLA, captured at both batch sizes.
 /// Returns the process and the two absorbed weights.
 fn mla_model() -> (Doc, TensorId, TensorId) {
+    mla_model_with(Absorbed::Copies)
+}
+
+/// [`mla_model`] with the absorbed weights made as `absorbed` says.
+pub(super) fn mla_model_with(absorbed: Absorbed) -> (Doc, TensorId, TensorId) {
     let mut doc = Doc::new();
     let model = Model::new(&mut doc, "model", 102_400);
     let a = "model.layers[0].self_attn";
@@ -58,7 +74,7 @@ fn mla_model() -> (Doc, TensorId, TensorId) {
         &[KV_LORA_RANK],
     );
     // Read only by prefill, which is not captured: owned but never touched.
-    doc.param(
+    let kv_b = doc.param(
         &format!("{a}.kv_b_proj.weight"),
         "ColumnParallelLinear",
         BF16,
@@ -113,22 +129,46 @@ fn mla_model() -> (Doc, TensorId, TensorId) {
     // MLAAttention.process_weights_after_loading: kv_b_proj split and absorbed into two
     // plain attributes of the attention layer (vllm#48251).
     let heads = crate::model::HEADS;
-    let w_uk_t = doc.held(
-        W_UK_T,
-        "MLAAttention",
-        Registration::ModuleAttribute,
-        WEIGHTS,
-        BF16,
-        &[heads, QK_NOPE, KV_LORA_RANK],
-    );
-    let w_uv = doc.held(
-        W_UV,
-        "MLAAttention",
-        Registration::ModuleAttribute,
-        WEIGHTS,
-        BF16,
-        &[heads, KV_LORA_RANK, V_HEAD],
-    );
+    let (w_uk_t, w_uv) = match absorbed {
+        Absorbed::Copies => (
+            doc.held(
+                W_UK_T,
+                "MLAAttention",
+                Registration::ModuleAttribute,
+                WEIGHTS,
+                BF16,
+                &[heads, QK_NOPE, KV_LORA_RANK],
+            ),
+            doc.held(
+                W_UV,
+                "MLAAttention",
+                Registration::ModuleAttribute,
+                WEIGHTS,
+                BF16,
+                &[heads, KV_LORA_RANK, V_HEAD],
+            ),
+        ),
+        Absorbed::Views => {
+            // kv_b_proj.weight is [heads * (nope + v), rank], row-major: element (h, j, r)
+            // of the split view sits at (h * (nope + v) + j) * rank + r.
+            let (rank, row) = (KV_LORA_RANK as i64, (QK_NOPE + V_HEAD) as i64);
+            let uk = doc.view(
+                kv_b,
+                0,
+                &[heads, QK_NOPE, KV_LORA_RANK],
+                &[row * rank, rank, 1],
+            );
+            let uv = doc.view(
+                kv_b,
+                QK_NOPE * KV_LORA_RANK * 2,
+                &[heads, KV_LORA_RANK, V_HEAD],
+                &[row * rank, 1, rank],
+            );
+            doc.own(W_UK_T, uk, Registration::ModuleAttribute, "MLAAttention");
+            doc.own(W_UV, uv, Registration::ModuleAttribute, "MLAAttention");
+            (uk, uv)
+        }
+    };
     let inputs = model.inputs;
     capture(&mut doc, |doc, g, x| {
         let bs = x.bs;
@@ -259,7 +299,7 @@ fn mla_model() -> (Doc, TensorId, TensorId) {
     (doc, w_uk_t, w_uv)
 }
 
-const MLA_DESCRIPTION: &str = "A DeepSeek-V2-Lite-style MLA decoder layer on FlashMLA, \
+pub(super) const MLA_DESCRIPTION: &str = "A DeepSeek-V2-Lite-style MLA decoder layer on FlashMLA, \
     captured at batch sizes 8 and 1 into one pool: q_proj and kv_a_proj_with_mqa GEMMs, \
     kv_a_layernorm, RoPE, concat_and_cache_mla into the latent KV cache, the absorbed-query \
     GEMM with W_UK_T, FlashMLA (by-value Flash_fwd_mla_params, metadata buffers as graph \
