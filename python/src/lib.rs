@@ -226,9 +226,10 @@ fn load(
 
 /// Runs verify; returns `(ok, report_json, table, markdown)`. `allow` is an allowlist
 /// file, `allow_text` its TOML text (one of them at most). `normalized` prints addresses as
-/// symbolic ids, as `graphcheck verify --normalized` does.
+/// symbolic ids, as `graphcheck verify --normalized` does. `deny_unused_allow` makes an
+/// allowlist entry that allowed nothing fail the run, as `--deny-unused-allow` does.
 #[pyfunction]
-#[pyo3(signature = (manifest, live=None, allow=None, allow_text=None, normalized=false))]
+#[pyo3(signature = (manifest, live=None, allow=None, allow_text=None, normalized=false, deny_unused_allow=false))]
 fn verify(
     py: Python<'_>,
     manifest: &Bound<'_, PyAny>,
@@ -236,6 +237,7 @@ fn verify(
     allow: Option<PathBuf>,
     allow_text: Option<String>,
     normalized: bool,
+    deny_unused_allow: bool,
 ) -> PyResult<(bool, String, String, String)> {
     let m_src = Source::extract(manifest, Some("<manifest>"))?;
     let l_src = live
@@ -249,7 +251,8 @@ fn verify(
                 Allowlist::parse(&t).map_err(|m| format!("<allowlist>: invalid allowlist: {m}"))?
             }
             (None, None) => Allowlist::default(),
-        };
+        }
+        .deny_unused(deny_unused_allow);
         // The two documents parse on two threads, as in the CLI: parsing is most of it.
         let (m, l) = std::thread::scope(|s| {
             let live_job = l_src.as_ref().map(|l| s.spawn(move || l.live()));
