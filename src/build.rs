@@ -55,6 +55,53 @@ impl WalkedGraph {
     pub fn word_count(&self) -> usize {
         self.nodes.iter().map(|n| n.words.len()).sum()
     }
+
+    /// The distinct addresses, ascending, of the words that lie in none of `known` and
+    /// that the kernel's signature does not set aside (index slots, torch's RNG state):
+    /// what an owner registry walked before the capture may fail to explain. Memory the
+    /// graph allocates itself (`graph_allocations`) is the graph's and is left out too.
+    /// The Python recorder walks its roots again only when this is not empty, so that a
+    /// tensor made after the first capture is owned without a walk at every capture.
+    pub fn unexplained(&self, known: &RangeSet) -> Vec<Addr> {
+        let own = RangeSet::from_sizes(self.graph_allocations.iter().map(|&(b, s)| (b.0, s)));
+        // Words come in runs into one range (a graph pool, a weight): the range that
+        // answered last is tried first, before a search.
+        let last = std::cell::Cell::new((0u64, 0u64));
+        let known = |a: u64| {
+            let (start, end) = last.get();
+            if start <= a && a < end {
+                return true;
+            }
+            match known.range_of(a).or_else(|| own.range_of(a)) {
+                Some(r) => {
+                    last.set(r);
+                    true
+                }
+                None => false,
+            }
+        };
+        let mut layouts_of: HashMap<&str, Vec<ParamLayout>> = HashMap::new();
+        let mut out = Vec::new();
+        for n in &self.nodes {
+            // Most nodes hold only known addresses: no signature is parsed for them.
+            if n.words.iter().all(|w| known(w.addr.0)) {
+                continue;
+            }
+            let layouts = layouts_of
+                .entry(n.name.as_str())
+                .or_insert_with(|| param_layouts(&n.name));
+            let sig = NodeSignature::new(layouts, &n.words);
+            out.extend(
+                n.words
+                    .iter()
+                    .filter(|w| !known(w.addr.0) && !matches!(sig.role(w), WordRole::SetAside(_)))
+                    .map(|w| w.addr),
+            );
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 /// A tensor view as the framework describes it.
@@ -128,6 +175,20 @@ enum ParamLayout {
     ElementwiseClosure,
     /// An array of pointers (`std::array<char*, N>`): every word is an operand.
     PointerArray,
+    /// torch's `at::PhiloxCudaState`: `seed_` and `offset_` (offsets 0 and 8) are, under
+    /// capture, pointers to the CUDA generator's graph-safe state.
+    PhiloxState,
+}
+
+/// Whether a parameter type is torch's `at::PhiloxCudaState` by value. jiterator and other
+/// NVRTC-compiled kernels declare the struct without the `at` namespace, and a `const`
+/// parameter may keep its qualifier in a demangled name.
+fn is_philox_state(t: &str) -> bool {
+    let t = t.trim();
+    let t = t.strip_suffix(" const").unwrap_or(t);
+    let t = t.strip_prefix("const ").unwrap_or(t);
+    let t = t.strip_prefix("::").unwrap_or(t);
+    t == "at::PhiloxCudaState" || t == "PhiloxCudaState"
 }
 
 /// The layout of each parameter of the kernel `name` (demangled), from its signature.
@@ -149,6 +210,8 @@ fn param_layouts(name: &str) -> Vec<ParamLayout> {
                         || t.starts_with("at::detail::Array<char*,")
                     {
                         ParamLayout::PointerArray
+                    } else if is_philox_state(t) {
+                        ParamLayout::PhiloxState
                     } else {
                         ParamLayout::Opaque
                     }
@@ -176,6 +239,130 @@ fn closure_data_offset(offsets: &[u32]) -> Option<u32> {
                 .all(|i| offsets.contains(&(start + 8 * i)))
                 .then_some(start)
         })
+}
+
+/// What a node's kernel signature says about each of its words.
+struct NodeSignature<'a> {
+    layouts: &'a [ParamLayout],
+    /// Per elementwise-closure parameter: where its operand pointers start.
+    data_start: HashMap<u32, Option<u32>>,
+}
+
+/// What the signature makes of one word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WordRole {
+    /// Not an address the kernel reads through, for the reason given.
+    SetAside(IgnoredReason),
+    /// An operand pointer: a touch, whatever the memory it points to holds now.
+    Operand,
+    /// Nothing known: a touch unless it points into free memory.
+    Unknown,
+}
+
+impl<'a> NodeSignature<'a> {
+    /// `layouts` are the kernel's, from [`param_layouts`]; `words` the node's.
+    fn new(layouts: &'a [ParamLayout], words: &[RawWord]) -> NodeSignature<'a> {
+        // A word past the parameters the signature names: the name was not parsed right,
+        // so nothing is known of any parameter.
+        let layouts = if words.iter().any(|w| w.param as usize >= layouts.len()) {
+            &[]
+        } else {
+            layouts
+        };
+        let mut data_start = HashMap::new();
+        for (p, l) in layouts.iter().enumerate() {
+            if *l == ParamLayout::ElementwiseClosure {
+                let offsets: Vec<u32> = words
+                    .iter()
+                    .filter(|w| w.param == p as u32)
+                    .map(|w| w.offset)
+                    .collect();
+                data_start.insert(p as u32, closure_data_offset(&offsets));
+            }
+        }
+        NodeSignature {
+            layouts,
+            data_start,
+        }
+    }
+
+    fn role(&self, w: &RawWord) -> WordRole {
+        let layout = self
+            .layouts
+            .get(w.param as usize)
+            .copied()
+            .unwrap_or(ParamLayout::Opaque);
+        match layout {
+            ParamLayout::Opaque => WordRole::Unknown,
+            ParamLayout::PointerArray => WordRole::Operand,
+            ParamLayout::TensorInfo if w.offset > 0 => WordRole::SetAside(IgnoredReason::IndexSlot),
+            ParamLayout::TensorInfo => WordRole::Unknown,
+            ParamLayout::OffsetCalculator => WordRole::SetAside(IgnoredReason::IndexSlot),
+            ParamLayout::ElementwiseClosure => {
+                match self.data_start.get(&w.param).copied().flatten() {
+                    Some(start) if w.offset < start => WordRole::SetAside(IgnoredReason::IndexSlot),
+                    Some(_) => WordRole::Operand,
+                    None => WordRole::Unknown,
+                }
+            }
+            ParamLayout::PhiloxState if w.offset == 0 || w.offset == 8 => {
+                WordRole::SetAside(IgnoredReason::RngState)
+            }
+            ParamLayout::PhiloxState => WordRole::Unknown,
+        }
+    }
+}
+
+/// Address ranges, sorted and merged, for membership tests in `O(log n)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeSet {
+    /// `[start, end)`, ascending, disjoint and not adjacent.
+    ranges: Vec<(u64, u64)>,
+}
+
+impl RangeSet {
+    /// The union of `[start, end)` ranges given in any order; empty ones are dropped.
+    pub fn new(ranges: impl IntoIterator<Item = (u64, u64)>) -> RangeSet {
+        let mut v: Vec<(u64, u64)> = ranges.into_iter().filter(|r| r.0 < r.1).collect();
+        v.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for (start, end) in v {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        RangeSet { ranges: merged }
+    }
+
+    /// The union of `(base, size)` ranges given in any order.
+    pub fn from_sizes(ranges: impl IntoIterator<Item = (u64, u64)>) -> RangeSet {
+        RangeSet::new(
+            ranges
+                .into_iter()
+                .map(|(base, size)| (base, base.saturating_add(size))),
+        )
+    }
+
+    pub fn contains(&self, addr: u64) -> bool {
+        self.range_of(addr).is_some()
+    }
+
+    /// The merged range `[start, end)` holding `addr`.
+    pub fn range_of(&self, addr: u64) -> Option<(u64, u64)> {
+        let i = self.ranges.partition_point(|r| r.0 <= addr);
+        let r = *self.ranges.get(i.checked_sub(1)?)?;
+        (addr < r.1).then_some(r)
+    }
+
+    /// Disjoint ranges after merging.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
 }
 
 impl ManifestBuilder {
@@ -410,12 +597,7 @@ impl ManifestBuilder {
                 .map(|i| tensors[i].id)
         };
 
-        let mut free = self.free_ranges;
-        free.sort_unstable();
-        let in_free = |a: u64| {
-            let i = free.partition_point(|r| r.0 <= a);
-            i > 0 && a < free[i - 1].1
-        };
+        let free = RangeSet::new(self.free_ranges);
         let pool_kinds: Vec<PoolKind> = self.pools.iter().map(|p| p.kind).collect();
         let in_graph_pool = |a: u64| {
             pool_index
@@ -439,62 +621,25 @@ impl ManifestBuilder {
                     .nodes
                     .into_iter()
                     .map(|n| {
-                        let mut layouts: &[ParamLayout] = layouts_of
+                        let layouts = layouts_of
                             .entry(n.name.clone())
                             .or_insert_with(|| param_layouts(&n.name));
-                        // A word past the parameters the signature names: the name was
-                        // not parsed right, so nothing is known of any parameter.
-                        if n.words.iter().any(|w| w.param as usize >= layouts.len()) {
-                            layouts = &[];
-                        }
-                        // Per closure parameter: where its operand pointers start.
-                        let mut data_start: HashMap<u32, Option<u32>> = HashMap::new();
-                        for (p, l) in layouts.iter().enumerate() {
-                            if *l == ParamLayout::ElementwiseClosure {
-                                let offsets: Vec<u32> = n
-                                    .words
-                                    .iter()
-                                    .filter(|w| w.param == p as u32)
-                                    .map(|w| w.offset)
-                                    .collect();
-                                data_start.insert(p as u32, closure_data_offset(&offsets));
-                            }
-                        }
+                        let sig = NodeSignature::new(layouts, &n.words);
                         let mut touches = Vec::with_capacity(n.words.len());
                         let mut ignored = Vec::new();
                         for w in n.words {
                             let tensor = resolve(w.addr);
-                            let layout = layouts
-                                .get(w.param as usize)
-                                .copied()
-                                .unwrap_or(ParamLayout::Opaque);
-                            let start = data_start.get(&w.param).copied().flatten();
-                            let index_slot = match layout {
-                                ParamLayout::Opaque | ParamLayout::PointerArray => false,
-                                ParamLayout::TensorInfo => w.offset > 0,
-                                ParamLayout::OffsetCalculator => true,
-                                ParamLayout::ElementwiseClosure => {
-                                    start.is_some_and(|start| w.offset < start)
+                            let reason = match sig.role(&w) {
+                                WordRole::SetAside(reason) => Some(reason),
+                                WordRole::Unknown
+                                    if w.offset > 0
+                                        && tensor.is_none()
+                                        && free.contains(w.addr.0)
+                                        && !in_graph_pool(w.addr.0) =>
+                                {
+                                    Some(IgnoredReason::FreeMemory)
                                 }
-                            };
-                            // Words the layout says are operand pointers are touches,
-                            // whatever the memory they point to holds now.
-                            let known_pointer = match layout {
-                                ParamLayout::PointerArray => true,
-                                ParamLayout::ElementwiseClosure => start.is_some(),
-                                _ => false,
-                            };
-                            let reason = if index_slot {
-                                Some(IgnoredReason::IndexSlot)
-                            } else if !known_pointer
-                                && w.offset > 0
-                                && tensor.is_none()
-                                && in_free(w.addr.0)
-                                && !in_graph_pool(w.addr.0)
-                            {
-                                Some(IgnoredReason::FreeMemory)
-                            } else {
-                                None
+                                WordRole::Unknown | WordRole::Operand => None,
                             };
                             match reason {
                                 Some(reason) => ignored.push(IgnoredWord {
@@ -881,5 +1026,185 @@ mod tests {
         let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
         assert_eq!(r.findings.len(), 1, "{:?}", r.findings);
         assert_eq!(r.findings[0].kind, crate::verify::FindingKind::Unowned);
+    }
+    /// torch's RNG kernels as `cuFuncGetName` names them (mangled by g++ from declarations
+    /// shaped like torch's: `fused_dropout_kernel_vec`, and the grid-stride kernel that
+    /// `torch.randn` launches through `normal_and_transform`).
+    const DROPOUT_MANGLED: &str = "_ZN2at6native12_GLOBAL__N_124fused_dropout_kernel_vecIffjLi1ELi4EbEEvNS_4cuda6detail10TensorInfoIKT_T1_EENS5_IS6_S8_EENS5_IT4_S8_EES8_T0_NS_15PhiloxCudaStateE";
+    const RANDN_MANGLED: &str = "_ZN2at6native12_GLOBAL__N_143distribution_elementwise_grid_stride_kernelIfLi4EZNS0_9templates4cuda20normal_and_transformIffLm4EPNS_17CUDAGeneratorImplEZNS0_13normal_kernelERNS_18TensorIteratorBaseES7_EUlfE_EEvS9_T2_T3_EUlP24curandStatePhilox4_32_10E_ZNS4_27distribution_nullary_kernelIffLi4ES7_SF_SA_EEvS9_SB_RKSC_T4_EUlifE_EEvlNS_15PhiloxCudaStateET1_SB_";
+
+    #[test]
+    fn philox_state_parameters_are_found_in_demangled_signatures() {
+        let dropout = crate::demangle::demangle(DROPOUT_MANGLED);
+        assert!(
+            dropout.ends_with(", unsigned int, float, at::PhiloxCudaState)"),
+            "{dropout}"
+        );
+        let layouts = param_layouts(&dropout);
+        assert_eq!(layouts.len(), 6);
+        assert_eq!(layouts[0], ParamLayout::TensorInfo);
+        assert_eq!(layouts[5], ParamLayout::PhiloxState);
+        let randn = crate::demangle::demangle(RANDN_MANGLED);
+        let layouts = param_layouts(&randn);
+        assert_eq!(layouts.len(), 4, "{randn}");
+        assert_eq!(layouts[1], ParamLayout::PhiloxState);
+        // The shape a demangler that keeps template parameters unexpanded gives.
+        let short = "void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<float, 4, at::native::templates::cuda::normal_and_transform<float, float, at::CUDAGeneratorImpl*, F>(at::TensorIteratorBase&, at::CUDAGeneratorImpl*, F)::{lambda(curandStatePhilox4_32_10*)#1}, G>(long, at::PhiloxCudaState, T3, T4)";
+        assert_eq!(param_layouts(short)[1], ParamLayout::PhiloxState);
+        for t in [
+            "at::PhiloxCudaState",
+            "PhiloxCudaState",
+            "::at::PhiloxCudaState",
+            "at::PhiloxCudaState const",
+        ] {
+            assert!(is_philox_state(t), "{t}");
+        }
+        for t in [
+            "at::PhiloxCudaState*",
+            "at::PhiloxCudaState const&",
+            "at::PhiloxXpuState",
+            "my::PhiloxCudaStateLike",
+        ] {
+            assert!(!is_philox_state(t), "{t}");
+        }
+    }
+
+    /// Guards the false `unowned` of every RNG kernel in a graph (`torch.randn`, dropout,
+    /// `bernoulli_`): the philox `seed_`/`offset_` words point at the CUDA generator's
+    /// graph-safe state, which torch owns and no Python object reaches.
+    #[test]
+    fn philox_seed_and_offset_words_are_rng_state() {
+        let rng_seg = Some((0x90_0000, 0x20_0000)); // torch's generator state tensors
+        let seg = Some((0x10_0000, 0x20_0000));
+        let build = |name: &str| {
+            let mut b = ManifestBuilder::new(producer());
+            let x = b.add_tensor(spec(0x10_0000, 0, 0x100, 0x100)).unwrap();
+            let y = b.add_tensor(spec(0x10_1000, 0, 0x100, 0x100)).unwrap();
+            b.add_owner("model.x", x, Registration::Buffer, None)
+                .unwrap();
+            b.add_owner("model.y", y, Registration::Buffer, None)
+                .unwrap();
+            let words = vec![
+                word(0, 0, 0x10_0000, seg),     // TensorInfo data: x
+                word(1, 0, 0x10_1000, seg),     // TensorInfo data: y
+                word(5, 0, 0x90_0000, rng_seg), // seed_.ptr
+                word(5, 8, 0x90_0200, rng_seg), // offset_.ptr
+            ];
+            b.add_graph("g", None, one_node(name, words));
+            b.finish().unwrap()
+        };
+        let m = build(&crate::demangle::demangle(DROPOUT_MANGLED));
+        let n = &m.graphs[0].nodes[0];
+        assert_eq!(
+            n.touches.iter().map(|t| t.tensor).collect::<Vec<_>>(),
+            [Some(TensorId(0)), Some(TensorId(1))]
+        );
+        assert_eq!(
+            n.ignored
+                .iter()
+                .map(|w| (w.param, w.offset, w.addr, w.reason))
+                .collect::<Vec<_>>(),
+            [
+                (5, 0, Addr(0x90_0000), IgnoredReason::RngState),
+                (5, 8, Addr(0x90_0200), IgnoredReason::RngState)
+            ]
+        );
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+        let text = crate::normalize::normalized_manifest(&m);
+        assert!(
+            text.contains("param 5 +8: ignored (torch's RNG state)"),
+            "{text}"
+        );
+
+        // A kernel whose name gives no signature: the same words are unowned (one finding:
+        // grouped by the allocation they lie in).
+        let m = build("fused_dropout_kernel_vec");
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert_eq!(
+            r.findings.iter().map(|f| f.kind).collect::<Vec<_>>(),
+            [crate::verify::FindingKind::Unowned]
+        );
+    }
+
+    #[test]
+    fn an_empty_graph_builds_and_verifies_clean() {
+        // torch only warns on an empty capture: the graph is recorded with no node.
+        let mut b = ManifestBuilder::new(producer());
+        b.add_graph("empty", None, WalkedGraph::default());
+        let m = b.finish().unwrap();
+        assert_eq!(m.graphs.len(), 1);
+        assert!(m.graphs[0].nodes.is_empty());
+        let r = crate::verify::verify(&m, None, &crate::allow::Allowlist::default()).unwrap();
+        assert!(r.ok && r.findings.is_empty(), "{:?}", r.findings);
+        assert!(
+            WalkedGraph::default()
+                .unexplained(&RangeSet::default())
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn range_sets_merge_and_answer_membership() {
+        let r = RangeSet::from_sizes([(0x300, 0x10), (0x100, 0x100), (0x180, 0x100), (0x500, 0)]);
+        assert_eq!(r.len(), 2); // [0x100, 0x280) and [0x300, 0x310); the empty one dropped
+        for (addr, inside) in [
+            (0xff, false),
+            (0x100, true),
+            (0x27f, true),
+            (0x280, false),
+            (0x30f, true),
+            (0x310, false),
+            (0x500, false),
+        ] {
+            assert_eq!(r.contains(addr), inside, "{addr:#x}");
+        }
+        // Adjacent ranges merge; an end past u64::MAX saturates.
+        assert_eq!(RangeSet::new([(0, 4), (4, 8)]).len(), 1);
+        assert!(RangeSet::from_sizes([(u64::MAX - 1, 16)]).contains(u64::MAX - 1));
+        assert!(RangeSet::default().is_empty());
+    }
+
+    /// What the recorder asks before walking its roots again: the words no known range
+    /// explains, without those the signature sets aside.
+    #[test]
+    fn unexplained_words_leave_out_known_ranges_and_set_aside_words() {
+        let seg = Some((0x10_0000, 0x20_0000));
+        let dropout = crate::demangle::demangle(DROPOUT_MANGLED);
+        let mut g = one_node(
+            &dropout,
+            vec![
+                word(0, 0, 0x10_0000, seg),   // known
+                word(1, 0, 0x50_0000, None),  // new: data of a TensorInfo
+                word(1, 16, 0x60_0000, None), // index slot
+                word(5, 0, 0x90_0000, None),  // RNG state
+                word(5, 8, 0x90_0200, None),
+            ],
+        );
+        g.nodes.push(WalkedNode {
+            index: 1,
+            ..one_node(
+                "k",
+                vec![word(0, 0, 0x50_0000, None), word(0, 8, 0x10_0040, seg)],
+            )
+            .nodes[0]
+                .clone()
+        });
+        let known = RangeSet::from_sizes([(0x10_0000, 0x100)]);
+        assert_eq!(g.unexplained(&known), [Addr(0x50_0000)]);
+        let known = RangeSet::from_sizes([(0x10_0000, 0x100), (0x50_0000, 8)]);
+        assert!(g.unexplained(&known).is_empty());
+        // Memory the graph allocates itself explains its words.
+        let mut own = g.clone();
+        own.graph_allocations = vec![(Addr(0x50_0000), 0x100)];
+        assert!(
+            own.unexplained(&RangeSet::from_sizes([(0x10_0000, 0x100)]))
+                .is_empty()
+        );
+        // Nothing known: every word that is not set aside, once each, ascending.
+        assert_eq!(
+            g.unexplained(&RangeSet::default()),
+            [Addr(0x10_0000), Addr(0x10_0040), Addr(0x50_0000)]
+        );
     }
 }

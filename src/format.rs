@@ -523,6 +523,12 @@ pub enum IgnoredReason {
     /// was built: stale bytes in an unset slot (torch's `OffsetCalculator` sets only
     /// `dims` of its 25 entries), which no correct kernel reads.
     FreeMemory,
+    /// The word is the `seed_` or `offset_` of a parameter the kernel's signature types as
+    /// torch's `at::PhiloxCudaState` (offsets 0 and 8): under capture, pointers to the CUDA
+    /// generator's graph-safe state (`seed_extragraph_`, `offset_extragraph_`), one-element
+    /// tensors torch owns, reaches from no Python object, and refills before every replay.
+    /// A known owner, not an unowned address.
+    RngState,
 }
 
 /// A parameter word that held a device address but is not a touch (`docs/findings.md`).

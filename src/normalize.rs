@@ -385,6 +385,7 @@ pub fn normalized_manifest(m: &Manifest) -> String {
                 let reason = match w.reason {
                     crate::format::IgnoredReason::IndexSlot => "index slot",
                     crate::format::IgnoredReason::FreeMemory => "into free memory",
+                    crate::format::IgnoredReason::RngState => "torch's RNG state",
                 };
                 let _ = writeln!(
                     out,

@@ -259,6 +259,11 @@ def _meta_and_key(t) -> tuple:
     return meta, (base + offset, shape, stride, dtype_name, device)
 
 
+def _view_key(meta: tuple) -> tuple:
+    """A view's identity (:func:`_meta_and_key`'s second value) from its metadata tuple."""
+    return (meta[0] + meta[2], meta[4], meta[5], meta[6], meta[8])
+
+
 def _flat_bytes(t):
     """The view's elements in row-major order, as a flat uint8 tensor on its device."""
     torch = _torch()
@@ -436,6 +441,32 @@ class Registry:
         other = Registry(self.root, list(self.tensors), list(self.owners), list(self.skipped))
         other._views, other._paths = dict(self._views), set(self._paths)
         return other
+
+    def absorb(self, earlier: "Registry") -> None:
+        """Adds the owners an earlier walk found that this one does not have: a recorder
+        that walks again keeps, for the graphs captured before, the owners they were
+        captured with (a tensor since dropped from the model stays owned by its old path,
+        and verify's live checks say what became of it). Where both walks have a path,
+        this walk's view wins; a view only the earlier walk has comes without reading its
+        tensor, which may have died."""
+        for o in earlier.owners:
+            if o.path in self._paths:
+                continue
+            rec = earlier.tensors[o.tensor]
+            key = _view_key(rec.meta)
+            index = self._views.get(key)
+            if index is None:
+                index = len(self.tensors)
+                self._views[key] = index
+                self.tensors.append(rec)
+            self._paths.add(o.path)
+            self.owners.append(_owner_record(o.path, index, o.registration, o.holder))
+        seen = set(self.skipped)
+        self.skipped.extend(s for s in earlier.skipped if s not in seen)
+
+    def storage_ranges(self) -> list:
+        """``(base, size)`` of every view's storage, once each."""
+        return list({(r.meta[0], r.meta[1]) for r in self.tensors})
 
 
 _TENSOR, _LEAF, _MODULE, _OTHER = "tensor", "leaf", "module", "other"
@@ -978,6 +1009,43 @@ def _cuda_segments(raw: Optional[list] = None) -> list:
     return out
 
 
+def _pool_segments(keys: Iterable[tuple]) -> list:
+    """``(base, size)`` of the caching allocator's segments in the pools ``keys``, sorted.
+    One snapshot per pool where torch takes a pool id (cheap: a graph pool has few
+    segments); else one snapshot of every segment, filtered."""
+    torch = _torch()
+    keys = set(keys)
+    found = set()
+    try:
+        for key in keys:
+            try:
+                segs = torch.cuda.memory_snapshot(mempool_id=key, include_traces=False)
+            except TypeError:  # torch < 2.13 has no include_traces
+                segs = torch.cuda.memory_snapshot(mempool_id=key)
+            for s in segs:
+                if tuple(s.get("segment_pool_id", key)) == key:
+                    found.add((s["address"], s["total_size"]))
+    except Exception:  # noqa: BLE001 - no per-pool snapshot in this torch
+        found = {
+            (s["address"], s["total_size"])
+            for s in _memory_segments()
+            if tuple(s.get("segment_pool_id", (0, 0))) in keys
+        }
+    return sorted(found)
+
+
+def _pack_ranges(ranges: Iterable[tuple]) -> bytes:
+    """``(base, size)`` pairs as native-endian ``u64`` words (``Walked.unexplained``)."""
+    import array
+
+    flat = array.array("Q")
+    for base, size in ranges:
+        if 0 <= base < 1 << 64 and 0 < size < 1 << 64:
+            flat.append(base)
+            flat.append(size)
+    return flat.tobytes()
+
+
 def _find(ranges: list, starts: list, addr: int):
     """The range (``.base``/``.size`` or a ``(base, size, …)`` tuple) holding ``addr``."""
     i = bisect.bisect_right(starts, addr) - 1
@@ -1160,11 +1228,26 @@ _SLEEP = ("untouched", "restored", "discarded")
 class Recorder:
     """Collects the graphs of one model (one per batch size, say) into one manifest.
 
-    The model is walked when the first graph is added (its owner registry at capture);
-    :meth:`rewalk` walks it again. Graphs come as walked graphs (WalkedGraph JSON or dict,
-    ``src/build.rs``): :meth:`record` reads a captured ``torch.cuda.CUDAGraph`` with the
-    Rust walker; :meth:`add_graph` takes one read any other way (the CPU tests write them
-    by hand)."""
+    **Owners stay current.** The model (and every root) is walked when the first graph is
+    added. Each later graph is checked against what the recorder knows, natively and
+    without a walk: the storages of the registry's tensors, the graphs' declared inputs
+    and outputs, the memory of graph pools (and of the graph's own allocation nodes), and
+    the addresses earlier walks could not explain either (torch's cuBLAS workspace, a
+    module-level global). A word outside all of them — a tensor made after the last walk,
+    such as a later graph's input or a lazily allocated workspace — makes the recorder
+    walk again at once, while that tensor is alive. Words the kernel's signature sets
+    aside (index slots, torch's RNG state) never do. A new walk keeps what earlier walks
+    found and it no longer reaches (:meth:`Registry.absorb`): graphs captured before keep
+    their capture-time owners. :attr:`walks` counts the walks; :meth:`rewalk` walks now.
+
+    What the check does not see: a tensor made inside a graph pool (allocated during a
+    capture and kept), or in the storage of a tensor the registry knows (a new view of
+    it), or at an address an earlier walk found ownerless, is not a reason to walk; the
+    next walk, or :meth:`rewalk`, finds it.
+
+    Graphs come as walked graphs (WalkedGraph JSON or dict, ``src/build.rs``): :meth:`record`
+    reads a captured ``torch.cuda.CUDAGraph`` with the Rust walker; :meth:`add_graph` takes
+    one read any other way (the CPU tests write them by hand)."""
 
     def __init__(
         self,
@@ -1185,12 +1268,31 @@ class Recorder:
         self.digests = ("sha256" if digests is True else digests) or None
         self.producer = dict(producer or {})
         self.registry: Optional[Registry] = None
+        #: Walks of the roots so far (the first graph's, and every one a later graph's
+        #: unexplained address asked for).
+        self.walks = 0
+        # A root was added since the last walk: the next graph or manifest walks.
+        self._stale = False
         self._pools: list = []
         self._pool_by_key: dict = {}
         self._pool_ranges: list = []
         self._graphs: list = []
         self._walked: list = []  # _native.Walked objects, by graphs' walked_index
         self._extra: list = []  # (path, tensor, registration)
+        # What explains an address without a walk (class docstring), packed as (base,
+        # size) words for Walked.unexplained, each part when it changes: the registry's
+        # storages (per walk); the extra tensors' storages (appended); the declared ranges
+        # and the allocator's segments of graph pools (read when a word falls outside
+        # everything else); addresses a walk left ownerless.
+        self._registry_known: Optional[bytes] = None
+        self._extra_ranges: set = set()
+        self._extra_known = b""
+        self._graph_pool_ranges: list = []
+        self._graph_segments: list = []
+        self._pool_known = b""
+        self._ownerless: set = set()
+        self._ownerless_known = b""
+        self._known: Optional[bytes] = None
 
     def add_root(self, obj, root: str = "model", *, weak: bool = False) -> None:
         """Adds a root to walk beside the model (a draft model, a KV-cache manager), or the
@@ -1208,7 +1310,7 @@ class Recorder:
         self._roots.append((root, ref))
         if self.model is None and len(self._roots) == 1 and not weak:
             self.model, self.root = obj, root
-        self.registry = None
+        self._stale = True
 
     def roots(self) -> dict:
         """Root name → object, of the roots still alive."""
@@ -1222,14 +1324,86 @@ class Recorder:
         return out
 
     def rewalk(self) -> Registry:
-        """Walks the model (and every root) now; the manifest uses the latest walk. A
-        recorder without a model or root records graphs whose every address is bare."""
-        self.registry = walk_roots(
+        """Walks the model (and every root) now, keeping the owners earlier walks found
+        that this one no longer reaches (:meth:`Registry.absorb`). A recorder without a
+        model or root records graphs whose every address is bare."""
+        fresh = walk_roots(
             self.roots() or [(self.root, None)],
             max_depth=self.max_depth,
             runtime_state=self.runtime_state,
         )
-        return self.registry
+        if self.registry is not None:
+            fresh.absorb(self.registry)
+        self.registry = fresh
+        self.walks += 1
+        self._stale = False
+        self._registry_known = None
+        self._known = None
+        return fresh
+
+    # Keeping owners current (class docstring) ------------------------------------------
+
+    def _known_ranges(self) -> bytes:
+        """Everything that explains an address without a walk, packed for
+        ``_native.Walked.unexplained``."""
+        if self._known is None:
+            if self._registry_known is None:
+                reg = self.registry.storage_ranges() if self.registry is not None else []
+                self._registry_known = _pack_ranges(reg)
+            self._known = b"".join(
+                (self._registry_known, self._extra_known, self._pool_known, self._ownerless_known)
+            )
+        return self._known
+
+    def _unexplained(self, walked) -> list:
+        """The addresses of ``walked`` nothing known explains; the allocator's segments of
+        graph pools are read again first where some word falls outside everything else."""
+        missing = walked.unexplained(self._known_ranges())
+        if missing and self._refresh_graph_segments():
+            missing = walked.unexplained(self._known_ranges())
+        return missing
+
+    def _refresh_graph_segments(self) -> bool:
+        """Reads the caching allocator's segments of the recorder's graph pools; returns
+        whether they changed."""
+        keys = [k for k, pid in self._pool_by_key.items() if self._pools[pid]["kind"] == "graph"]
+        if not keys:
+            return False
+        torch = _torch()
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return False
+        segments = _pool_segments(keys)
+        if segments == self._graph_segments:
+            return False
+        self._graph_segments = segments
+        self._pool_known = _pack_ranges(self._graph_pool_ranges + segments)
+        self._known = None
+        return True
+
+    def _keep_current(self, walked) -> None:
+        """Walks the roots again if ``walked`` (a ``_native.Walked``, or ``None`` where the
+        graph came as JSON that does not parse: the build reports it) reads an address
+        nothing known explains; then remembers what the walk left ownerless."""
+        if self.registry is not None and not self._stale:
+            if walked is None or not self._roots or not self._unexplained(walked):
+                return
+        self.rewalk()
+        if walked is not None and self._roots:
+            self._ownerless.update(self._unexplained(walked))
+            self._ownerless_known = _pack_ranges((a, 1) for a in sorted(self._ownerless))
+            self._known = None
+
+    def _add_extra(self, path: str, t, registration: str) -> None:
+        self._extra.append((path, t, registration))
+        try:
+            storage = t.untyped_storage()
+            r = (storage.data_ptr(), storage.nbytes())
+        except Exception:  # noqa: BLE001 - not a tensor: the build says so
+            return
+        if r not in self._extra_ranges:
+            self._extra_ranges.add(r)
+            self._extra_known += _pack_ranges([r])
+            self._known = None
 
     def add_pool(
         self,
@@ -1251,6 +1425,10 @@ class Recorder:
         self._pools.append({"name": name, "kind": kind, "sleep": sleep})
         for base, size in ranges:
             self._pool_ranges.append({"base": hex(base), "size": size, "pool": pid})
+            if kind == "graph":
+                self._graph_pool_ranges.append((base, size))
+                self._pool_known = _pack_ranges(self._graph_pool_ranges + self._graph_segments)
+                self._known = None
         if torch_pool is not None:
             self._pool_by_key[_pool_key(torch_pool)] = pid
         return pid
@@ -1293,20 +1471,27 @@ class Recorder:
     ) -> None:
         """Adds a walked graph. ``pool`` is a pool id, name or torch pool; ``inputs`` and
         ``outputs`` name the static tensors the caller fills or reads around each replay
-        (registration ``graph_input``, paths ``graphs["name"].inputs["x"]``)."""
-        if self.registry is None:
-            self.rewalk()
+        (registration ``graph_input``, paths ``graphs["name"].inputs["x"]``).
+
+        The roots are walked again when the graph reads an address nothing the recorder
+        knows explains (class docstring)."""
         entry = {"name": name, "pool": self._pool_id(pool)}
         if isinstance(walked, _native.Walked):
             entry["walked_index"] = len(self._walked)
             self._walked.append(walked)
+            native = walked
         else:
             entry["walked"] = json.loads(walked) if isinstance(walked, (str, bytes)) else dict(walked)
+            try:
+                native = _native.Walked.from_json(json.dumps(entry["walked"]))
+            except GraphcheckError:  # reported, with its JSON path, by the build
+                native = None
         self._graphs.append(entry)
         base = _key("graphs", name)
         for hop, tensors in (("inputs", inputs), ("outputs", outputs)):
             for k, t in (tensors or {}).items():
-                self._extra.append((_key(_attr(base, hop), k), t, "graph_input"))
+                self._add_extra(_key(_attr(base, hop), k), t, "graph_input")
+        self._keep_current(native)
 
     def record(self, cuda_graph, name: str, *, pool=None, inputs=None, outputs=None) -> None:
         """Walks a captured ``torch.cuda.CUDAGraph`` (made with ``keep_graph=True``) and
@@ -1317,7 +1502,7 @@ class Recorder:
     def build_spec(self) -> dict:
         """The build spec ``_native.build_manifest`` takes (with :attr:`walked_graphs`, which
         graphs' ``walked_index`` refers to)."""
-        if self.registry is None:
+        if self.registry is None or self._stale:
             self.rewalk()
         reg = self.registry.copy()
         for path, t, registration in self._extra:
@@ -1383,7 +1568,11 @@ def graph(
     """``torch.cuda.graph`` that also records: captures into ``cuda_graph`` (made with
     ``torch.cuda.CUDAGraph(keep_graph=True)``), walks the captured graph, adds it to
     ``recorder`` (a new one over ``model`` when not given), then instantiates it. Yields the
-    recorder."""
+    recorder.
+
+    The graph is instantiated whether or not recording succeeds: a recording failure
+    raises :class:`GraphcheckError` (its cause chained) after the graph is ready to
+    replay. An empty capture (torch only warns) is recorded as a graph with no node."""
     torch = _torch()
     if recorder is None:
         if model is None:
@@ -1395,11 +1584,26 @@ def graph(
         cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
     ):
         yield recorder
-    graph_pool = pool if pool is not None else cuda_graph.pool()
-    recorder.record(cuda_graph, name, pool=graph_pool, inputs=inputs, outputs=outputs)
-    instantiate: Optional[Callable] = getattr(cuda_graph, "instantiate", None)
-    if instantiate is not None:
-        instantiate()
+    try:
+        graph_pool = pool if pool is not None else cuda_graph.pool()
+        recorder.record(cuda_graph, name, pool=graph_pool, inputs=inputs, outputs=outputs)
+    except GraphcheckError:
+        raise
+    except BaseException as e:
+        if _fatal(e):
+            raise
+        raise GraphcheckError(f"recording graph {name!r} failed: {type(e).__name__}: {e}") from e
+    finally:
+        instantiate: Optional[Callable] = getattr(cuda_graph, "instantiate", None)
+        if instantiate is not None:
+            instantiate()
+
+
+def _fatal(e: BaseException) -> bool:
+    """Whether an exception must reach the caller as it is: an interrupt or an exit. Any
+    other failure of a recording (``pyo3_runtime.PanicException`` included, a
+    ``BaseException``) is graphcheck's and never the engine's."""
+    return isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit))
 
 
 # -- instrument: record every capture of the process --------------------------------------
@@ -1505,7 +1709,9 @@ def _on_capture(cuda_graph) -> None:
             pool = None
     try:
         walked = _walk_graph(cuda_graph.raw_cuda_graph())
-    except Exception as e:  # noqa: BLE001 - reported by each sink
+    except BaseException as e:  # noqa: BLE001 - reported by each sink
+        if _fatal(e):
+            raise
         for sink in sinks:
             sink._failed(e)
         return
@@ -1568,7 +1774,9 @@ class Instrumentation:
                 self._unwritten += 1
                 if self.directory is not None and self._unwritten >= self.write_every:
                     self.write()
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - a panic too, never into the engine
+            if _fatal(e):
+                raise
             self._failed(e)
 
     def _failed(self, e: BaseException) -> None:
@@ -1622,7 +1830,9 @@ class Instrumentation:
             return None
         try:
             return self.write()
-        except Exception as e:  # noqa: BLE001 - reported like a failed recording
+        except BaseException as e:  # noqa: BLE001 - reported like a failed recording
+            if _fatal(e):
+                raise
             self._failed(e)
             return None
 
@@ -1691,9 +1901,10 @@ def instrument(
     graphs: a format string with ``{index}`` (and ``{pid}``) or a callable of the index.
 
     Owners: a capture has no model argument. ``model`` (under ``root``) and every
-    :func:`register_model` root are walked at the first capture (again after a root is
-    added); without any, graphs are recorded with no owners and every address they hold is
-    bare (``unowned`` at verify). A recording failure warns (``RuntimeWarning``) and is
+    :func:`register_model` root are walked at the first capture, again after a root is
+    added, and again at any capture that reads an address the recorder cannot explain
+    without a walk (:class:`Recorder`); without any, graphs are recorded with no owners and
+    every address they hold is bare (``unowned`` at verify). A recording failure warns (``RuntimeWarning``) and is
     kept in ``errors``; the capture itself always completes. ``strict=True`` raises
     instead. ``write_every=N`` rewrites the file after every N captures instead of every
     one (an engine capturing dozens of graphs pays the rebuild N times less); what is left

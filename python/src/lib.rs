@@ -622,6 +622,30 @@ impl Walked {
         self.inner.node_counts.clone()
     }
 
+    /// The distinct addresses, ascending, of this graph's words that lie in none of the
+    /// `known` ranges and that the kernel signatures do not set aside
+    /// (`WalkedGraph::unexplained`): a recorder walks its roots again only when there are
+    /// any. `known` is packed native-endian `u64` pairs `(base, size)`, in any order (an
+    /// `array.array("Q")`'s bytes).
+    fn unexplained(&self, py: Python<'_>, known: &[u8]) -> PyResult<Vec<u64>> {
+        if known.len() % 16 != 0 {
+            return Err(GraphcheckError::new_err(format!(
+                "unexplained: known ranges are (base, size) pairs of 8-byte words, not {} bytes",
+                known.len()
+            )));
+        }
+        let inner = self.inner.clone();
+        detached(py, move || {
+            let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
+            let known = graphcheck::build::RangeSet::from_sizes(
+                known
+                    .chunks_exact(16)
+                    .map(|pair| (word(&pair[..8]), word(&pair[8..]))),
+            );
+            Ok(inner.unexplained(&known).into_iter().map(|a| a.0).collect())
+        })
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<Walked: {} nodes read, {} address words, {} unread>",

@@ -59,6 +59,8 @@ class Walks:
         self.fail = None
 
     def __call__(self, handle):
+        if isinstance(self.fail, BaseException):
+            raise self.fail
         if self.fail:
             raise graphcheck.GraphcheckError(self.fail)
         self.captured.append(handle)
@@ -284,6 +286,73 @@ def test_a_failed_walk_warns_and_the_capture_still_completes(torch, fake):
         g = capture(torch, model)
     assert g.calls[-1] == ("instantiate",)
     assert strict.errors == []
+
+
+class PanicException(BaseException):
+    """What pyo3 raises for a Rust panic: a BaseException, which `except Exception` misses."""
+
+
+@pytest.mark.parametrize("where", ["walk", "record"])
+def test_a_panic_warns_and_never_reaches_the_engine(torch, fake, monkeypatch, where):
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    if where == "walk":
+        fake.fail = PanicException("attempted to zero-initialize type")
+    else:
+        def panic(*args, **kwargs):
+            raise PanicException("attempted to zero-initialize type")
+
+        monkeypatch.setattr(ins.recorder, "add_graph", panic)
+    with pytest.warns(RuntimeWarning, match="zero-initialize"):
+        g = capture(torch, model)
+    assert g.calls[-1] == ("instantiate",)
+    assert ins.captures == 0 and [type(e) for e in ins.errors] == [PanicException]
+
+
+def test_an_interrupt_during_recording_is_not_swallowed(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    fake.fail = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        g = torch.cuda.CUDAGraph()
+        with fake_torch_graph(torch, g):
+            pass
+    assert g.calls[-1] == ("instantiate",)  # the graph is still made ready
+    assert ins.errors == []
+
+
+def test_a_tensor_made_after_the_first_capture_is_owned(torch, fake):
+    # The instrumentation's recorder keeps its owners current as Recorder does: a
+    # workspace a later capture reads is owned without anyone calling rewalk().
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    capture(torch, model)
+    model.workspace = torch.zeros(16)
+    WALKS.next = walked(kernel(0, "marlin", model.proj.weight, model.workspace))
+    g = torch.cuda.CUDAGraph()
+    with fake_torch_graph(torch, g):
+        pass
+    assert ins.recorder.walks == 2
+    m = ins.manifest()
+    assert any(o["path"] == "model.workspace" for o in m["owners"])
+    assert [(f.kind, f.subject) for f in graphcheck.verify(m).findings] == [
+        ("unregistered", "model.embed_scale"),
+        ("unregistered", "model.workspace"),
+    ]
+    capture(torch, model)  # nothing new: no walk
+    assert ins.recorder.walks == 2
+
+
+def test_an_empty_capture_is_recorded_as_an_empty_graph(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    WALKS.next = walked()
+    g = torch.cuda.CUDAGraph()
+    with fake_torch_graph(torch, g):
+        pass
+    assert ins.errors == [] and ins.captures == 1
+    m = ins.manifest()
+    assert m["graphs"][0]["nodes"] == [] and graphcheck.verify(m).ok
 
 
 def test_graph_names(torch, fake):
