@@ -939,7 +939,8 @@ fn events_fork_join_and_host_function_nodes() -> Result<(), CudaError> {
 }
 
 #[test]
-fn conditional_node_bodies_are_walked_where_the_driver_allows_and_replay() -> Result<(), CudaError> {
+fn conditional_node_bodies_are_walked_where_the_driver_allows_and_replay() -> Result<(), CudaError>
+{
     if !enabled("conditional_node_bodies_are_walked_where_the_driver_allows_and_replay") {
         return Ok(());
     }
