@@ -78,12 +78,24 @@ def pooled_params(torch, pool, module):
             setattr(mod, name, torch.nn.Parameter(alone(torch, pool, p.detach()), requires_grad=p.requires_grad))
 
 
+#: Refilled tensors stay alive until the test ends: a replay after the refill must read
+#: them, and a second refill must not be handed the first one's block again.
+_REFILLED: list = []
+
+
+@pytest.fixture(autouse=True)
+def _release_refilled():
+    yield
+    _REFILLED.clear()
+
+
 def refill(torch, pool, addr, shape, value):
     """A new tensor of `shape` filled with `value`, allocated in `pool` where a freed tensor
     was: it must land at `addr` (the pool's lowest free block), so that a replay reads
-    these contents."""
+    these contents. The tensor is kept alive until the test ends."""
     with torch.cuda.use_mem_pool(pool):
         t = torch.empty(shape, device="cuda")
+    _REFILLED.append(t)
     t.fill_(value)
     assert t.data_ptr() == addr, (
         f"the freed block at {addr:#x} was the lowest free block of its private pool, but the "
