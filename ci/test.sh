@@ -18,7 +18,7 @@ CI=true cargo insta test --workspace --all-features --check --unreferenced=rejec
 
 step "Python package (maturin wheel of python/, installed for the Python tests)"
 rm -rf target/wheels-ci
-"$PY" -m maturin build --quiet --locked -o target/wheels-ci
+"$PY" -m maturin build --quiet --locked -i "$PY" -o target/wheels-ci
 "$PY" -m pip install --quiet --disable-pip-version-check \
     --force-reinstall --no-deps target/wheels-ci/graphcheck-*.whl
 
