@@ -153,13 +153,22 @@ impl CudaVmm {
     }
 
     fn prop(device: i32) -> sys::CUmemAllocationProp {
-        // SAFETY: a plain C struct of integers and one pointer, for which all zeros is
-        // valid (and what the driver's documentation starts from).
-        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-        p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        p.location.id = device;
-        p
+        // Every field spelled out: the struct holds enums, so it is never made by zeroing.
+        sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+        }
     }
 }
 
@@ -231,11 +240,13 @@ impl Backend for CudaVmm {
         check("cuMemMap", unsafe {
             sys::cuMemMap(va, size as usize, 0, *h, 0)
         })?;
-        // SAFETY: a plain C struct of integers.
-        let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-        desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = device;
-        desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
         // SAFETY: the range was just mapped; `desc` is one valid descriptor.
         let r = unsafe { sys::cuMemSetAccess(va, size as usize, &desc, 1) };
         if r != sys::CUresult::CUDA_SUCCESS {
