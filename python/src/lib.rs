@@ -716,3 +716,31 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sleep::register(m)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_a_native_call_becomes_an_error() {
+        // Regression: a panic crossing into Python is PanicException (a BaseException an
+        // engine's `except Exception` misses); `guarded` returns an error instead.
+        let r: PyResult<()> = guarded(|| panic!("index out of bounds"));
+        assert!(r.is_err());
+        let r: PyResult<u32> = guarded(|| Err("bad input".to_string()));
+        assert!(r.is_err());
+        assert!(matches!(guarded(|| Ok(7u32)), Ok(7)));
+    }
+
+    #[test]
+    fn a_panic_message_names_the_bug() {
+        let m = panic_message(&"index out of bounds");
+        assert!(
+            m.contains("index out of bounds") && m.contains("a bug"),
+            "{m}"
+        );
+        let m = panic_message(&String::from("formatted"));
+        assert!(m.contains("formatted"), "{m}");
+        assert!(panic_message(&42u8).contains("no message"));
+    }
+}
