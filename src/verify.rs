@@ -328,17 +328,39 @@ fn same_storage(a: &Tensor, b: &Tensor) -> bool {
 /// (`ys[2]` and `ys[1]`, `experts[3].w` and `experts[2].w`): where a list insert or delete
 /// moves a tensor.
 fn shift_siblings(a: &str, b: &str) -> bool {
+    index_shift(a, b).is_some()
+}
+
+/// Where `b` differs from `a` in exactly one list index: `b`'s index minus `a`'s.
+fn index_shift(a: &str, b: &str) -> Option<i64> {
     let (Ok(x), Ok(y)) = (parse(a), parse(b)) else {
-        return false;
+        return None;
     };
     if x.len() != y.len() {
-        return false;
+        return None;
     }
     let mut differ = x.iter().zip(&y).filter(|(p, q)| p != q);
-    matches!(
-        (differ.next(), differ.next()),
-        (Some((Segment::Index(_), Segment::Index(_))), None)
-    )
+    match (differ.next(), differ.next()) {
+        (Some((Segment::Index(i), Segment::Index(j))), None) => j.checked_sub(*i),
+        _ => None,
+    }
+}
+
+/// Whether `path`, now holding the manifest tensor `now` (captured under other paths),
+/// took part in a shift of its list by an insert or a delete: the tensor now at `path`
+/// came from a sibling index by the same displacement by which the subject moved to one of
+/// its `carriers`. A swap or any other permutation moves them by different displacements,
+/// and an alias (`c_strides2 = c_strides1`) by none: those stay `drifted`, since the
+/// model now reads another tensor through `path` than the graphs do.
+fn shifted(ctx: &Ctx<'_>, path: &str, now: usize, carriers: &BTreeSet<&str>) -> bool {
+    let came: Vec<i64> = ctx.mt.owners_of[now]
+        .iter()
+        .filter_map(|&o| index_shift(&ctx.m.owners[o].path, path))
+        .collect();
+    carriers
+        .iter()
+        .filter_map(|c| index_shift(path, c))
+        .any(|went| went != 0 && came.contains(&went))
 }
 
 /// The graphs (sorted names) and node parameters of some touches, deduplicated.
@@ -416,13 +438,19 @@ impl<'m> Ctx<'m> {
         found
     }
 
-    /// The registered owners (parameter, buffer, held) of the manifest tensors whose
-    /// storage holds `t`'s bytes: a view into a registered tensor's storage is registered
-    /// through them, because sleep and in-place reloads restore those bytes.
+    /// The registered owners (parameter, buffer, held) of the manifest tensors that share
+    /// `t`'s storage and whose own view covers `t`'s bytes: a view into a registered
+    /// tensor is registered through it, because sleep and an in-place reload
+    /// (`param.copy_`) restore those bytes. Bytes of the storage outside every registered
+    /// view are restored by sleep but not by an in-place reload, so they do not count.
     fn registered_through(&self, t: &Tensor) -> Vec<usize> {
         let mut owners: Vec<usize> = self
             .holders(t)
             .into_iter()
+            .filter(|&i| {
+                let r = &self.m.tensors[i];
+                r.data_ptr() <= t.data_ptr() && t.end() <= r.end()
+            })
             .flat_map(|i| self.mt.owners_of[i].iter().copied())
             .filter(|&o| self.m.owners[o].registration.is_registered())
             .collect();
@@ -913,7 +941,8 @@ fn live_checks(
         match n {
             PathNow::Gone if !reached => vanished.push(o),
             PathNow::Gone => {}
-            PathNow::Rebound(_, Some(_)) if reached => {}
+            PathNow::Rebound(_, Some(k))
+                if reached && shifted(ctx, &ctx.m.owners[o].path, k, &carriers().paths) => {}
             PathNow::Rebound(lten, known) => drifted.push((o, lten, known)),
             PathNow::Kept(lten) => {
                 if !lten.same_layout(t) {
@@ -1464,6 +1493,29 @@ mod tests {
     }
 
     #[test]
+    fn bytes_of_a_storage_outside_every_registered_view_are_unregistered() {
+        // Regression (review): a parameter that is the first half of its storage, and a
+        // plain attribute over the second half: an in-place reload (`param.copy_`) never
+        // restores those bytes, so the storage alone does not register them.
+        let mut m = manifest();
+        add(
+            &mut m,
+            view(8, 6, 0, 128),
+            "model.p",
+            Registration::Parameter,
+        );
+        add(
+            &mut m,
+            view(9, 6, 128, 128),
+            "model.tail",
+            Registration::ModuleAttribute,
+        );
+        let r = verify(&m, None, &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.tail"), vec![FindingKind::Unregistered]);
+        assert_eq!(about(&r, "model.p"), vec![]);
+    }
+
+    #[test]
     fn rebinding_the_parameter_a_view_is_registered_through_is_drifted() {
         let m = with_view();
         let mut l = live_of(&m, Contents::Updated);
@@ -1605,6 +1657,51 @@ mod tests {
                 "n={n}"
             );
         }
+    }
+
+    #[test]
+    fn a_delete_at_the_front_shifts_every_later_element_without_a_finding() {
+        // del ys[0] of four: each later element moves down one index (same displacement
+        // for the tensor each path now holds and for where each captured tensor went).
+        let m = with_list(4);
+        let l = del(&m, 4, 0, Contents::Preserved);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(
+            about(&r, "model.ys[0]"),
+            vec![FindingKind::Drifted, FindingKind::Freed]
+        );
+        for i in 1..4 {
+            assert_eq!(about(&r, &format!("model.ys[{i}]")), vec![], "ys[{i}]");
+        }
+    }
+
+    #[test]
+    fn swapped_list_elements_are_drifted() {
+        // Regression (review): ys[0] and ys[2] swapped, every tensor still held. The model
+        // now reads ys[2]'s tensor through ys[0] while the graphs read the old one: not a
+        // shift (the two moved by +2 and -2), so both paths are drifted.
+        let m = with_list(3);
+        let mut l = live_of(&m, Contents::Preserved);
+        rebind(&mut l, "model.ys[0]", 7);
+        rebind(&mut l, "model.ys[2]", 5);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.ys[0]"), vec![FindingKind::Drifted]);
+        assert_eq!(about(&r, "model.ys[2]"), vec![FindingKind::Drifted]);
+        assert_eq!(about(&r, "model.ys[1]"), vec![]);
+    }
+
+    #[test]
+    fn a_path_rebound_onto_another_captured_tensor_is_drifted() {
+        // Regression (review): ys[1] = ys[0] while ys[1]'s own tensor is still held through
+        // an alias captured with it (CUTLASS's c_strides2 = c_strides1 with ab_strides1
+        // keeping the old one): no shift; the graphs read the old ys[1].
+        let mut m = with_list(2);
+        m.owners
+            .push(owner("model.alias", 6, Registration::Container));
+        let mut l = live_of(&m, Contents::Preserved);
+        rebind(&mut l, "model.ys[1]", 5);
+        let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+        assert_eq!(about(&r, "model.ys[1]"), vec![FindingKind::Drifted]);
     }
 
     #[test]
