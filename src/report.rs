@@ -127,14 +127,24 @@ fn headline(r: &Report) -> String {
     } else {
         format!("; {} ({})", plural(w, "warning"), by_kind(r.warnings()))
     };
+    // Nodes the walk could not read are not findings (nothing is known to be wrong), but
+    // what they hold was not checked: a clean run says so.
+    let unread = if r.unread_nodes == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {} unread, whose addresses are not checked (`graphcheck show` lists them)",
+            plural(r.unread_nodes, "node")
+        )
+    };
     if n == 0 {
         format!(
-            "graphcheck verify: ok — no findings in {} graphs, {} touched tensors ({mode}){warnings}",
+            "graphcheck verify: ok — no findings in {} graphs, {} touched tensors ({mode}){warnings}{unread}",
             r.graphs, r.subjects
         )
     } else {
         format!(
-            "graphcheck verify: {} ({}) in {} graphs, {} touched tensors ({mode}){warnings}",
+            "graphcheck verify: {} ({}) in {} graphs, {} touched tensors ({mode}){warnings}{unread}",
             plural(n, "finding"),
             by_kind(r.errors()),
             r.graphs,
@@ -253,7 +263,7 @@ fn md_escape(s: &str) -> String {
 /// Markdown for a CI step summary (`$GITHUB_STEP_SUMMARY`).
 pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
     let mut out = String::new();
-    let icon = match (r.ok, r.warnings().next().is_some()) {
+    let icon = match (r.ok, r.warnings().next().is_some() || r.unread_nodes > 0) {
         (false, _) => "❌",
         (true, true) => "⚠️",
         (true, false) => "✅",

@@ -204,6 +204,14 @@ pub struct Report {
     /// Subjects (touched storage views) classified.
     pub subjects: usize,
     pub graphs: usize,
+    /// Nodes whose addresses the walk could not read (the graphs' `unread` nodes and
+    /// nodes marked `opaque`): whatever they hold is not checked. Left out when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unread_nodes: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Report {
@@ -610,6 +618,11 @@ pub fn verify_checked(
         allowed,
         subjects: subjects.len(),
         graphs: m.graphs.len(),
+        unread_nodes: m
+            .graphs
+            .iter()
+            .map(|g| g.unread.len() + g.nodes.iter().filter(|n| n.opaque.is_some()).count())
+            .sum(),
     }
 }
 

@@ -250,6 +250,8 @@ class Report:
     json: str = field(repr=False)
     table: str = field(repr=False)
     markdown: str = field(repr=False)
+    #: Nodes whose addresses the walk could not read: what they hold was not checked.
+    unread_nodes: int = 0
 
     @classmethod
     def _from_native(cls, ok: bool, text: str, table: str, markdown: str) -> "Report":
@@ -265,6 +267,7 @@ class Report:
             summary=dict(r["summary"]),
             subjects=r["subjects"],
             graphs=r["graphs"],
+            unread_nodes=r.get("unread_nodes", 0),
             json=text,
             table=table,
             markdown=markdown,

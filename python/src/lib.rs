@@ -36,11 +36,6 @@ create_exception!(
     "A bad document, allowlist or argument: the message says what and where."
 );
 
-/// Turns a core error and its causes into one `GraphcheckError`.
-fn error(e: &dyn std::error::Error) -> PyErr {
-    GraphcheckError::new_err(chain(e))
-}
-
 /// A check failure of JSON text, named as the loaders name a file's.
 fn invalid(name: &Path, e: &loader::Invalid) -> String {
     format!(
@@ -168,7 +163,7 @@ where
 }
 
 /// What a caught panic says, as the message of the error that replaces it.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     let what = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -550,8 +545,10 @@ fn build_manifest(
 /// across hops, brackets literal).
 #[pyfunction]
 fn glob_match(pattern: &str, paths: Vec<String>) -> PyResult<Vec<bool>> {
-    let glob = Glob::new(pattern).map_err(|e| error(&e))?;
-    guarded(|| Ok(paths.iter().map(|p| glob.is_match(p)).collect()))
+    guarded(|| {
+        let glob = Glob::new(pattern).map_err(|e| chain(&e))?;
+        Ok(paths.iter().map(|p| glob.is_match(p)).collect())
+    })
 }
 
 /// Checks an owner path against the core's grammar; returns its canonical spelling.

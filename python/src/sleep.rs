@@ -59,6 +59,12 @@ fn detached_sleep<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> PyRe
     crate::detached(py, move || Ok(f())).map_err(|e| SleepError::new_err(e.value(py).to_string()))
 }
 
+/// Runs an allocator call that holds the GIL; a panic inside it becomes a `SleepError`.
+fn caught<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(SleepError::new_err(crate::panic_message(p.as_ref()))))
+}
+
 fn allocator() -> Result<MutexGuard<'static, Allocator>, String> {
     match ALLOCATOR.get_or_init(|| {
         CudaVmm::new()
@@ -136,18 +142,20 @@ fn raise(e: CoreError) -> PyErr {
 /// Sets the calling thread's tag (`None`: untagged); returns the previous one.
 #[pyfunction]
 fn sleep_set_tag(tag: Option<String>) -> PyResult<Option<String>> {
-    if let Some(t) = &tag
-        && t.is_empty()
-    {
-        return Err(SleepError::new_err("a tag is a non-empty string"));
-    }
-    Ok(TAG.with(|cell| std::mem::replace(&mut *cell.borrow_mut(), tag)))
+    caught(|| {
+        if let Some(t) = &tag
+            && t.is_empty()
+        {
+            return Err(SleepError::new_err("a tag is a non-empty string"));
+        }
+        Ok(TAG.with(|cell| std::mem::replace(&mut *cell.borrow_mut(), tag)))
+    })
 }
 
 /// The calling thread's tag.
 #[pyfunction]
-fn sleep_tag() -> Option<String> {
-    TAG.with(|t| t.borrow().clone())
+fn sleep_tag() -> PyResult<Option<String>> {
+    caught(|| Ok(TAG.with(|t| t.borrow().clone())))
 }
 
 /// Sleeps (see `graphcheck::sleep::SleepAllocator::sleep`); returns what it did.
@@ -192,13 +200,13 @@ fn sleep_wake(
 /// The sleep level, or `None` when awake.
 #[pyfunction]
 fn sleep_level() -> PyResult<Option<u8>> {
-    Ok(allocator().map_err(SleepError::new_err)?.asleep())
+    caught(|| Ok(allocator().map_err(SleepError::new_err)?.asleep()))
 }
 
 /// Every tag an allocation was made under.
 #[pyfunction]
 fn sleep_tags() -> PyResult<Vec<String>> {
-    Ok(allocator().map_err(SleepError::new_err)?.tags())
+    caught(|| Ok(allocator().map_err(SleepError::new_err)?.tags()))
 }
 
 /// One allocation for Python: `(base, size, requested, device, tag, state)`.
@@ -207,38 +215,44 @@ type AllocationRow = (u64, u64, u64, i32, String, &'static str);
 /// Every live allocation: `(base, size, requested, device, tag, state)`.
 #[pyfunction]
 fn sleep_allocations() -> PyResult<Vec<AllocationRow>> {
-    let a = allocator().map_err(SleepError::new_err)?;
-    Ok(a.allocations()
-        .into_iter()
-        .map(|i| (i.base, i.size, i.requested, i.device, i.tag, i.state))
-        .collect())
+    caught(|| {
+        let a = allocator().map_err(SleepError::new_err)?;
+        Ok(a.allocations()
+            .into_iter()
+            .map(|i| (i.base, i.size, i.requested, i.device, i.tag, i.state))
+            .collect())
+    })
 }
 
 /// The allocator's counters.
 #[pyfunction]
 fn sleep_stats() -> PyResult<BTreeMap<&'static str, u64>> {
-    let s = allocator().map_err(SleepError::new_err)?.stats();
-    Ok(BTreeMap::from([
-        ("mallocs", s.mallocs),
-        ("frees", s.frees),
-        ("freed_while_asleep", s.freed_while_asleep),
-        ("allocations", s.allocations),
-        ("bytes_reserved", s.bytes_reserved),
-        ("bytes_mapped", s.bytes_mapped),
-        ("host_bytes_held", s.host_bytes_held),
-        ("host_bytes_cached", s.host_bytes_cached),
-        ("sleeps", s.sleeps),
-        ("wakes", s.wakes),
-    ]))
+    caught(|| {
+        let s = allocator().map_err(SleepError::new_err)?.stats();
+        Ok(BTreeMap::from([
+            ("mallocs", s.mallocs),
+            ("frees", s.frees),
+            ("freed_while_asleep", s.freed_while_asleep),
+            ("allocations", s.allocations),
+            ("bytes_reserved", s.bytes_reserved),
+            ("bytes_mapped", s.bytes_mapped),
+            ("host_bytes_held", s.host_bytes_held),
+            ("host_bytes_cached", s.host_bytes_cached),
+            ("sleeps", s.sleeps),
+            ("wakes", s.wakes),
+        ]))
+    })
 }
 
 /// Takes the last error `malloc`/`free` met (they cannot raise), if any.
 #[pyfunction]
-fn sleep_take_error() -> Option<String> {
-    LAST_ERROR
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take()
+fn sleep_take_error() -> PyResult<Option<String>> {
+    caught(|| {
+        Ok(LAST_ERROR
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take())
+    })
 }
 
 /// Frees the pinned host buffers kept for the next sleep; returns the bytes freed.
@@ -252,11 +266,13 @@ fn sleep_release_host_cache(py: Python<'_>) -> PyResult<u64> {
 /// `cuMemGetInfo` of `device`: `(free, total)` bytes.
 #[pyfunction]
 fn sleep_mem_info(device: i32) -> PyResult<(u64, u64)> {
-    allocator()
-        .map_err(SleepError::new_err)?
-        .backend_mut()
-        .mem_info(device)
-        .map_err(raise)
+    caught(|| {
+        allocator()
+            .map_err(SleepError::new_err)?
+            .backend_mut()
+            .mem_info(device)
+            .map_err(raise)
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -21,12 +21,7 @@ pub fn capture<F>(stream: &Arc<CudaStream>, work: F) -> Result<CudaGraph, CudaEr
 where
     F: FnOnce(&Arc<CudaStream>) -> Result<(), CudaError>,
 {
-    // SAFETY: event tracking only orders accesses across streams; a capturing program
-    // orders them itself, as CUDA graphs require.
-    #[allow(unsafe_code)]
-    unsafe {
-        stream.context().disable_event_tracking();
-    }
+    super::driver::disable_event_tracking(stream.context());
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     let worked = work(stream);
     // End the capture whatever happened, so the stream is usable again.
@@ -87,13 +82,7 @@ pub fn manifest_of(
 ) -> Result<(Manifest, Vec<WalkStats>), CudaError> {
     let refs: Vec<(&str, GraphRef<'_>)> = graphs
         .iter()
-        .map(|&(name, g)| {
-            // SAFETY: the CudaGraph owns the CUgraph and is borrowed for the whole walk,
-            // which does not modify it.
-            #[allow(unsafe_code)]
-            let graph = unsafe { GraphRef::from_raw(g.cu_graph()) };
-            (name, graph)
-        })
+        .map(|&(name, g)| (name, GraphRef::of(g)))
         .collect();
     manifest_of_graphs(&refs, registry, tool)
 }

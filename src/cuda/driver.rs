@@ -96,6 +96,14 @@ pub struct GraphRef<'a> {
 }
 
 impl<'a> GraphRef<'a> {
+    /// Borrows the graph a cudarc `CudaGraph` owns, for as long as it is borrowed.
+    pub fn of(g: &'a cudarc::driver::CudaGraph) -> GraphRef<'a> {
+        GraphRef {
+            raw: g.cu_graph(),
+            _life: PhantomData,
+        }
+    }
+
     /// Borrows a raw graph handle.
     ///
     /// # Safety
@@ -375,19 +383,8 @@ impl<'a> NodeRef<'a> {
     /// does not export it (checked with `nm -D` and `cuGetProcAddress`), and no other call
     /// returns the bodies, so there the node is listed as unread.
     pub fn conditional_bodies(self) -> Result<Vec<GraphRef<'a>>, CudaError> {
-        type GetParams =
-            unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNodeParams) -> sys::CUresult;
-        static GET: std::sync::OnceLock<Option<(libloading::Library, GetParams)>> =
-            std::sync::OnceLock::new();
-        let get = GET.get_or_init(|| {
-            // SAFETY: loading the driver library runs no initializer beyond what cudarc
-            // already ran by loading the same library.
-            let lib = unsafe { libloading::Library::new("libcuda.so.1") }.ok()?;
-            // SAFETY: the symbol, where present, has this C signature (cuda.h, 13.0).
-            let f: GetParams = *unsafe { lib.get::<GetParams>(b"cuGraphNodeGetParams\0") }.ok()?;
-            Some((lib, f))
-        });
-        let Some((_, get)) = get else {
+        let get = node_get_params();
+        let Some(get) = get else {
             return Err(CudaError::Call {
                 call: "cuGraphNodeGetParams",
                 code: 0,
@@ -402,9 +399,14 @@ impl<'a> NodeRef<'a> {
         // SAFETY: zeroing bytes of a MaybeUninit claims nothing about their validity.
         unsafe { std::ptr::write_bytes(p.as_mut_ptr(), 0, 1) };
         // SAFETY: writes the struct, whose layout is the same in the 12.8 and 13 headers.
-        check("cuGraphNodeGetParams", unsafe {
-            get(self.raw, p.as_mut_ptr())
-        })?;
+        let r = unsafe { get(self.raw, p.as_mut_ptr()) };
+        if r != 0 {
+            return Err(CudaError::Call {
+                call: "cuGraphNodeGetParams",
+                code: r,
+                name: format!("CUresult {r}"),
+            });
+        }
         let p = p.as_ptr();
         // SAFETY: the node is a conditional node (the caller checked its type), so the union
         // holds `conditional`, whose `phGraph_out` points to `size` graphs owned by the
@@ -555,6 +557,41 @@ impl<'a> KernelNode<'a> {
             _ => None,
         }
     }
+}
+
+/// `cuGraphNodeGetParams`. The result is declared as the C `int` it is, not cudarc's 12.8
+/// `CUresult` enum: a code the bindings do not list would be an invalid enum value.
+type GetParams = unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNodeParams) -> u32;
+
+/// `cuGraphNodeGetParams` where the driver exports it (a CUDA 13 call missing from the 12.8
+/// bindings, and from driver 580 too), looked up once.
+fn node_get_params() -> Option<GetParams> {
+    static GET: std::sync::OnceLock<Option<(libloading::Library, GetParams)>> =
+        std::sync::OnceLock::new();
+    GET.get_or_init(|| {
+        // SAFETY: loading the driver library runs no initializer beyond what cudarc
+        // already ran by loading the same library.
+        let lib = unsafe { libloading::Library::new("libcuda.so.1") }.ok()?;
+        // SAFETY: the symbol, where present, has this C signature (cuda.h, 13.0).
+        let f: GetParams = *unsafe { lib.get::<GetParams>(b"cuGraphNodeGetParams\0") }.ok()?;
+        Some((lib, f))
+    })
+    .as_ref()
+    .map(|(_, f)| *f)
+}
+
+/// Whether this driver can hand out a conditional node's bodies (`cuGraphNodeGetParams`).
+pub fn can_read_conditional_bodies() -> bool {
+    node_get_params().is_some()
+}
+
+/// Turns off cudarc's per-slice event tracking for `ctx`: it records events on other
+/// streams, which invalidates a stream capture (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+/// A capturing program orders its accesses itself, as CUDA graphs require.
+pub fn disable_event_tracking(ctx: &cudarc::driver::CudaContext) {
+    // SAFETY: event tracking only orders accesses across streams; cudarc documents that
+    // turning it off leaves that ordering to the caller, which a capture provides.
+    unsafe { ctx.disable_event_tracking() }
 }
 
 /// The driver allocation holding `addr`, as (base, size); `None` when no allocation does.
