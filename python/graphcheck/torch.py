@@ -234,9 +234,10 @@ def _device_name(t) -> str:
 
 def _meta_and_key(t) -> tuple:
     """The view's metadata as a tuple (storage base, storage bytes, byte offset, byte span,
-    shape, stride, dtype, itemsize, device) and its identity (first element's address,
-    shape, stride, dtype, device), reading each property once: the registry walk's hot
-    path, which keeps tuples and builds ``TensorSpec`` dicts only when asked."""
+    shape, stride, dtype, itemsize, device), its identity (first element's address,
+    shape, stride, dtype, device) and its storage object, reading each property once: the
+    registry walk's hot path, which keeps tuples and builds ``TensorSpec`` dicts only when
+    asked."""
     storage = t.untyped_storage()
     dtype = t.dtype
     known = _DTYPES.get(dtype)
@@ -256,7 +257,7 @@ def _meta_and_key(t) -> tuple:
     offset = t.storage_offset() * itemsize
     device = _device_name(t)
     meta = (base, storage.nbytes(), offset, span, shape, stride, dtype_name, itemsize, device)
-    return meta, (base + offset, shape, stride, dtype_name, device)
+    return meta, (base + offset, shape, stride, dtype_name, device), storage
 
 
 def _view_key(meta: tuple) -> tuple:
@@ -299,20 +300,49 @@ def digest(t, algorithm: str = "sha256") -> str:
 # -- the registry -------------------------------------------------------------------------
 
 
+def _weak(obj):
+    """A weak reference to ``obj``, or ``obj`` itself where it takes none (held, as
+    before weak references)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return obj
+
+
+def _deref(ref):
+    return ref() if isinstance(ref, weakref.ref) else ref
+
+
+def _storage_at(storage, meta: tuple) -> bool:
+    """Whether ``storage`` (a storage object or ``None``) is alive at ``meta``'s storage
+    base and size."""
+    if storage is None:
+        return False
+    try:
+        return storage.data_ptr() == meta[0] and storage.nbytes() == meta[1]
+    except Exception:  # noqa: BLE001 - a storage that cannot say where it is
+        return False
+
+
 @dataclass
 class TensorRecord:
-    """One storage view: the first tensor object seen for it (held weakly), and its
-    metadata (:attr:`spec` is its ``TensorSpec`` dict).
+    """One storage view: the first tensor object seen for it and its storage object (both
+    held weakly), and its metadata (:attr:`spec` is its ``TensorSpec`` dict).
 
     The registry must not keep tensors alive: a recorder that held the tensors of its
     capture would stop the very frees and reuses that break graphs after a reload (a
     rebuilt derived tensor's old storage would never be released), and verify would miss
-    them."""
+    them. The storage object is the view's identity beyond its address: torch keeps one
+    Python object per live storage (a weak reference to it dies with the storage, not with
+    the tensor object), so a new tensor the allocator puts where a dead one was, with the
+    same layout, is told apart from the one the record describes."""
 
     ref: Any = field(repr=False)
     #: (storage base, storage bytes, byte offset, byte span, shape, stride, dtype,
     #: itemsize, device): a tuple, as a dict per view costs a third of a large walk.
     meta: tuple
+    #: The ``untyped_storage()`` object (weakly), ``None`` where it was not read.
+    storage: Any = field(default=None, repr=False)
 
     @property
     def spec(self) -> dict:
@@ -334,7 +364,20 @@ class TensorRecord:
     @property
     def tensor(self):
         """The tensor, or ``None`` once it has been freed."""
-        return self.ref() if isinstance(self.ref, weakref.ref) else self.ref
+        return _deref(self.ref)
+
+    def current(self) -> bool:
+        """Whether the record still describes live memory: its storage is alive and still
+        has the recorded address and size (a storage resized in place has moved). The
+        storage, not the tensor object: while a storage lives (held by another view, say)
+        the allocator cannot hand its memory to a new tensor."""
+        return _storage_at(_deref(self.storage), self.meta)
+
+    def same_storage(self, other: "TensorRecord") -> bool:
+        """Whether both records are views of one live storage object (an address and a
+        layout alone do not say so: a dead tensor's memory is handed to new ones)."""
+        s = _deref(self.storage)
+        return s is not None and s is _deref(other.storage)
 
     @property
     def data_ptr(self) -> int:
@@ -391,7 +434,8 @@ class Registry:
         for rec in self.tensors:
             spec = rec.spec
             t = rec.tensor
-            if digests and t is not None:
+            # A record whose storage moved would digest other bytes than its address's.
+            if digests and t is not None and rec.current():
                 spec["digest"] = digest(t, digests)
             out.append(spec)
         return out
@@ -411,7 +455,7 @@ class Registry:
     def add(self, t, path: str, registration: str, holder: Optional[str]) -> Optional[int]:
         """Adds an owner path of a plain strided tensor; returns its view's position."""
         try:
-            meta, key = _meta_and_key(t)
+            meta, key, storage = _meta_and_key(t)
         except Exception as e:  # noqa: BLE001 - any tensor the walk cannot read is listed
             self.skipped.append((path, f"storage not readable: {type(e).__name__}: {e}"))
             return None
@@ -419,14 +463,16 @@ class Registry:
             self.skipped.append((path, "view extends past its storage"))
             return None
         index = self._views.get(key)
-        if index is None:
+        # The same view of another storage (one that died, whose memory `t` now has) is
+        # another tensor: graphs captured before read the dead one.
+        if index is None or _deref(self.tensors[index].storage) is not storage:
             index = len(self.tensors)
             self._views[key] = index
             try:
-                ref = weakref.ref(t)
+                refs = weakref.ref(t), weakref.ref(storage)
             except TypeError:  # an object without weak references: held, as before
-                ref = t
-            self.tensors.append(TensorRecord(ref, meta))
+                refs = _weak(t), _weak(storage)
+            self.tensors.append(TensorRecord(refs[0], meta, refs[1]))
         if path not in self._paths:
             self._paths.add(path)
             self.owners.append(_owner_record(path, index, registration, holder))
@@ -435,6 +481,9 @@ class Registry:
     def __post_init__(self):
         self._views: dict = {}
         self._paths: set = set()
+        # storage_ranges' poll list, and how many records it was made from.
+        self._poll: list = []
+        self._polled = -1
 
     def copy(self) -> "Registry":
         """A registry with the same records, to add owners to without changing this one."""
@@ -447,26 +496,54 @@ class Registry:
         that walks again keeps, for the graphs captured before, the owners they were
         captured with (a tensor since dropped from the model stays owned by its old path,
         and verify's live checks say what became of it). Where both walks have a path,
-        this walk's view wins; a view only the earlier walk has comes without reading its
-        tensor, which may have died."""
+        this walk's view wins. An earlier path joins a view of this walk only where both
+        are views of one live storage object; otherwise (its tensor died, and a new one
+        may sit at its address with its layout) its record comes along as a tensor of its
+        own, its capture-time metadata kept without reading the tensor."""
+        kept: dict = {}  # earlier position -> position here
         for o in earlier.owners:
             if o.path in self._paths:
                 continue
-            rec = earlier.tensors[o.tensor]
-            key = _view_key(rec.meta)
-            index = self._views.get(key)
+            index = kept.get(o.tensor)
             if index is None:
-                index = len(self.tensors)
-                self._views[key] = index
-                self.tensors.append(rec)
+                rec = earlier.tensors[o.tensor]
+                key = _view_key(rec.meta)
+                index = self._views.get(key)
+                if index is None or not self.tensors[index].same_storage(rec):
+                    index = len(self.tensors)
+                    self._views.setdefault(key, index)
+                    self.tensors.append(rec)
+                kept[o.tensor] = index
             self._paths.add(o.path)
             self.owners.append(_owner_record(o.path, index, o.registration, o.holder))
         seen = set(self.skipped)
         self.skipped.extend(s for s in earlier.skipped if s not in seen)
 
     def storage_ranges(self) -> list:
-        """``(base, size)`` of every view's storage, once each."""
-        return list({(r.meta[0], r.meta[1]) for r in self.tensors})
+        """``(base, size)`` of the storage of every view that is still :meth:`current
+        <TensorRecord.current>`, once each, in registry order: the memory the registry can
+        still explain. A dead tensor's range is left out, so that a new tensor the allocator
+        puts there is not taken for it."""
+        # Read at every captured graph (Recorder): one (storage, base, size) per storage
+        # object, kept while no record is added, polled in one comprehension (0.2-0.3 µs
+        # a storage on a 2-core VM).
+        if self._polled != len(self.tensors):
+            storages: dict = {}
+            for r in self.tensors:
+                ref, meta = r.storage, r.meta
+                if not isinstance(ref, weakref.ref):  # held, or never read
+                    ref = functools.partial(_deref, ref)
+                storages.setdefault((id(r.storage), meta[0], meta[1]), (ref, meta[0], meta[1]))
+            self._poll, self._polled = list(storages.values()), len(self.tensors)
+        try:
+            live = [
+                (b, n)
+                for ref, b, n in self._poll
+                if (s := ref()) is not None and s.data_ptr() == b and s.nbytes() == n
+            ]
+        except Exception:  # noqa: BLE001 - a storage that cannot say where it is: one by one
+            live = [(b, n) for ref, b, n in self._poll if _storage_at(ref(), (b, n))]
+        return list(dict.fromkeys(live))
 
 
 _TENSOR, _LEAF, _MODULE, _OTHER = "tensor", "leaf", "module", "other"
@@ -1221,6 +1298,11 @@ def _walk_graph(handle: int):
     return walker(handle)
 
 
+class _OwnersNotCurrent(GraphcheckError):
+    """:meth:`Recorder.add_graph` added the graph, but could not walk the roots to keep its
+    owners current (the cause is chained)."""
+
+
 _POOL_KINDS = ("default", "graph", "weights", "kv_cache", "other")
 _SLEEP = ("untouched", "restored", "discarded")
 
@@ -1230,15 +1312,20 @@ class Recorder:
 
     **Owners stay current.** The model (and every root) is walked when the first graph is
     added. Each later graph is checked against what the recorder knows, natively and
-    without a walk: the storages of the registry's tensors, the graphs' declared inputs
-    and outputs, the memory of graph pools (and of the graph's own allocation nodes), and
-    the addresses earlier walks could not explain either (torch's cuBLAS workspace, a
-    module-level global). A word outside all of them — a tensor made after the last walk,
-    such as a later graph's input or a lazily allocated workspace — makes the recorder
-    walk again at once, while that tensor is alive. Words the kernel's signature sets
-    aside (index slots, torch's RNG state) never do. A new walk keeps what earlier walks
-    found and it no longer reaches (:meth:`Registry.absorb`): graphs captured before keep
-    their capture-time owners. :attr:`walks` counts the walks; :meth:`rewalk` walks now.
+    without a walk: the storages of the registry's tensors (those still alive where the
+    walk saw them: the memory of a tensor that died since may hold a new one), the graphs'
+    declared inputs and outputs, the memory of graph pools (and of the graph's own
+    allocation nodes), and the addresses earlier walks could not explain either (torch's
+    cuBLAS workspace, a module-level global). A word outside all of them — a tensor made
+    after the last walk, such as a later graph's input, a lazily allocated workspace or a
+    tensor in a dead one's memory — makes the recorder walk again at once, while that
+    tensor is alive. Words the kernel's signature sets aside (index slots, torch's RNG
+    state) never do. A new walk keeps what earlier walks found and it no longer reaches
+    (:meth:`Registry.absorb`): graphs captured before keep their capture-time owners, a
+    dead tensor as a tensor of its own even where a new one now has its address and
+    layout. :attr:`walks` counts the walks; :meth:`rewalk` walks now. Where that walk
+    fails, :meth:`add_graph` has added the graph and raises an error that says so: its
+    owners may be stale until the next walk, which the next graph or manifest makes.
 
     What the check does not see: a tensor made inside a graph pool (allocated during a
     capture and kept), or in the storage of a tensor the registry knows (a new view of
@@ -1280,11 +1367,13 @@ class Recorder:
         self._walked: list = []  # _native.Walked objects, by graphs' walked_index
         self._extra: list = []  # (path, tensor, registration)
         # What explains an address without a walk (class docstring), packed as (base,
-        # size) words for Walked.unexplained, each part when it changes: the registry's
-        # storages (per walk); the extra tensors' storages (appended); the declared ranges
-        # and the allocator's segments of graph pools (read when a word falls outside
-        # everything else); addresses a walk left ownerless.
-        self._registry_known: Optional[bytes] = None
+        # size) words for Walked.unexplained, each part when it changes: the storages of
+        # the registry's records still current (checked at every graph: a tensor that died
+        # since the walk explains nothing); the extra tensors' storages (appended); the
+        # declared ranges and the allocator's segments of graph pools (read when a word
+        # falls outside everything else); addresses a walk left ownerless.
+        self._registry_ranges: Optional[list] = None
+        self._registry_known = b""
         self._extra_ranges: set = set()
         self._extra_known = b""
         self._graph_pool_ranges: list = []
@@ -1337,19 +1426,27 @@ class Recorder:
         self.registry = fresh
         self.walks += 1
         self._stale = False
-        self._registry_known = None
+        self._registry_ranges = None
         self._known = None
         return fresh
 
     # Keeping owners current (class docstring) ------------------------------------------
 
+    def _check_registry(self) -> None:
+        """Reads which of the registry's storages are still current (a tensor that died
+        since the walk, or a storage that moved, explains nothing: the allocator may have
+        handed its memory to a new tensor that no walk has seen); repacks them where that
+        changed."""
+        reg = self.registry.storage_ranges() if self.registry is not None else []
+        if reg != self._registry_ranges:
+            self._registry_ranges = reg
+            self._registry_known = _pack_ranges(reg)
+            self._known = None
+
     def _known_ranges(self) -> bytes:
         """Everything that explains an address without a walk, packed for
-        ``_native.Walked.unexplained``."""
+        ``_native.Walked.unexplained`` (the registry's part as last checked)."""
         if self._known is None:
-            if self._registry_known is None:
-                reg = self.registry.storage_ranges() if self.registry is not None else []
-                self._registry_known = _pack_ranges(reg)
             self._known = b"".join(
                 (self._registry_known, self._extra_known, self._pool_known, self._ownerless_known)
             )
@@ -1358,6 +1455,7 @@ class Recorder:
     def _unexplained(self, walked) -> list:
         """The addresses of ``walked`` nothing known explains; the allocator's segments of
         graph pools are read again first where some word falls outside everything else."""
+        self._check_registry()
         missing = walked.unexplained(self._known_ranges())
         if missing and self._refresh_graph_segments():
             missing = walked.unexplained(self._known_ranges())
@@ -1474,7 +1572,8 @@ class Recorder:
         (registration ``graph_input``, paths ``graphs["name"].inputs["x"]``).
 
         The roots are walked again when the graph reads an address nothing the recorder
-        knows explains (class docstring)."""
+        knows explains (class docstring); where that walk fails, the graph stays added and
+        :class:`GraphcheckError` says so."""
         entry = {"name": name, "pool": self._pool_id(pool)}
         if isinstance(walked, _native.Walked):
             entry["walked_index"] = len(self._walked)
@@ -1491,7 +1590,16 @@ class Recorder:
         for hop, tensors in (("inputs", inputs), ("outputs", outputs)):
             for k, t in (tensors or {}).items():
                 self._add_extra(_key(_attr(base, hop), k), t, "graph_input")
-        self._keep_current(native)
+        try:
+            self._keep_current(native)
+        except BaseException as e:  # noqa: BLE001 - a panic too: the graph is in all the same
+            if _fatal(e):
+                raise
+            self._stale = True  # the next graph or manifest walks again
+            raise _OwnersNotCurrent(
+                f"graph {name!r} was recorded, but the walk that keeps its owners current "
+                f"failed ({type(e).__name__}: {e}): its owners may be stale until the next walk"
+            ) from e
 
     def record(self, cuda_graph, name: str, *, pool=None, inputs=None, outputs=None) -> None:
         """Walks a captured ``torch.cuda.CUDAGraph`` (made with ``keep_graph=True``) and
@@ -1619,6 +1727,31 @@ _ACTIVE: list = []
 # (module, attribute, original) of what the patch replaced.
 _PATCHED: list = []
 _LOCK = threading.RLock()
+
+
+_NOT_WRITTEN = "the manifest was not written (the captures are kept; the next write retries)"
+
+
+def _warn(message: str) -> None:
+    """Warns with a ``RuntimeWarning`` that never raises: this runs inside the engine's
+    ``capture_end``. Where the filters turn the warning into an error (``-W error``,
+    pytest's ``filterwarnings = error``), it is shown instead, through
+    ``warnings.showwarning`` (which pytest records); the filters' ``ignore`` still holds."""
+    import sys
+    import warnings
+
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    except Exception:  # noqa: BLE001 - the warning as an error: never into the engine
+        try:
+            frame = sys._getframe(3)
+            where = (frame.f_code.co_filename, frame.f_lineno)
+        except ValueError:
+            where = (__file__, 0)
+        try:
+            warnings.showwarning(RuntimeWarning(message), RuntimeWarning, *where)
+        except Exception:  # noqa: BLE001 - nowhere to show it: it is in `errors`
+            pass
 
 
 def _rank_and_world() -> tuple:
@@ -1766,26 +1899,39 @@ class Instrumentation:
         return self.name.format(index=self.captures, pid=os.getpid())
 
     def _record(self, walked, pool) -> None:
+        # A graph the recorder took counts as recorded even where what follows fails (its
+        # owners' walk, the write): the warning says what was lost, and no more.
+        later: list = []
         try:
             with _LOCK:
                 self._fork_check()
-                self.recorder.add_graph(self._graph_name(), walked, pool=pool)
+                try:
+                    self.recorder.add_graph(self._graph_name(), walked, pool=pool)
+                except _OwnersNotCurrent as e:
+                    later.append((e, str(e)))
                 self.captures += 1
                 self._unwritten += 1
                 if self.directory is not None and self._unwritten >= self.write_every:
-                    self.write()
+                    try:
+                        self.write()
+                    except BaseException as e:  # noqa: BLE001 - a panic too
+                        if _fatal(e):
+                            raise
+                        later.append((e, f"{_NOT_WRITTEN}: {e}"))
         except BaseException as e:  # noqa: BLE001 - a panic too, never into the engine
             if _fatal(e):
                 raise
             self._failed(e)
+        for e, message in later:
+            self._failed(e, message)
 
-    def _failed(self, e: BaseException) -> None:
+    def _failed(self, e: BaseException, message: Optional[str] = None) -> None:
+        """Keeps a recording failure in :attr:`errors` and warns (``strict``: raises it).
+        ``message`` says what was lost (default: the capture, for ``e``)."""
         if self.strict:
             raise e
         self.errors.append(e)
-        import warnings
-
-        warnings.warn(f"graphcheck: a capture was not recorded: {e}", RuntimeWarning, stacklevel=3)
+        _warn(f"graphcheck: {message or f'a capture was not recorded: {e}'}")
 
     # Output -------------------------------------------------------------------------
 
@@ -1833,7 +1979,7 @@ class Instrumentation:
         except BaseException as e:  # noqa: BLE001 - reported like a failed recording
             if _fatal(e):
                 raise
-            self._failed(e)
+            self._failed(e, f"{_NOT_WRITTEN}: {e}")
             return None
 
     def register_model(self, model, root: str = "model") -> None:

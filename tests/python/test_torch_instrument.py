@@ -288,6 +288,69 @@ def test_a_failed_walk_warns_and_the_capture_still_completes(torch, fake):
     assert strict.errors == []
 
 
+@pytest.mark.parametrize("action", ["error", "ignore"])
+def test_the_failure_warning_never_raises_into_the_engine(torch, fake, action):
+    # Regression: under -W error (pytest's filterwarnings = error) the RuntimeWarning of a
+    # failed recording escaped capture_end into the engine. Shown instead; "ignore" holds.
+    import warnings
+
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    fake.fail = "no CUDA driver"
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter(action)
+        g = capture(torch, model)
+    assert g.calls[-1] == ("instantiate",)
+    assert ins.captures == 0 and [str(e) for e in ins.errors] == ["no CUDA driver"]
+    expected = ["graphcheck: a capture was not recorded: no CUDA driver"] if action == "error" else []
+    assert [(w.category, str(w.message)) for w in shown] == [(RuntimeWarning, m) for m in expected]
+
+
+def test_a_failed_owner_walk_keeps_the_graph_and_says_so(torch, fake, monkeypatch):
+    # Regression: the graph was added before the walk that keeps owners current failed; the
+    # warning said "not recorded" while the graph was in the manifest, uncounted.
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    capture(torch, model)
+    model.workspace = torch.zeros(16)  # new: the next capture walks
+    real = gt.walk_roots
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the walk broke")
+
+    monkeypatch.setattr(gt, "walk_roots", broken)
+    WALKS.next = walked(kernel(0, "marlin", model.proj.weight, model.workspace))
+    g = torch.cuda.CUDAGraph()
+    stale = r"^graphcheck: graph 'capture1' was recorded, but .*the walk broke.*may be stale"
+    with pytest.warns(RuntimeWarning, match=stale):
+        with fake_torch_graph(torch, g):
+            pass
+    assert g.calls[-1] == ("instantiate",)
+    assert ins.captures == 2 and len(ins.errors) == 1
+    assert isinstance(ins.errors[0], graphcheck.GraphcheckError)
+    assert isinstance(ins.errors[0].__cause__, RuntimeError)
+    monkeypatch.setattr(gt, "walk_roots", real)
+    m = ins.manifest()  # walks again: the owners are current once more
+    assert [gr["name"] for gr in m["graphs"]] == ["capture0", "capture1"]
+    assert ins.recorder.walks == 2
+    assert any(o["path"] == "model.workspace" for o in m["owners"])
+
+
+def test_a_failed_write_keeps_the_capture_and_says_so(torch, fake, tmp_path):
+    model = make_model(torch)
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    ins = gt.instrument(blocked / "out", model=model)
+    with pytest.warns(RuntimeWarning, match=r"^graphcheck: the manifest was not written .*Not a directory"):
+        capture(torch, model)
+    assert ins.captures == 1 and len(ins.errors) == 1
+    assert [gr["name"] for gr in ins.manifest()["graphs"]] == ["capture0"]
+    blocked.unlink()
+    blocked.mkdir()
+    written = ins.flush()  # the write retries
+    assert json.loads(Path(written).read_text())["graphs"][0]["name"] == "capture0"
+
+
 class PanicException(BaseException):
     """What pyo3 raises for a Rust panic: a BaseException, which `except Exception` misses."""
 

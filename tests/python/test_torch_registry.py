@@ -118,6 +118,28 @@ def test_views_are_deduplicated_but_every_path_is_kept(torch):
     assert len({(t.spec["storage_base"], t.spec["offset"], tuple(t.spec["shape"])) for t in r.tensors}) == len(r.tensors)
 
 
+def test_storage_ranges_are_those_of_live_storages_where_the_walk_saw_them(torch):
+    # Regression: a dead tensor's range stayed "known", so a tensor the allocator put in
+    # its memory later was taken for it (Recorder's keep-current check).
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.ones(4))
+    model.dead = torch.zeros(8)
+    model.moved = torch.zeros(16)
+    model.view = model.w.data[1:]  # another view of w's storage: one range for both
+    r = gt.walk(model)
+    ranges = {path: (r.tensors[o.tensor].meta[0], r.tensors[o.tensor].meta[1]) for path, o in r.by_path().items()}
+    assert r.storage_ranges() == [ranges["model.w"], ranges["model.dead"], ranges["model.moved"]]
+    del model.dead  # the tensor and its storage die
+    model.moved.untyped_storage().resize_(64 * 4)  # the storage moves and grows in place
+    assert r.storage_ranges() == [ranges["model.w"]]
+    by_path = r.by_path()
+    assert [r.tensors[by_path[p].tensor].current() for p in ("model.w", "model.dead", "model.moved")] == [
+        True,
+        False,
+        False,
+    ]
+
+
 def test_tensor_spec_fields(torch):
     base = torch.zeros(4, 6, dtype=torch.bfloat16)
     view = base[1:, ::2]
