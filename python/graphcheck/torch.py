@@ -481,9 +481,14 @@ class Registry:
     def __post_init__(self):
         self._views: dict = {}
         self._paths: set = set()
-        # storage_ranges' poll list, and how many records it was made from.
+        # storage_ranges' poll list, and how many records it was made from; its last
+        # answer, kept until a polled storage dies (a weak-reference callback sets the
+        # flag) or a record is added.
         self._poll: list = []
         self._polled = -1
+        self._ranges: Optional[list] = None
+        self._storage_died = [False]
+        self._death_watch: list = []
 
     def copy(self) -> "Registry":
         """A registry with the same records, to add owners to without changing this one."""
@@ -524,17 +529,32 @@ class Registry:
         <TensorRecord.current>`, once each, in registry order: the memory the registry can
         still explain. A dead tensor's range is left out, so that a new tensor the allocator
         puts there is not taken for it."""
-        # Read at every captured graph (Recorder): one (storage, base, size) per storage
-        # object, kept while no record is added, polled in one comprehension (0.2-0.3 µs
-        # a storage on a 2-core VM).
+        # Asked at every captured graph (Recorder), so the answer is kept: polling every
+        # storage per graph (0.2-0.3 µs each) cost about 1 ms a graph on the anchor model
+        # (H200 A/B). A storage dying sets `_storage_died` through a weak-reference
+        # callback, and only then, or when records were added, is everything polled again.
+        # A storage whose data moves while it lives (`resize_`) is seen at the next poll.
         if self._polled != len(self.tensors):
             storages: dict = {}
+            died = self._storage_died
+            watch = []
             for r in self.tensors:
                 ref, meta = r.storage, r.meta
                 if not isinstance(ref, weakref.ref):  # held, or never read
                     ref = functools.partial(_deref, ref)
+                else:
+                    obj = ref()
+                    if obj is not None:
+                        try:
+                            watch.append(weakref.ref(obj, lambda _r, d=died: d.__setitem__(0, True)))
+                        except TypeError:  # not weakly referenceable: polled every time
+                            died[0] = True
                 storages.setdefault((id(r.storage), meta[0], meta[1]), (ref, meta[0], meta[1]))
             self._poll, self._polled = list(storages.values()), len(self.tensors)
+            self._death_watch, self._ranges = watch, None
+        if self._ranges is not None and not self._storage_died[0]:
+            return self._ranges
+        self._storage_died[0] = False
         try:
             live = [
                 (b, n)
@@ -543,7 +563,8 @@ class Registry:
             ]
         except Exception:  # noqa: BLE001 - a storage that cannot say where it is: one by one
             live = [(b, n) for ref, b, n in self._poll if _storage_at(ref(), (b, n))]
-        return list(dict.fromkeys(live))
+        self._ranges = list(dict.fromkeys(live))
+        return self._ranges
 
 
 _TENSOR, _LEAF, _MODULE, _OTHER = "tensor", "leaf", "module", "other"
@@ -1438,7 +1459,8 @@ class Recorder:
         handed its memory to a new tensor that no walk has seen); repacks them where that
         changed."""
         reg = self.registry.storage_ranges() if self.registry is not None else []
-        if reg != self._registry_ranges:
+        # The registry hands back the same list while nothing changed: no comparison.
+        if reg is not self._registry_ranges and reg != self._registry_ranges:
             self._registry_ranges = reg
             self._registry_known = _pack_ranges(reg)
             self._known = None
