@@ -313,6 +313,11 @@ def _deref(ref):
     return ref() if isinstance(ref, weakref.ref) else ref
 
 
+def _mark_died(flag: list, _ref) -> None:
+    """Weak-reference callback of :meth:`Registry.storage_ranges`: a watched storage died."""
+    flag[0] = True
+
+
 def _storage_at(storage, meta: tuple) -> bool:
     """Whether ``storage`` (a storage object or ``None``) is alive at ``meta``'s storage
     base and size."""
@@ -536,7 +541,9 @@ class Registry:
         # A storage whose data moves while it lives (`resize_`) is seen at the next poll.
         if self._polled != len(self.tensors):
             storages: dict = {}
-            died = self._storage_died
+            # One callback for every watched storage (a closure each cost more than the
+            # weak reference itself).
+            mark_died = functools.partial(_mark_died, self._storage_died)
             watch = []
             for r in self.tensors:
                 ref, meta = r.storage, r.meta
@@ -544,11 +551,8 @@ class Registry:
                     ref = functools.partial(_deref, ref)
                 else:
                     obj = ref()
-                    if obj is not None:
-                        try:
-                            watch.append(weakref.ref(obj, lambda _r, d=died: d.__setitem__(0, True)))
-                        except TypeError:  # not weakly referenceable: polled every time
-                            died[0] = True
+                    if obj is not None:  # weakly referenceable: `ref` is a weak reference to it
+                        watch.append(weakref.ref(obj, mark_died))
                 storages.setdefault((id(r.storage), meta[0], meta[1]), (ref, meta[0], meta[1]))
             self._poll, self._polled = list(storages.values()), len(self.tensors)
             self._death_watch, self._ranges = watch, None
