@@ -962,12 +962,11 @@ fn conditional_node_bodies_are_walked_where_the_driver_allows_and_replay() -> Re
         );
     }
     // The node's parameters hold enums: built in place, field by field.
-    let mut p = std::mem::MaybeUninit::<sys::CUgraphNodeParams>::uninit();
+    let mut p = std::mem::MaybeUninit::<sys::CUgraphNodeParams>::zeroed();
     let mut node: sys::CUgraphNode = std::ptr::null_mut();
     // SAFETY: zeroed bytes, then every field the call reads written with valid values;
     // the driver writes the body graph's handle into `phGraph_out`.
     let body = unsafe {
-        std::ptr::write_bytes(p.as_mut_ptr(), 0, 1);
         let pp = p.as_mut_ptr();
         std::ptr::addr_of_mut!((*pp).type_)
             .write(sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL);

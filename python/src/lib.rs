@@ -156,14 +156,23 @@ pub(crate) fn guarded<T, F>(f: F) -> PyResult<T>
 where
     F: FnOnce() -> Result<T, String>,
 {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => r.map_err(GraphcheckError::new_err),
-        Err(payload) => Err(GraphcheckError::new_err(panic_message(payload.as_ref()))),
-    }
+    catch_panic(
+        || f().map_err(GraphcheckError::new_err),
+        GraphcheckError::new_err,
+    )
+}
+
+/// Runs `f`; a panic inside it becomes the error `on_panic` makes of its message.
+pub(crate) fn catch_panic<T>(
+    f: impl FnOnce() -> PyResult<T>,
+    on_panic: impl FnOnce(String) -> PyErr,
+) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|payload| Err(on_panic(panic_message(payload.as_ref()))))
 }
 
 /// What a caught panic says, as the message of the error that replaces it.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     let what = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

@@ -56,13 +56,12 @@ const UNTAGGED: &str = "untagged";
 /// Runs an allocator call with the GIL released; a panic inside it becomes a `SleepError`
 /// (never `PanicException`, which an engine's `except Exception` does not catch).
 fn detached_sleep<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> PyResult<T> {
-    crate::detached(py, move || Ok(f())).map_err(|e| SleepError::new_err(e.value(py).to_string()))
+    py.detach(move || caught(|| Ok(f())))
 }
 
 /// Runs an allocator call that holds the GIL; a panic inside it becomes a `SleepError`.
 fn caught<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or_else(|p| Err(SleepError::new_err(crate::panic_message(p.as_ref()))))
+    crate::catch_panic(f, SleepError::new_err)
 }
 
 fn allocator() -> Result<MutexGuard<'static, Allocator>, String> {

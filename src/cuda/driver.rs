@@ -255,10 +255,8 @@ impl<'a> NodeRef<'a> {
     /// never materialized as a Rust value; each field is read through a raw pointer, the
     /// enums as `u32`.
     pub fn memcpy(self) -> Result<MemcpyNode, CudaError> {
-        let mut p = MaybeUninit::<sys::CUDA_MEMCPY3D>::uninit();
-        // SAFETY: zeroing the bytes of a MaybeUninit makes no claim about their validity
-        // as a CUDA_MEMCPY3D; the driver then writes every field.
-        unsafe { std::ptr::write_bytes(p.as_mut_ptr(), 0, 1) };
+        // Zeroed bytes, never claimed to be a valid CUDA_MEMCPY3D; the driver writes them.
+        let mut p = MaybeUninit::<sys::CUDA_MEMCPY3D>::zeroed();
         // SAFETY: writes the struct.
         check("cuGraphMemcpyNodeGetParams", unsafe {
             sys::cuGraphMemcpyNodeGetParams(self.raw, p.as_mut_ptr())
@@ -338,9 +336,7 @@ impl<'a> NodeRef<'a> {
     /// hold `CUmemPoolProps`, whose fields are enums: read field by field, never as a
     /// Rust value.
     pub fn mem_alloc(self) -> Result<(u64, u64), CudaError> {
-        let mut p = MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::uninit();
-        // SAFETY: zeroing bytes of a MaybeUninit claims nothing; the driver writes them.
-        unsafe { std::ptr::write_bytes(p.as_mut_ptr(), 0, 1) };
+        let mut p = MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::zeroed();
         // SAFETY: writes the struct (the access descriptors stay owned by the node).
         check("cuGraphMemAllocNodeGetParams", unsafe {
             sys::cuGraphMemAllocNodeGetParams(self.raw, p.as_mut_ptr())
@@ -395,9 +391,7 @@ impl<'a> NodeRef<'a> {
         };
         // `CUgraphNodeParams` starts with an enum (`type_`) and its `conditional` member
         // holds another: never a Rust value, read field by field.
-        let mut p = MaybeUninit::<sys::CUgraphNodeParams>::uninit();
-        // SAFETY: zeroing bytes of a MaybeUninit claims nothing about their validity.
-        unsafe { std::ptr::write_bytes(p.as_mut_ptr(), 0, 1) };
+        let mut p = MaybeUninit::<sys::CUgraphNodeParams>::zeroed();
         // SAFETY: writes the struct, whose layout is the same in the 12.8 and 13 headers.
         let r = unsafe { get(self.raw, p.as_mut_ptr()) };
         if r != 0 {

@@ -416,113 +416,83 @@ impl Walker {
         }
     }
 
-    fn memset(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
-        let (words, opaque) = match node.memset() {
-            Ok(m) => (self.ends(&[(0, m.dst)], false), None),
+    /// Pushes a memset, memcpy or graph-memory node: the words and name its parameters
+    /// give or, where they could not be read, why (the node is then opaque, never dropped).
+    fn push_read(
+        &mut self,
+        index: u32,
+        parent: Option<u32>,
+        kind: NodeKind,
+        read: Result<(Vec<RawWord>, String), CudaError>,
+    ) {
+        let (words, name, opaque) = match read {
+            Ok((words, name)) => (words, name, None),
             Err(e) => (
                 Vec::new(),
+                kind.to_string(),
                 Some(format!("its parameters could not be read: {e}")),
             ),
         };
         self.push(WalkedNode {
             index,
-            kind: NodeKind::Memset,
-            name: "memset".into(),
+            kind,
+            name,
             grid: None,
             block: None,
             parent,
             opaque,
             words,
         });
+    }
+
+    fn memset(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+        let read = node
+            .memset()
+            .map(|m| (self.ends(&[(0, m.dst)], false), "memset".into()));
+        self.push_read(index, parent, NodeKind::Memset, read);
     }
 
     fn memcpy(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
-        let (words, opaque, name) = match node.memcpy() {
-            Ok(m) => {
-                // Parameter 0 is the destination, 1 the source. A host end (pinned or
-                // registered memory) is an address like any other: the tensor behind it
-                // is an owner, and freeing it is a hazard. Array ends hold no address.
-                let mut w = Vec::new();
-                for (param, end) in [(0u32, m.dst), (1, m.src)] {
-                    if let Some((a, t)) = end.addr {
-                        w.extend(self.ends(&[(param, a)], t != driver::MemoryType::Device));
-                    }
+        let read = node.memcpy().map(|m| {
+            // Parameter 0 is the destination, 1 the source. A host end (pinned or
+            // registered memory) is an address like any other: the tensor behind it is an
+            // owner, and freeing it is a hazard. Array ends hold no address.
+            let mut words = Vec::new();
+            for (param, end) in [(0u32, m.dst), (1, m.src)] {
+                if let Some((a, t)) = end.addr {
+                    words.extend(self.ends(&[(param, a)], t != driver::MemoryType::Device));
                 }
-                let name = format!(
-                    "memcpy {}->{} ({} bytes)",
-                    memory_type_name(m.src.memory_type),
-                    memory_type_name(m.dst.memory_type),
-                    m.bytes
-                );
-                (w, None, name)
             }
-            Err(e) => (
-                Vec::new(),
-                Some(format!("its parameters could not be read: {e}")),
-                "memcpy".into(),
-            ),
-        };
-        self.push(WalkedNode {
-            index,
-            kind: NodeKind::Memcpy,
-            name,
-            grid: None,
-            block: None,
-            parent,
-            opaque,
-            words,
+            let name = format!(
+                "memcpy {}->{} ({} bytes)",
+                memory_type_name(m.src.memory_type),
+                memory_type_name(m.dst.memory_type),
+                m.bytes
+            );
+            (words, name)
         });
+        self.push_read(index, parent, NodeKind::Memcpy, read);
     }
 
     fn mem_alloc(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
-        let (words, opaque, name) = match node.mem_alloc() {
-            Ok((base, size)) => (
-                vec![RawWord {
-                    param: 0,
-                    offset: 0,
-                    addr: Addr(base),
-                    allocation: Some((Addr(base), size)),
-                }],
-                None,
-                format!("mem_alloc ({size} bytes)"),
-            ),
-            Err(e) => (
-                Vec::new(),
-                Some(format!("its parameters could not be read: {e}")),
-                "mem_alloc".into(),
-            ),
-        };
-        self.stats.words += 1;
-        self.push(WalkedNode {
-            index,
-            kind: NodeKind::MemAlloc,
-            name,
-            grid: None,
-            block: None,
-            parent,
-            opaque,
-            words,
+        let read = node.mem_alloc().map(|(base, size)| {
+            self.stats.words += 1;
+            let word = RawWord {
+                param: 0,
+                offset: 0,
+                addr: Addr(base),
+                allocation: Some((Addr(base), size)),
+            };
+            (vec![word], format!("mem_alloc ({size} bytes)"))
         });
+        self.push_read(index, parent, NodeKind::MemAlloc, read);
     }
 
     fn mem_free(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
-        let (words, opaque) = match node.mem_free() {
-            Ok(dptr) => (self.ends(&[(0, dptr)], false), None),
-            Err(e) => (
-                Vec::new(),
-                Some(format!("its parameters could not be read: {e}")),
-            ),
-        };
-        self.push(WalkedNode {
-            index,
-            kind: NodeKind::MemFree,
-            name: "mem_free".into(),
-            grid: None,
-            block: None,
-            parent,
-            opaque,
-            words,
-        });
+        let read = node
+            .mem_free()
+            .map(|dptr| (self.ends(&[(0, dptr)], false), "mem_free".into()));
+        self.push_read(index, parent, NodeKind::MemFree, read);
     }
 
     /// Address words for (parameter, address) ends that lie in an allocation; `host`
