@@ -1,28 +1,19 @@
-//! graphcheck's core: the manifest format, the address index, the ownership graph, and
-//! the verify / explain / show / diff logic over them. No CLI, no Python, no GPU here;
-//! the CUDA walker lives behind the `cuda` feature.
+//! graphcheck's core, laid out as its pipeline: the [`document`] (the on-disk contract and
+//! its indexes) → [`resolve`] (what a walker read, resolved into a manifest) → [`check`]
+//! (findings: verify, allowlists, diff) → [`present`] (reports and text for people), with
+//! [`cuda`] (feature `cuda`) the only place that talks to the driver. Arrows go one way:
+//! each folder uses only those before it. No CLI, no Python here.
 // Unsafe code is denied everywhere but in the fenced driver layer, `cuda::driver` and
 // `cuda::vmm`.
 #![deny(unsafe_code)]
 
-pub mod allow;
-pub mod build;
+pub mod check;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod demangle;
-pub mod diff;
+pub mod document;
 pub mod exit;
-pub mod explain;
-pub mod format;
-pub mod graph;
-pub mod ids;
-pub mod index;
-pub mod load;
-pub mod normalize;
-pub mod path;
-pub mod report;
+pub mod present;
+pub mod resolve;
 pub mod sleep;
 #[cfg(test)]
 mod testkit;
-pub mod text;
-pub mod verify;

@@ -11,10 +11,10 @@ use std::time::Instant;
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys,
 };
-use graphcheck::allow::Allowlist;
+use graphcheck::check::allow::Allowlist;
 use graphcheck::cuda::capture::{NamedAllocation, capture, manifest_of};
 use graphcheck::cuda::{CudaError, GraphRef, walk_graph};
-use graphcheck::format::{Addr, Manifest, NodeKind, TensorId};
+use graphcheck::document::format::{Addr, Manifest, NodeKind, TensorId};
 
 const KERNELS: &str = r#"
 struct Pair { float* a; float* b; };
@@ -84,7 +84,7 @@ fn save(name: &str, m: &Manifest) {
         let mut bytes = serde_json::to_vec_pretty(m).unwrap();
         bytes.push(b'\n');
         let path = std::path::Path::new(&dir).join(format!("{name}.json"));
-        graphcheck::load::write_atomic(&path, &bytes).unwrap();
+        graphcheck::document::load::write_atomic(&path, &bytes).unwrap();
         eprintln!("wrote {}", path.display());
     }
 }
@@ -111,12 +111,12 @@ fn tensor_of(m: &Manifest, path: &str) -> TensorId {
 }
 
 fn clean(m: &Manifest) {
-    let r = graphcheck::verify::verify(m, None, &Allowlist::default())
+    let r = graphcheck::check::verify::verify(m, None, &Allowlist::default())
         .expect("the manifest is consistent");
     assert!(
         r.ok,
         "{}",
-        graphcheck::report::render_table(&r, &graphcheck::report::RawAddrs)
+        graphcheck::present::report::render_table(&r, &graphcheck::present::report::RawAddrs)
     );
 }
 
@@ -1029,7 +1029,7 @@ fn conditional_node_bodies_are_walked_where_the_driver_allows_and_replay() -> Re
             let u = unread.expect("the conditional node is listed as unread");
             assert!(u.reason.contains("cuGraphNodeGetParams"), "{}", u.reason);
             assert_eq!(gr.node_counts.get("kernel"), None);
-            let r = graphcheck::verify::verify(&m, None, &Allowlist::default()).unwrap();
+            let r = graphcheck::check::verify::verify(&m, None, &Allowlist::default()).unwrap();
             assert_eq!(r.unread_nodes, 1, "verify says what it could not check");
         }
         true => {

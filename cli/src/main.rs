@@ -7,15 +7,15 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use graphcheck::allow::Allowlist;
-use graphcheck::exit;
-use graphcheck::explain::{Query, explain};
-use graphcheck::load::{
+use graphcheck::check::allow::Allowlist;
+use graphcheck::document::load::{
     load_document, load_live_checked, load_manifest, load_manifest_checked, write_atomic,
 };
-use graphcheck::normalize::{Symbolizer, normalized};
-use graphcheck::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
-use graphcheck::text::{diff_text, summary};
+use graphcheck::exit;
+use graphcheck::present::explain::{Query, explain};
+use graphcheck::present::normalize::{Symbolizer, normalized};
+use graphcheck::present::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
+use graphcheck::present::text::{diff_text, summary};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -169,7 +169,7 @@ fn run(cli: Cli) -> Result<i32> {
             let (m, mt) = m?;
             let l = l.transpose()?;
             done(t);
-            let report = graphcheck::verify::verify_checked(
+            let report = graphcheck::check::verify::verify_checked(
                 &m,
                 &mt,
                 l.as_ref().map(|(l, t)| (l, t)),
@@ -240,7 +240,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Diff { a, b, format } => {
             let da = load_document(&a)?;
             let db = load_document(&b)?;
-            let r = graphcheck::diff::diff(&da, &db);
+            let r = graphcheck::check::diff::diff(&da, &db);
             let text = match format {
                 Format::Json => {
                     let mut s = serde_json::to_string_pretty(&r)?;
@@ -255,7 +255,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(if r.same { exit::OK } else { exit::FINDINGS })
         }
         Command::Schema => {
-            let mut s = serde_json::to_string_pretty(&graphcheck::format::json_schema())?;
+            let mut s = serde_json::to_string_pretty(&graphcheck::document::format::json_schema())?;
             s.push('\n');
             emit(&s)?;
             Ok(exit::OK)

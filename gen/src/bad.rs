@@ -1,6 +1,6 @@
 //! Hand-broken inputs for the bad-input tests, each cut from a good document of the
 //! corpus, with the words the error must contain. The words are what
-//! `graphcheck::load::parse_manifest` says today (the tests below hold it to that).
+//! `graphcheck::document::load::parse_manifest` says today (the tests below hold it to that).
 
 use crate::fixtures::{Files, pretty};
 use crate::index::BadEntry;
@@ -141,8 +141,9 @@ mod tests {
             // The CLI names the file as the user spelled it; this is the path under fixtures/.
             let message = match bad.as_.as_str() {
                 "manifest" => {
-                    let err = graphcheck::load::parse_manifest(bytes, Path::new(&bad.file))
-                        .expect_err(&bad.file);
+                    let err =
+                        graphcheck::document::load::parse_manifest(bytes, Path::new(&bad.file))
+                            .expect_err(&bad.file);
                     err.to_string()
                 }
                 "allow" => {

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use graphcheck::format::{
+use graphcheck::document::format::{
     Addr, AllocState, Allocation, AllocationId, Contents, Event, Graph, GraphId, Live, Manifest,
     Node, NodeKind, Owner, Pool, PoolId, PoolKind, Probe, Registration, SleepPolicy, Tensor,
     TensorId, Touch,
@@ -744,8 +744,9 @@ mod tests {
         });
         let m = serde_json::to_vec(&b.manifest).unwrap();
         let l = serde_json::to_vec(&b.live).unwrap();
-        let m = graphcheck::load::parse_manifest(&m, Path::new("bench/manifest.json")).unwrap();
-        graphcheck::load::parse_live(&l, Path::new("bench/live.json")).unwrap();
+        let m = graphcheck::document::load::parse_manifest(&m, Path::new("bench/manifest.json"))
+            .unwrap();
+        graphcheck::document::load::parse_live(&l, Path::new("bench/live.json")).unwrap();
         assert_eq!(b.stats.touches, 20_000);
         assert_eq!(m.graphs.len(), 4);
         assert_eq!(m.tensors.len(), 5_000);
@@ -780,8 +781,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.touches, 1_000);
-        let m = graphcheck::load::load_manifest(&dir.path().join("manifest.json")).unwrap();
-        graphcheck::load::load_live(&dir.path().join("live.json")).unwrap();
+        let m =
+            graphcheck::document::load::load_manifest(&dir.path().join("manifest.json")).unwrap();
+        graphcheck::document::load::load_live(&dir.path().join("live.json")).unwrap();
         assert_eq!(m.graphs.len(), 2);
     }
 }

@@ -73,7 +73,7 @@ pub fn write(out: &Path, files: &Files) -> anyhow::Result<()> {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("failed to create {}", dir.display()))?;
         }
-        graphcheck::load::write_atomic(&path, bytes)
+        graphcheck::document::load::write_atomic(&path, bytes)
             .with_context(|| format!("failed to write {}", path.display()))?;
     }
     Ok(())
@@ -132,10 +132,10 @@ mod tests {
         let index = index(&files);
         assert_eq!(index.scenarios.len(), 16);
         for s in &index.scenarios {
-            graphcheck::load::parse_manifest(&files[&s.manifest], Path::new(&s.manifest))
+            graphcheck::document::load::parse_manifest(&files[&s.manifest], Path::new(&s.manifest))
                 .unwrap_or_else(|e| panic!("{e}"));
             if let Some(l) = &s.live {
-                graphcheck::load::parse_live(&files[l], Path::new(l))
+                graphcheck::document::load::parse_live(&files[l], Path::new(l))
                     .unwrap_or_else(|e| panic!("{e}"));
             }
             if let Some(a) = &s.allow {
@@ -264,7 +264,7 @@ mod tests {
 
 #[cfg(test)]
 mod consistency {
-    use graphcheck::format::PoolKind;
+    use graphcheck::document::format::PoolKind;
 
     use crate::scenarios;
 
@@ -294,7 +294,7 @@ mod consistency {
                 let alloc = m
                     .allocations
                     .iter()
-                    .find(|a| graphcheck::load::in_range(touch.addr, a.base, a.size))
+                    .find(|a| graphcheck::document::load::in_range(touch.addr, a.base, a.size))
                     .unwrap_or_else(|| panic!("{}: {touch:?} in no allocation", s.name));
                 assert_eq!(touch.allocation, Some(alloc.id), "{}", s.name);
                 if touch.tensor.is_none() && s.name != "module_global_cache" {

@@ -9,16 +9,17 @@
 
 use std::path::{Path, PathBuf};
 
-use graphcheck::allow::Allowlist;
-use graphcheck::build::{ManifestBuilder, TensorSpec, WalkedGraph};
-use graphcheck::explain::Query;
-use graphcheck::format::{
+use graphcheck::check::allow::Allowlist;
+use graphcheck::document::format::{
     Addr, Document, Live, Manifest, PoolId, PoolKind, Producer, Registration, SleepPolicy, TensorId,
 };
-use graphcheck::load::{self as loader, Tables};
-use graphcheck::normalize::Symbolizer;
-use graphcheck::path::Glob;
-use graphcheck::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
+use graphcheck::document::load::{self as loader, Tables};
+use graphcheck::document::owner_path::Glob;
+use graphcheck::present::explain::Query;
+use graphcheck::present::normalize::Symbolizer;
+use graphcheck::present::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
+use graphcheck::resolve::manifest::{ManifestBuilder, TensorSpec};
+use graphcheck::resolve::walked::WalkedGraph;
 // The sleep allocator's exported malloc/free symbols (`#[unsafe(no_mangle)]`).
 #[allow(unsafe_code)]
 mod sleep;
@@ -266,8 +267,12 @@ fn verify(
         });
         let (m, mt) = m?;
         let l = l.transpose()?;
-        let report =
-            graphcheck::verify::verify_checked(&m, &mt, l.as_ref().map(|(l, t)| (l, t)), &allow);
+        let report = graphcheck::check::verify::verify_checked(
+            &m,
+            &mt,
+            l.as_ref().map(|(l, t)| (l, t)),
+            &allow,
+        );
         let sym;
         let fmt: &dyn AddrFmt = if normalized {
             sym = Symbolizer::for_manifest(&m);
@@ -299,7 +304,7 @@ fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -
     let src = Source::extract(document, name)?;
     detached(py, move || {
         src.document()
-            .map(|d| graphcheck::normalize::normalized(&d))
+            .map(|d| graphcheck::present::normalize::normalized(&d))
     })
 }
 
@@ -309,7 +314,8 @@ fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -
 fn summary(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
     let src = Source::extract(document, name)?;
     detached(py, move || {
-        src.document().map(|d| graphcheck::text::summary(&d))
+        src.document()
+            .map(|d| graphcheck::present::text::summary(&d))
     })
 }
 
@@ -339,7 +345,7 @@ fn explain(
         let (m, _) = src.manifest()?;
         let sym = Symbolizer::for_manifest(&m);
         let fmt: &dyn AddrFmt = if normalized { &sym } else { &RawAddrs };
-        let e = graphcheck::explain::explain(&m, &query, fmt);
+        let e = graphcheck::present::explain::explain(&m, &query, fmt);
         let text = if dot { e.dot } else { e.text };
         let text = if normalized { sym.redact(&text) } else { text };
         Ok((e.found, text))
@@ -363,14 +369,14 @@ fn diff(
     let format = format.to_owned();
     detached(py, move || -> Result<_, String> {
         let (da, db) = (a.document()?, b.document()?);
-        let r = graphcheck::diff::diff(&da, &db);
+        let r = graphcheck::check::diff::diff(&da, &db);
         let text = match format.as_str() {
             "json" => {
                 let mut s = serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?;
                 s.push('\n');
                 s
             }
-            "table" | "markdown" => graphcheck::text::diff_text(
+            "table" | "markdown" => graphcheck::present::text::diff_text(
                 &r,
                 a.display_name(),
                 b.display_name(),
@@ -386,7 +392,7 @@ fn diff(
 #[pyfunction]
 fn schema() -> PyResult<String> {
     guarded(|| {
-        let mut s = serde_json::to_string_pretty(&graphcheck::format::json_schema())
+        let mut s = serde_json::to_string_pretty(&graphcheck::document::format::json_schema())
             .map_err(|e| e.to_string())?;
         s.push('\n');
         Ok(s)
@@ -564,8 +570,8 @@ fn glob_match(pattern: &str, paths: Vec<String>) -> PyResult<Vec<bool>> {
 #[pyfunction]
 fn check_path(path: &str) -> PyResult<String> {
     guarded(|| {
-        graphcheck::path::parse(path)
-            .map(|segs| graphcheck::path::join(&segs))
+        graphcheck::document::owner_path::parse(path)
+            .map(|segs| graphcheck::document::owner_path::join(&segs))
             .map_err(|e| chain(&e))
     })
 }
@@ -643,7 +649,7 @@ impl Walked {
         let inner = self.inner.clone();
         detached(py, move || {
             let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
-            let known = graphcheck::build::RangeSet::from_sizes(
+            let known = graphcheck::resolve::walked::RangeSet::from_sizes(
                 known
                     .chunks_exact(16)
                     .map(|pair| (word(&pair[..8]), word(&pair[8..]))),
@@ -700,7 +706,10 @@ fn walk_graph(py: Python<'_>, handle: u64) -> PyResult<String> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GraphcheckError", m.py().get_type::<GraphcheckError>())?;
-    m.add("FORMAT_VERSION", graphcheck::format::FORMAT_VERSION)?;
+    m.add(
+        "FORMAT_VERSION",
+        graphcheck::document::format::FORMAT_VERSION,
+    )?;
     m.add("EXIT_OK", graphcheck::exit::OK)?;
     m.add("EXIT_FINDINGS", graphcheck::exit::FINDINGS)?;
     m.add("EXIT_BAD_INPUT", graphcheck::exit::BAD_INPUT)?;

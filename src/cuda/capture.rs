@@ -9,8 +9,8 @@ use cudarc::driver::{CudaGraph, CudaStream, sys};
 use super::CudaError;
 use super::driver::GraphRef;
 use super::walk::{WalkStats, driver_version, walk_graph};
-use crate::build::{ManifestBuilder, TensorSpec};
-use crate::format::{Addr, Manifest, PoolKind, Producer, Registration, SleepPolicy};
+use crate::document::format::{Addr, Manifest, PoolKind, Producer, Registration, SleepPolicy};
+use crate::resolve::manifest::{ManifestBuilder, TensorSpec};
 
 /// Captures what `work` enqueues on `stream` into an instantiated graph.
 ///

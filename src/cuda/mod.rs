@@ -39,5 +39,5 @@ pub enum CudaError {
     #[error("{0}")]
     Driver(#[from] cudarc::driver::DriverError),
     #[error(transparent)]
-    Build(#[from] crate::build::BuildError),
+    Build(#[from] crate::resolve::manifest::BuildError),
 }

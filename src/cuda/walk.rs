@@ -10,9 +10,9 @@ use rustc_hash::FxHashSet;
 
 use super::CudaError;
 use super::driver::{self, GraphRef, NodeRef};
-use crate::build::{RawWord, WalkedGraph, WalkedNode};
-use crate::demangle::demangle;
-use crate::format::{Addr, NodeKind, Unread};
+use crate::document::format::{Addr, NodeKind, Unread};
+use crate::resolve::demangle::demangle;
+use crate::resolve::walked::{RawWord, WalkedGraph, WalkedNode};
 
 /// What a walk cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

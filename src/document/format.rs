@@ -125,7 +125,7 @@ macro_rules! id_type {
         #[serde(transparent)]
         pub struct $name(pub u32);
 
-        impl crate::ids::RawId for $name {
+        impl crate::document::ids::RawId for $name {
             fn raw(self) -> u32 {
                 self.0
             }
@@ -451,7 +451,7 @@ impl fmt::Display for Registration {
 }
 
 /// One path through which the model reaches a tensor, e.g.
-/// `model.layers[3].mlp.quant_method.kernel.workspace` (grammar: [`crate::path`]).
+/// `model.layers[3].mlp.quant_method.kernel.workspace` (grammar: [`crate::document::owner_path`], in the `graphcheck` crate).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Owner {
     pub path: String,

@@ -4,10 +4,10 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::format::{Addr, Manifest};
-use crate::graph::{NodeW, OwnershipGraph};
-use crate::index::AddressIndex;
-use crate::report::AddrFmt;
+use crate::document::format::{Addr, Manifest};
+use crate::document::index::AddressIndex;
+use crate::document::ownership::{NodeW, OwnershipGraph};
+use crate::present::report::AddrFmt;
 
 /// What to explain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,7 +81,7 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
                                 "    {}#{} {} param {} +{} holds {}",
                                 g.name,
                                 n.index,
-                                crate::report::shorten(&n.name, 120),
+                                crate::present::report::shorten(&n.name, 120),
                                 t.param,
                                 t.offset,
                                 fmt.addr(t.addr)
@@ -179,13 +179,17 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
     Explanation { found, text, dot }
 }
 
-fn pool_suffix(m: &Manifest, pool: Option<crate::format::PoolId>) -> String {
+fn pool_suffix(m: &Manifest, pool: Option<crate::document::format::PoolId>) -> String {
     pool.and_then(|p| m.pools.iter().find(|x| x.id == p))
         .map(|p| format!(", pool {}", p.name))
         .unwrap_or_default()
 }
 
-fn touch_target(m: &Manifest, og: &OwnershipGraph<'_>, t: &crate::format::Touch) -> String {
+fn touch_target(
+    m: &Manifest,
+    og: &OwnershipGraph<'_>,
+    t: &crate::document::format::Touch,
+) -> String {
     if let Some(ti) = t.tensor.and_then(|id| og.tensor_index(id)) {
         let chains = og.owner_chains(ti);
         if chains.is_empty() {
@@ -205,7 +209,7 @@ fn touch_target(m: &Manifest, og: &OwnershipGraph<'_>, t: &crate::format::Touch)
         Some(a) => {
             let pool = a.pool.and_then(|p| m.pools.iter().find(|x| x.id == p));
             match pool {
-                Some(p) if p.kind == crate::format::PoolKind::Graph => {
+                Some(p) if p.kind == crate::document::format::PoolKind::Graph => {
                     format!("graph-pool intermediate (pool {})", p.name)
                 }
                 Some(p) => format!("no tensor; allocation in pool {}", p.name),
@@ -256,7 +260,7 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
             let hops: Vec<String> = chain
                 .iter()
                 .map(|p| {
-                    crate::path::parse(p)
+                    crate::document::owner_path::parse(p)
                         .ok()
                         .and_then(|s| s.last().map(ToString::to_string))
                         .unwrap_or_else(|| p.clone())
@@ -297,7 +301,7 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
             let _ = writeln!(
                 out,
                 "    {graph}#{index} {} param {param} +{offset}",
-                crate::report::shorten(name, 120)
+                crate::present::report::shorten(name, 120)
             );
         }
     }
@@ -310,7 +314,7 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
 fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
     let t = &m.tensors[ti];
     let (start, end) = (t.data_ptr().0, t.data_ptr().0.saturating_add(t.nbytes));
-    let holders: BTreeSet<crate::format::TensorId> = m
+    let holders: BTreeSet<crate::document::format::TensorId> = m
         .tensors
         .iter()
         .enumerate()
@@ -321,7 +325,7 @@ fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
         })
         .map(|(_, s)| s.id)
         .collect();
-    let mut paths: Vec<(&str, crate::format::Registration)> = m
+    let mut paths: Vec<(&str, crate::document::format::Registration)> = m
         .owners
         .iter()
         .filter(|o| holders.contains(&o.tensor))
@@ -331,7 +335,7 @@ fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
         return;
     }
     paths.sort();
-    let list = |paths: &[&(&str, crate::format::Registration)]| {
+    let list = |paths: &[&(&str, crate::document::format::Registration)]| {
         paths
             .iter()
             .map(|(p, r)| format!("{p} ({r})"))
@@ -357,7 +361,7 @@ fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::RawAddrs;
+    use crate::present::report::RawAddrs;
     use crate::testkit::{BASE, manifest};
 
     #[test]

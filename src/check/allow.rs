@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::path::Glob;
-use crate::verify::{Allowed, Finding, FindingKind, Severity};
+use crate::check::verify::{Allowed, Finding, FindingKind, Severity};
+use crate::document::owner_path::Glob;
 
 /// Why an allowlist could not be read.
 #[derive(Debug, thiserror::Error)]

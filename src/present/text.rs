@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use crate::diff::DiffReport;
-use crate::format::Document;
+use crate::check::diff::DiffReport;
+use crate::document::format::Document;
 
 /// `graphcheck show DOCUMENT`: producer, tensors by registration, pools, graphs or probes.
 pub fn summary(d: &Document) -> String {

@@ -6,13 +6,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use crate::ids::IdIndex;
+use crate::document::ids::IdIndex;
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 
-use crate::format::{Manifest, Registration};
-use crate::path;
+use crate::document::format::{Manifest, Registration};
+use crate::document::owner_path;
 
 /// A node: small, with details in the manifest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,12 +57,12 @@ pub struct OwnershipGraph<'m> {
     kernel_nodes: Vec<Vec<NodeIndex>>,
     graph_nodes: Vec<NodeIndex>,
     alloc_nodes: Vec<NodeIndex>,
-    tensor_ix: IdIndex<crate::format::TensorId>,
-    alloc_ix: IdIndex<crate::format::AllocationId>,
+    tensor_ix: IdIndex<crate::document::format::TensorId>,
+    alloc_ix: IdIndex<crate::document::format::AllocationId>,
 }
 
 impl<'m> OwnershipGraph<'m> {
-    /// Builds the graph of a checked manifest (see [`crate::load::check_manifest`]).
+    /// Builds the graph of a checked manifest (see [`crate::document::load::check_manifest`]).
     pub fn new(m: &'m Manifest) -> OwnershipGraph<'m> {
         let mut g = StableDiGraph::new();
         let root = g.add_node(NodeW::Root);
@@ -94,12 +94,12 @@ impl<'m> OwnershipGraph<'m> {
             alloc_ix,
         };
         for o in &m.owners {
-            let Ok(segs) = path::parse(&o.path) else {
+            let Ok(segs) = owner_path::parse(&o.path) else {
                 continue;
             };
             let mut parent = root;
             for k in 1..=segs.len() {
-                let prefix = path::join(&segs[..k]);
+                let prefix = owner_path::join(&segs[..k]);
                 parent = match this.hops.get(&prefix) {
                     Some(&n) => n,
                     None => {
@@ -150,12 +150,12 @@ impl<'m> OwnershipGraph<'m> {
     }
 
     /// The index (into the manifest's `tensors`) of a tensor id.
-    pub fn tensor_index(&self, id: crate::format::TensorId) -> Option<usize> {
+    pub fn tensor_index(&self, id: crate::document::format::TensorId) -> Option<usize> {
         self.tensor_ix.get(&id)
     }
 
     /// The index (into the manifest's `allocations`) of an allocation id.
-    pub fn allocation_index(&self, id: crate::format::AllocationId) -> Option<usize> {
+    pub fn allocation_index(&self, id: crate::document::format::AllocationId) -> Option<usize> {
         self.alloc_ix.get(&id)
     }
 
@@ -260,7 +260,7 @@ impl<'m> OwnershipGraph<'m> {
             NodeW::Root => ("model".into(), "house"),
             NodeW::Hop(h) => {
                 let p = &self.hop_paths[h as usize];
-                let last = path::parse(p)
+                let last = owner_path::parse(p)
                     .ok()
                     .and_then(|s| s.last().map(ToString::to_string));
                 (last.unwrap_or_else(|| p.clone()), "box")

@@ -9,14 +9,14 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::allow::Allowlist;
-use crate::format::{
+use crate::check::allow::Allowlist;
+use crate::document::format::{
     Addr, AllocState, Contents, Frame, Live, Manifest, PoolKind, Registration, SleepPolicy, Tensor,
     TensorId, ViewKey,
 };
-use crate::index::{AddressIndex, IntervalIndex};
-use crate::load::{Tables, check_live, check_manifest};
-use crate::path::{Segment, parse};
+use crate::document::index::{AddressIndex, IntervalIndex};
+use crate::document::load::{Tables, check_live, check_manifest};
+use crate::document::owner_path::{Segment, parse};
 
 /// The kinds of finding, in report order.
 #[derive(
@@ -529,9 +529,9 @@ impl<'m> Ctx<'m> {
 #[non_exhaustive]
 pub enum VerifyError {
     #[error("invalid manifest at `{}`: {}", .0.json_path, .0.message)]
-    Manifest(crate::load::Invalid),
+    Manifest(crate::document::load::Invalid),
     #[error("invalid live snapshot at `{}`: {}", .0.json_path, .0.message)]
-    Live(crate::load::Invalid),
+    Live(crate::document::load::Invalid),
 }
 
 /// Verifies a manifest, alone or against a live snapshot, under an allowlist. Checks both
@@ -544,7 +544,7 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
     Ok(verify_checked(m, &mt, live.zip(lt.as_ref()), allow))
 }
 
-/// [`verify`] for documents already checked (the loaders in [`crate::load`] return their
+/// [`verify`] for documents already checked (the loaders in [`crate::document::load`] return their
 /// [`Tables`]); the tables must be those of these documents.
 pub fn verify_checked(
     m: &Manifest,
@@ -1154,8 +1154,9 @@ fn drifted_through(
 }
 
 fn stale_reason(contents: Contents, captured: &Tensor, live: &Tensor) -> Option<&'static str> {
-    let same_alg =
-        |a: &crate::format::Digest, b: &crate::format::Digest| a.algorithm() == b.algorithm();
+    let same_alg = |a: &crate::document::format::Digest, b: &crate::document::format::Digest| {
+        a.algorithm() == b.algorithm()
+    };
     if let (Some(r), Some(d)) = (&live.reference_digest, &live.digest)
         && same_alg(r, d)
         && r != d
@@ -1187,7 +1188,7 @@ pub fn touched(m: &Manifest) -> BTreeSet<TensorId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{Digest, Probe, Registration};
+    use crate::document::format::{Digest, Probe, Registration};
     use crate::testkit::*;
 
     const SCALE: &str = "model.scale = model.scale_alias";

@@ -2,13 +2,13 @@
 //! order) that snapshot tests store, and the redactor that maps any address of a document
 //! to its symbolic id, for users who snapshot graphcheck's output themselves.
 
-use crate::ids::IdIndex;
+use crate::document::ids::IdIndex;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use crate::format::{Addr, Document, Live, Manifest, Owner, Pool, PoolId, Tensor};
-use crate::index::IntervalIndex;
-use crate::report::AddrFmt;
+use crate::document::format::{Addr, Document, Live, Manifest, Owner, Pool, PoolId, Tensor};
+use crate::document::index::IntervalIndex;
+use crate::present::report::AddrFmt;
 
 /// Maps addresses to symbolic ids: `A3+0x200` is 0x200 bytes into the fourth allocation in
 /// canonical order; `S1+0x0` a storage outside any known allocation; `?` anything else.
@@ -52,7 +52,7 @@ impl Symbolizer {
     }
 
     fn build(
-        allocations: &[crate::format::Allocation],
+        allocations: &[crate::document::format::Allocation],
         tensors: &[Tensor],
         owners: &[Owner],
         touch_order: Vec<Addr>,
@@ -205,7 +205,7 @@ fn dims<T: ToString>(v: &[T]) -> String {
     v.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
 }
 
-fn short_digest(d: &crate::format::Digest) -> String {
+fn short_digest(d: &crate::document::format::Digest) -> String {
     let (alg, hex) = d.0.split_once(':').unwrap_or(("", &d.0));
     format!("{alg}:{}", &hex[..hex.len().min(16)])
 }
@@ -383,9 +383,9 @@ pub fn normalized_manifest(m: &Manifest) -> String {
             // Stale words: where they were and why, not what they held (garbage).
             for w in &n.ignored {
                 let reason = match w.reason {
-                    crate::format::IgnoredReason::IndexSlot => "index slot",
-                    crate::format::IgnoredReason::FreeMemory => "into free memory",
-                    crate::format::IgnoredReason::RngState => "torch's RNG state",
+                    crate::document::format::IgnoredReason::IndexSlot => "index slot",
+                    crate::document::format::IgnoredReason::FreeMemory => "into free memory",
+                    crate::document::format::IgnoredReason::RngState => "torch's RNG state",
                 };
                 let _ = writeln!(
                     out,
@@ -460,7 +460,7 @@ pub fn normalized(d: &Document) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{Allocation, AllocationId};
+    use crate::document::format::{Allocation, AllocationId};
 
     #[test]
     fn symbols_follow_canonical_order_and_redact_only_addresses() {

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::format::{
+use crate::document::format::{
     Addr, Allocation, AllocationId, DocKind, Document, FORMAT_VERSION, Live, Manifest, Owner, Pool,
     PoolId, Tensor, TensorId,
 };
-use crate::ids::IdIndex;
-use crate::path;
+use crate::document::ids::IdIndex;
+use crate::document::owner_path;
 
 /// Why a document could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +96,7 @@ pub fn load_live(path: &Path) -> Result<Live, LoadError> {
 }
 
 /// Reads and checks a manifest, keeping the lookups checking built (for
-/// [`crate::verify::verify_checked`]).
+/// [`crate::check::verify::verify_checked`]).
 pub fn load_manifest_checked(path: &Path) -> Result<(Manifest, Tables), LoadError> {
     let bytes = read(path)?;
     let m: Manifest = parse_typed(&bytes, path, DocKind::Manifest)?;
@@ -397,7 +397,7 @@ impl Tables {
         }
         t.owners_of = vec![Vec::new(); tensors.len()];
         for (i, o) in owners.iter().enumerate() {
-            path::parse(&o.path)
+            owner_path::parse(&o.path)
                 .map_err(|e| Invalid::at(format!("owners[{i}].path"), e.to_string()))?;
             let Some(ti) = t.tensor_ix.get(&o.tensor) else {
                 return Err(Invalid::at(
@@ -604,7 +604,7 @@ mod tests {
         );
         let l = serde_json::to_vec(&crate::testkit::live(
             &m,
-            crate::format::Contents::Preserved,
+            crate::document::format::Contents::Preserved,
         ))
         .unwrap();
         let e = err(&l);

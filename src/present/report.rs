@@ -3,10 +3,10 @@
 
 use comfy_table::{ContentArrangement, Table, presets};
 
-use crate::format::Addr;
-use crate::verify::{Finding, FindingKind, KernelRef, Report, Severity};
+use crate::check::verify::{Finding, FindingKind, KernelRef, Report, Severity};
+use crate::document::format::Addr;
 
-/// Formats an address for display: raw hex, or a symbolic id (see [`crate::normalize`]).
+/// Formats an address for display: raw hex, or a symbolic id (see [`crate::present::normalize`]).
 pub trait AddrFmt {
     fn addr(&self, a: Addr) -> String;
 }

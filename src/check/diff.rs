@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::format::{Document, Tensor};
+use crate::document::format::{Document, Tensor};
 
 /// What differs at one owner path.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -53,7 +53,7 @@ fn pool_name(d: &Document, t: &Tensor) -> Option<String> {
 
 /// Compares A and B by owner path.
 pub fn diff(a: &Document, b: &Document) -> DiffReport {
-    let index = |d: &Document| -> BTreeMap<String, (crate::format::Registration, usize)> {
+    let index = |d: &Document| -> BTreeMap<String, (crate::document::format::Registration, usize)> {
         let ix: HashMap<_, usize> = d
             .tensors()
             .iter()
@@ -186,7 +186,7 @@ pub fn diff(a: &Document, b: &Document) -> DiffReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{Contents, Digest, Registration};
+    use crate::document::format::{Contents, Digest, Registration};
     use crate::testkit::{live, manifest};
 
     #[test]

@@ -1,0 +1,6 @@
+//! Checking: the findings a manifest (alone or against a live snapshot) gives, the
+//! allowlist that silences some of them, and the diff of two documents.
+
+pub mod allow;
+pub mod diff;
+pub mod verify;

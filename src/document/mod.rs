@@ -1,0 +1,10 @@
+//! The document: the versioned on-disk format of manifests and live snapshots, its loader
+//! and schema, owner paths, and the indexes built over a loaded document (ids, addresses,
+//! the ownership graph).
+
+pub mod format;
+pub mod ids;
+pub mod index;
+pub mod load;
+pub mod owner_path;
+pub mod ownership;

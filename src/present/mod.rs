@@ -1,0 +1,7 @@
+//! Presenting: verify reports (table, Markdown, JSON), the `show` and `diff` text, explain,
+//! and normalization (symbolic addresses) for people and snapshot tests.
+
+pub mod explain;
+pub mod normalize;
+pub mod report;
+pub mod text;

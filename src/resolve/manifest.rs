@@ -1,0 +1,451 @@
+//! Building a manifest from what a walker read (raw address words per node) and what the
+//! framework knows (tensor views, owners, pools): every word is resolved to a tensor view
+//! through the address index, or left a bare allocation. GPU-free, so CI tests it; the
+//! CUDA walker (`cuda` feature) and the Python front both feed it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::signature::{NodeSignature, ParamLayout, WordRole, param_layouts};
+use super::walked::{RangeSet, WalkedGraph, WalkedNode};
+use crate::document::format::{
+    Addr, Allocation, AllocationId, Digest, Frame, Graph, GraphId, IgnoredReason, IgnoredWord,
+    Manifest, Node, Owner, Pool, PoolId, PoolKind, Producer, Registration, SleepPolicy, Tensor,
+    TensorId, Touch,
+};
+use crate::document::index::{AddressIndex, IntervalIndex};
+use crate::document::load::{Invalid, check_manifest};
+
+/// A tensor view as the framework describes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    pub storage_base: Addr,
+    pub storage_nbytes: u64,
+    pub offset: u64,
+    pub nbytes: u64,
+    pub shape: Vec<u64>,
+    pub stride: Vec<i64>,
+    pub dtype: String,
+    pub itemsize: u32,
+    pub device: String,
+    #[serde(default)]
+    pub pool: Option<PoolId>,
+    #[serde(default)]
+    pub digest: Option<Digest>,
+    #[serde(default)]
+    pub alloc_site: Vec<Frame>,
+}
+
+/// Why a manifest could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    #[error("owner path {path:?} is given twice, for tensors {first} and {second}")]
+    DuplicateOwner {
+        path: String,
+        first: TensorId,
+        second: TensorId,
+    },
+    #[error(transparent)]
+    Path(#[from] crate::document::owner_path::PathError),
+    #[error("no {0} was added")]
+    UnknownTensor(TensorId),
+    #[error("no {0} was declared")]
+    UnknownPool(PoolId),
+    #[error("the built manifest is inconsistent at `{}`: {}", .0.json_path, .0.message)]
+    Inconsistent(Invalid),
+}
+
+/// Collects pools, tensors, owners and walked graphs; [`ManifestBuilder::finish`] resolves.
+#[derive(Debug)]
+pub struct ManifestBuilder {
+    producer: Producer,
+    pools: Vec<Pool>,
+    pool_ranges: Vec<(u64, u64, PoolId)>,
+    known_allocations: Vec<(Addr, u64)>,
+    tensors: Vec<Tensor>,
+    views: HashMap<(Addr, Vec<u64>, Vec<i64>, String), TensorId>,
+    owners: Vec<Owner>,
+    owner_paths: HashMap<String, TensorId>,
+    graphs: Vec<(String, Option<PoolId>, WalkedGraph)>,
+    /// Memory the allocator holds free (`[start, end)`), for [`IgnoredReason::FreeMemory`].
+    free_ranges: Vec<(u64, u64)>,
+}
+
+impl ManifestBuilder {
+    pub fn new(producer: Producer) -> ManifestBuilder {
+        ManifestBuilder {
+            producer,
+            pools: Vec::new(),
+            pool_ranges: Vec::new(),
+            known_allocations: Vec::new(),
+            tensors: Vec::new(),
+            views: HashMap::new(),
+            owners: Vec::new(),
+            owner_paths: HashMap::new(),
+            graphs: Vec::new(),
+            free_ranges: Vec::new(),
+        }
+    }
+
+    /// Declares `[base, base + size)` free in the allocator now (a free block of a segment):
+    /// a word inside a by-value struct that points there and names no tensor is stale bytes,
+    /// not an address a kernel reads ([`IgnoredReason::FreeMemory`]).
+    pub fn add_free_range(&mut self, base: Addr, size: u64) {
+        if size > 0 {
+            self.free_ranges.push((base.0, base.0.saturating_add(size)));
+        }
+    }
+
+    /// Declares a pool; returns its id.
+    pub fn add_pool(&mut self, name: &str, kind: PoolKind, sleep: SleepPolicy) -> PoolId {
+        let id = PoolId(self.pools.len() as u32);
+        self.pools.push(Pool {
+            id,
+            name: name.to_string(),
+            kind,
+            sleep,
+        });
+        id
+    }
+
+    /// Declares that `[base, base + size)` belongs to a pool (a segment of it).
+    pub fn add_pool_range(
+        &mut self,
+        base: Addr,
+        size: u64,
+        pool: PoolId,
+    ) -> Result<(), BuildError> {
+        if pool.0 as usize >= self.pools.len() {
+            return Err(BuildError::UnknownPool(pool));
+        }
+        self.pool_ranges
+            .push((base.0, base.0.saturating_add(size), pool));
+        Ok(())
+    }
+
+    /// Declares an allocation the walk may not have seen (one holding a registered tensor
+    /// no kernel touches).
+    pub fn add_allocation(&mut self, base: Addr, size: u64) {
+        self.known_allocations.push((base, size));
+    }
+
+    /// Adds a tensor view, or returns the id of the equal view already added.
+    pub fn add_tensor(&mut self, spec: TensorSpec) -> Result<TensorId, BuildError> {
+        if let Some(p) = spec.pool
+            && p.0 as usize >= self.pools.len()
+        {
+            return Err(BuildError::UnknownPool(p));
+        }
+        let data_ptr = Addr(spec.storage_base.0.wrapping_add(spec.offset));
+        let key = (
+            data_ptr,
+            spec.shape.clone(),
+            spec.stride.clone(),
+            spec.dtype.clone(),
+        );
+        if let Some(&id) = self.views.get(&key) {
+            return Ok(id);
+        }
+        let id = TensorId(self.tensors.len() as u32);
+        self.tensors.push(Tensor {
+            id,
+            storage_base: spec.storage_base,
+            storage_nbytes: spec.storage_nbytes,
+            offset: spec.offset,
+            nbytes: spec.nbytes,
+            shape: spec.shape,
+            stride: spec.stride,
+            dtype: spec.dtype,
+            itemsize: spec.itemsize,
+            device: spec.device,
+            allocation: None,
+            pool: spec.pool,
+            digest: spec.digest,
+            reference_digest: None,
+            alloc_site: spec.alloc_site,
+        });
+        self.views.insert(key, id);
+        Ok(id)
+    }
+
+    /// Adds an owner path of a tensor. The same path for the same tensor is accepted once
+    /// more (walks meet aliases twice); for another tensor it is an error.
+    pub fn add_owner(
+        &mut self,
+        path: &str,
+        tensor: TensorId,
+        registration: Registration,
+        holder: Option<String>,
+    ) -> Result<(), BuildError> {
+        crate::document::owner_path::parse(path)?;
+        if tensor.0 as usize >= self.tensors.len() {
+            return Err(BuildError::UnknownTensor(tensor));
+        }
+        match self.owner_paths.get(path) {
+            Some(&t) if t == tensor => return Ok(()),
+            Some(&t) => {
+                return Err(BuildError::DuplicateOwner {
+                    path: path.to_string(),
+                    first: t,
+                    second: tensor,
+                });
+            }
+            None => {}
+        }
+        self.owner_paths.insert(path.to_string(), tensor);
+        self.owners.push(Owner {
+            path: path.to_string(),
+            tensor,
+            registration,
+            holder,
+        });
+        Ok(())
+    }
+
+    /// Adds a walked graph.
+    ///
+    /// Memory the graph allocates itself (its `mem_alloc` nodes) is declared as a graph
+    /// pool of its own, named after the graph: what lies there is the graph's, not an
+    /// owner's, and sleep or reload does not concern it.
+    pub fn add_graph(&mut self, name: &str, pool: Option<PoolId>, walked: WalkedGraph) -> GraphId {
+        if !walked.graph_allocations.is_empty() {
+            let own = self.add_pool(
+                &format!("{name} graph allocations"),
+                PoolKind::Graph,
+                SleepPolicy::Untouched,
+            );
+            for &(base, size) in &walked.graph_allocations {
+                self.pool_ranges
+                    .push((base.0, base.0.saturating_add(size), own));
+            }
+        }
+        let id = GraphId(self.graphs.len() as u32);
+        self.graphs.push((name.to_string(), pool, walked));
+        id
+    }
+
+    /// Resolves every word and returns the checked manifest.
+    pub fn finish(self) -> Result<Manifest, BuildError> {
+        let pools = PoolMap::new(self.pool_ranges, &self.pools);
+        let allocations = allocations(&self.graphs, &self.known_allocations, &pools);
+        let mut tensors = self.tensors;
+        place_tensors(&mut tensors, &allocations, &pools);
+        let mut nodes = NodeResolver {
+            views: ViewResolver::new(&tensors, &self.owners),
+            by_base: allocations.iter().map(|a| (a.base, a.id)).collect(),
+            free: RangeSet::new(self.free_ranges),
+            pools: &pools,
+            layouts_of: HashMap::new(),
+        };
+        let graphs = self
+            .graphs
+            .into_iter()
+            .enumerate()
+            .map(|(gi, (name, pool, walked))| Graph {
+                id: GraphId(gi as u32),
+                name,
+                pool,
+                node_counts: walked.node_counts,
+                unread: walked.unread,
+                nodes: walked.nodes.into_iter().map(|n| nodes.node(n)).collect(),
+            })
+            .collect();
+        drop(nodes);
+
+        let mut m = Manifest::new(self.producer);
+        m.pools = self.pools;
+        m.allocations = allocations;
+        m.tensors = tensors;
+        m.owners = self.owners;
+        m.graphs = graphs;
+        check_manifest(&m).map_err(BuildError::Inconsistent)?;
+        Ok(m)
+    }
+}
+
+/// Which pool holds an address, from the declared pool ranges.
+struct PoolMap {
+    index: IntervalIndex<PoolId>,
+    kinds: Vec<PoolKind>,
+}
+
+impl PoolMap {
+    fn new(ranges: Vec<(u64, u64, PoolId)>, pools: &[Pool]) -> PoolMap {
+        PoolMap {
+            index: IntervalIndex::new(ranges),
+            kinds: pools.iter().map(|p| p.kind).collect(),
+        }
+    }
+
+    fn pool_at(&self, a: u64) -> Option<PoolId> {
+        self.index.stab_vec(a).first().copied()
+    }
+
+    fn in_graph_pool(&self, a: u64) -> bool {
+        self.index
+            .stab_vec(a)
+            .iter()
+            .any(|p| self.kinds.get(p.0 as usize) == Some(&PoolKind::Graph))
+    }
+}
+
+/// Every allocation the walk saw, plus the declared ones, numbered by base address.
+fn allocations(
+    graphs: &[(String, Option<PoolId>, WalkedGraph)],
+    known: &[(Addr, u64)],
+    pools: &PoolMap,
+) -> Vec<Allocation> {
+    let mut ranges: BTreeMap<Addr, u64> = BTreeMap::new();
+    let seen = graphs
+        .iter()
+        .flat_map(|(_, _, g)| &g.nodes)
+        .flat_map(|n| &n.words)
+        .filter_map(|w| w.allocation);
+    for (base, size) in seen.chain(known.iter().copied()) {
+        let e = ranges.entry(base).or_insert(size);
+        *e = (*e).max(size);
+    }
+    ranges
+        .into_iter()
+        .filter(|&(_, size)| size > 0)
+        .enumerate()
+        .map(|(i, (base, size))| Allocation {
+            id: AllocationId(i as u32),
+            base,
+            size,
+            pool: pools.pool_at(base.0),
+        })
+        .collect()
+}
+
+/// Sets each tensor's allocation (the one holding its whole storage) and, where the
+/// framework named none, its pool.
+fn place_tensors(tensors: &mut [Tensor], allocations: &[Allocation], pools: &PoolMap) {
+    let alloc_index = AddressIndex::new(&[], allocations);
+    for t in tensors {
+        let holder = alloc_index
+            .allocations_at(t.storage_base)
+            .into_iter()
+            .find(|&i| {
+                let a = &allocations[i];
+                t.storage_base.0 + t.storage_nbytes <= a.base.0 + a.size
+            });
+        t.allocation = holder.map(|i| allocations[i].id);
+        if t.pool.is_none() {
+            t.pool = holder
+                .and_then(|i| allocations[i].pool)
+                .or_else(|| pools.pool_at(t.storage_base.0));
+        }
+    }
+}
+
+/// From an address to the tensor view a kernel most likely was handed.
+struct ViewResolver<'a> {
+    tensors: &'a [Tensor],
+    owned: Vec<bool>,
+    index: AddressIndex,
+}
+
+impl<'a> ViewResolver<'a> {
+    fn new(tensors: &'a [Tensor], owners: &[Owner]) -> ViewResolver<'a> {
+        let mut owned = vec![false; tensors.len()];
+        for o in owners {
+            owned[o.tensor.0 as usize] = true;
+        }
+        ViewResolver {
+            tensors,
+            owned,
+            index: AddressIndex::new(tensors, &[]),
+        }
+    }
+
+    /// A view that starts at the address, owned, widest first: the kernel was most likely
+    /// handed the whole tensor. Else the narrowest view around it.
+    fn tensor_at(&self, addr: Addr) -> Option<TensorId> {
+        let (tensors, owned) = (self.tensors, &self.owned);
+        let hits = self.index.views_at(addr);
+        let starting = hits
+            .iter()
+            .copied()
+            .filter(|&i| tensors[i].data_ptr() == addr)
+            .max_by_key(|&i| (owned[i], tensors[i].nbytes, std::cmp::Reverse(i)));
+        starting
+            .or_else(|| {
+                hits.iter()
+                    .copied()
+                    .min_by_key(|&i| (!owned[i], tensors[i].nbytes, i))
+            })
+            .map(|i| tensors[i].id)
+    }
+}
+
+/// Resolves the words of one walked node into touches and set-aside words.
+struct NodeResolver<'a> {
+    views: ViewResolver<'a>,
+    by_base: HashMap<Addr, AllocationId>,
+    /// Memory the allocator holds free, for [`IgnoredReason::FreeMemory`].
+    free: RangeSet,
+    pools: &'a PoolMap,
+    /// Parameter layouts per kernel name: a name's signature is parsed once.
+    layouts_of: HashMap<String, Vec<ParamLayout>>,
+}
+
+impl NodeResolver<'_> {
+    fn node(&mut self, n: WalkedNode) -> Node {
+        let layouts = self
+            .layouts_of
+            .entry(n.name.clone())
+            .or_insert_with(|| param_layouts(&n.name));
+        let sig = NodeSignature::new(layouts, &n.words);
+        let mut touches = Vec::with_capacity(n.words.len());
+        let mut ignored = Vec::new();
+        for w in n.words {
+            let tensor = self.views.tensor_at(w.addr);
+            let reason = match sig.role(&w) {
+                WordRole::SetAside(reason) => Some(reason),
+                // A word inside a by-value struct (offset > 0) into free memory that names
+                // no tensor is stale bytes, unless a graph pool holds it: the graph's own
+                // memory is free to the allocator between replays.
+                WordRole::Unknown
+                    if w.offset > 0
+                        && tensor.is_none()
+                        && self.free.contains(w.addr.0)
+                        && !self.pools.in_graph_pool(w.addr.0) =>
+                {
+                    Some(IgnoredReason::FreeMemory)
+                }
+                WordRole::Unknown | WordRole::Operand => None,
+            };
+            match reason {
+                Some(reason) => ignored.push(IgnoredWord {
+                    param: w.param,
+                    offset: w.offset,
+                    addr: w.addr,
+                    reason,
+                }),
+                None => touches.push(Touch {
+                    param: w.param,
+                    offset: w.offset,
+                    addr: w.addr,
+                    tensor,
+                    allocation: w
+                        .allocation
+                        .and_then(|(b, _)| self.by_base.get(&b).copied()),
+                }),
+            }
+        }
+        Node {
+            index: n.index,
+            kind: n.kind,
+            name: n.name,
+            grid: n.grid,
+            block: n.block,
+            parent: n.parent,
+            opaque: n.opaque,
+            touches,
+            ignored,
+        }
+    }
+}
