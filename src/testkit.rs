@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::check::verify::Report;
+use crate::check::finding::Report;
 use crate::document::format::*;
 
 /// (kind, subject) of every finding, in report order.
-pub fn kinds(r: &Report) -> Vec<(crate::check::verify::FindingKind, String)> {
+pub fn kinds(r: &Report) -> Vec<(crate::check::finding::FindingKind, String)> {
     r.findings
         .iter()
         .map(|f| (f.kind, f.subject.clone()))

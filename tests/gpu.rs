@@ -116,7 +116,7 @@ fn clean(m: &Manifest) {
     assert!(
         r.ok,
         "{}",
-        graphcheck::present::report::render_table(&r, &graphcheck::present::report::RawAddrs)
+        graphcheck::present::report::render_table(&r, &graphcheck::present::fmt::RawAddrs)
     );
 }
 

@@ -13,8 +13,9 @@ use graphcheck::document::load::{
 };
 use graphcheck::exit;
 use graphcheck::present::explain::{Query, explain};
+use graphcheck::present::fmt::{AddrFmt, RawAddrs};
 use graphcheck::present::normalize::{Symbolizer, normalized};
-use graphcheck::present::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
+use graphcheck::present::report::{render_json, render_markdown, render_table};
 use graphcheck::present::text::{diff_text, summary};
 
 const EXIT_CODES: &str = "\
@@ -255,7 +256,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(if r.same { exit::OK } else { exit::FINDINGS })
         }
         Command::Schema => {
-            let mut s = serde_json::to_string_pretty(&graphcheck::document::format::json_schema())?;
+            let mut s = serde_json::to_string_pretty(&graphcheck::document::schema::json_schema())?;
             s.push('\n');
             emit(&s)?;
             Ok(exit::OK)

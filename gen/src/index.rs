@@ -61,8 +61,8 @@ pub struct ExpectedFinding {
     pub severity: Severity,
 }
 
-/// Whether a finding fails the run: the core's [`graphcheck::check::verify::Severity`].
-pub use graphcheck::check::verify::Severity;
+/// Whether a finding fails the run: the core's [`graphcheck::check::finding::Severity`].
+pub use graphcheck::check::finding::Severity;
 
 fn error() -> Severity {
     Severity::Error
@@ -73,7 +73,7 @@ fn is_error(s: &Severity) -> bool {
 }
 
 /// The finding kinds: the core's vocabulary (`docs/findings.md`), in report order.
-pub use graphcheck::check::verify::FindingKind as Kind;
+pub use graphcheck::check::finding::FindingKind as Kind;
 
 /// A deliberately broken input.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

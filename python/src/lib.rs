@@ -16,8 +16,9 @@ use graphcheck::document::format::{
 use graphcheck::document::load::{self as loader, Tables};
 use graphcheck::document::owner_path::Glob;
 use graphcheck::present::explain::Query;
+use graphcheck::present::fmt::{AddrFmt, RawAddrs};
 use graphcheck::present::normalize::Symbolizer;
-use graphcheck::present::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
+use graphcheck::present::report::{render_json, render_markdown, render_table};
 use graphcheck::resolve::manifest::{ManifestBuilder, TensorSpec};
 use graphcheck::resolve::walked::WalkedGraph;
 // The sleep allocator's exported malloc/free symbols (`#[unsafe(no_mangle)]`).
@@ -392,7 +393,7 @@ fn diff(
 #[pyfunction]
 fn schema() -> PyResult<String> {
     guarded(|| {
-        let mut s = serde_json::to_string_pretty(&graphcheck::document::format::json_schema())
+        let mut s = serde_json::to_string_pretty(&graphcheck::document::schema::json_schema())
             .map_err(|e| e.to_string())?;
         s.push('\n');
         Ok(s)

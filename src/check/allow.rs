@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::check::verify::{Allowed, Finding, FindingKind, Severity};
+use crate::check::finding::{Allowed, Finding, FindingKind, Severity};
 use crate::document::owner_path::Glob;
 
 /// Why an allowlist could not be read.

@@ -3,4 +3,6 @@
 
 pub mod allow;
 pub mod diff;
+pub mod finding;
+mod live;
 pub mod verify;

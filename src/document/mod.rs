@@ -8,3 +8,4 @@ pub mod index;
 pub mod load;
 pub mod owner_path;
 pub mod ownership;
+pub mod schema;

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use crate::document::format::{Addr, Manifest};
 use crate::document::index::AddressIndex;
 use crate::document::ownership::{NodeW, OwnershipGraph};
-use crate::present::report::AddrFmt;
+use crate::present::fmt::AddrFmt;
 
 /// What to explain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,7 +81,7 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
                                 "    {}#{} {} param {} +{} holds {}",
                                 g.name,
                                 n.index,
-                                crate::present::report::shorten(&n.name, 120),
+                                crate::present::fmt::shorten(&n.name, 120),
                                 t.param,
                                 t.offset,
                                 fmt.addr(t.addr)
@@ -301,7 +301,7 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
             let _ = writeln!(
                 out,
                 "    {graph}#{index} {} param {param} +{offset}",
-                crate::present::report::shorten(name, 120)
+                crate::present::fmt::shorten(name, 120)
             );
         }
     }
@@ -361,7 +361,7 @@ fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::present::report::RawAddrs;
+    use crate::present::fmt::RawAddrs;
     use crate::testkit::{BASE, manifest};
 
     #[test]

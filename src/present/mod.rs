@@ -2,6 +2,7 @@
 //! and normalization (symbolic addresses) for people and snapshot tests.
 
 pub mod explain;
+pub mod fmt;
 pub mod normalize;
 pub mod report;
 pub mod text;

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use crate::document::format::{Addr, Document, Live, Manifest, Owner, Pool, PoolId, Tensor};
 use crate::document::index::IntervalIndex;
-use crate::present::report::AddrFmt;
+use crate::present::fmt::AddrFmt;
 
 /// Maps addresses to symbolic ids: `A3+0x200` is 0x200 bytes into the fourth allocation in
 /// canonical order; `S1+0x0` a storage outside any known allocation; `?` anything else.

@@ -3,35 +3,11 @@
 
 use comfy_table::{ContentArrangement, Table, presets};
 
-use crate::check::verify::{Finding, FindingKind, KernelRef, Report, Severity};
-use crate::document::format::Addr;
-
-/// Formats an address for display: raw hex, or a symbolic id (see [`crate::present::normalize`]).
-pub trait AddrFmt {
-    fn addr(&self, a: Addr) -> String;
-}
-
-/// Plain `0x…` hex.
-pub struct RawAddrs;
-
-impl AddrFmt for RawAddrs {
-    fn addr(&self, a: Addr) -> String {
-        a.to_string()
-    }
-}
+use crate::check::finding::{Finding, FindingKind, KernelRef, Report, Severity};
+use crate::present::fmt::{AddrFmt, shorten};
 
 const MAX_KERNELS_SHOWN: usize = 3;
 const MAX_NAME: usize = 96;
-
-/// `name`, cut to `max` characters with an ellipsis.
-pub fn shorten(name: &str, max: usize) -> String {
-    if name.chars().count() <= max {
-        name.to_string()
-    } else {
-        let head: String = name.chars().take(max - 1).collect();
-        format!("{head}…")
-    }
-}
 
 fn kernel_line(k: &KernelRef) -> String {
     format!(

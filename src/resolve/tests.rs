@@ -99,7 +99,7 @@ fn words_resolve_to_views_allocations_and_pools() {
     assert!(
         r.findings
             .iter()
-            .all(|f| f.kind != crate::check::verify::FindingKind::Unowned),
+            .all(|f| f.kind != crate::check::finding::FindingKind::Unowned),
         "{:?}",
         r.findings
     );
@@ -167,7 +167,7 @@ fn memory_of_graph_allocation_nodes_belongs_to_the_graph() {
     assert!(
         r.findings
             .iter()
-            .any(|f| f.kind == crate::check::verify::FindingKind::Unowned),
+            .any(|f| f.kind == crate::check::finding::FindingKind::Unowned),
         "{:?}",
         r.findings
     );
@@ -348,7 +348,7 @@ fn operand_pointers_into_free_memory_stay_touches() {
     assert_eq!(r.findings.len(), 1, "{:?}", r.findings);
     assert_eq!(
         r.findings[0].kind,
-        crate::check::verify::FindingKind::Unowned
+        crate::check::finding::FindingKind::Unowned
     );
 }
 /// torch's RNG kernels as `cuFuncGetName` names them (mangled by g++ from declarations
@@ -449,7 +449,7 @@ fn philox_seed_and_offset_words_are_rng_state() {
         crate::check::verify::verify(&m, None, &crate::check::allow::Allowlist::default()).unwrap();
     assert_eq!(
         r.findings.iter().map(|f| f.kind).collect::<Vec<_>>(),
-        [crate::check::verify::FindingKind::Unowned]
+        [crate::check::finding::FindingKind::Unowned]
     );
 }
 

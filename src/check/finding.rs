@@ -1,0 +1,231 @@
+//! What a check reports: the kinds of finding, their severity, one finding with the owners
+//! and kernels it names, an allowed finding, and the report of a run. Below both verify
+//! and the allowlist, which each use it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::document::format::{Addr, Frame, Registration};
+
+/// The kinds of finding, in report order.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FindingKind {
+    Vanished,
+    Drifted,
+    Freed,
+    Reused,
+    Reshaped,
+    Stale,
+    Unregistered,
+    Mispooled,
+    Unowned,
+    UnusedAllow,
+}
+
+impl FindingKind {
+    pub const ALL: [FindingKind; 10] = [
+        FindingKind::Vanished,
+        FindingKind::Drifted,
+        FindingKind::Freed,
+        FindingKind::Reused,
+        FindingKind::Reshaped,
+        FindingKind::Stale,
+        FindingKind::Unregistered,
+        FindingKind::Mispooled,
+        FindingKind::Unowned,
+        FindingKind::UnusedAllow,
+    ];
+
+    /// The kinds a run without a live snapshot checks.
+    pub const CAPTURE_TIME: [FindingKind; 3] = [
+        FindingKind::Unregistered,
+        FindingKind::Mispooled,
+        FindingKind::Unowned,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::Vanished => "vanished",
+            FindingKind::Drifted => "drifted",
+            FindingKind::Freed => "freed",
+            FindingKind::Reused => "reused",
+            FindingKind::Reshaped => "reshaped",
+            FindingKind::Stale => "stale",
+            FindingKind::Unregistered => "unregistered",
+            FindingKind::Mispooled => "mispooled",
+            FindingKind::Unowned => "unowned",
+            FindingKind::UnusedAllow => "unused_allow",
+        }
+    }
+
+    /// One line on what the kind means, for reports.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            FindingKind::Vanished => "the owner path no longer resolves",
+            FindingKind::Drifted => {
+                "the owner now holds a tensor at another address; the graph reads the old one"
+            }
+            FindingKind::Freed => "the captured address is no longer an active allocation",
+            FindingKind::Reused => "the captured address now lies in another owner's tensor",
+            FindingKind::Reshaped => {
+                "same address and owner, but shape, stride, dtype or offset changed"
+            }
+            FindingKind::Stale => "same address, owner and layout, but the contents are wrong",
+            FindingKind::Unregistered => {
+                "held only through plain attributes: sleep level 2 and reload do not restore it"
+            }
+            FindingKind::Mispooled => "a persistent tensor in a pool that sleep discards",
+            FindingKind::Unowned => {
+                "a captured address no owner, graph input or graph pool explains"
+            }
+            FindingKind::UnusedAllow => "an allowlist entry that allowed nothing",
+        }
+    }
+}
+
+impl fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a finding fails the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Severity {
+    /// Fails the run: `ok` is false, exit code 1.
+    Error,
+    /// Shown, but the run stays `ok`: an allowlist entry that allowed nothing (unless the
+    /// allowlist denies unused entries, `--deny-unused-allow`).
+    Warning,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        }
+    }
+}
+
+/// An owner path named by a finding.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct OwnerRef {
+    pub path: String,
+    pub registration: Registration,
+}
+
+/// One node parameter word that holds the subject's address.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct KernelRef {
+    pub graph: String,
+    pub node: u32,
+    pub name: String,
+    pub param: u32,
+    pub offset: u32,
+    pub addr: Addr,
+}
+
+/// One finding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    /// Whether it fails the run; every kind but `unused_allow` is always an error.
+    pub severity: Severity,
+    /// Owner paths sorted and joined with ` = `, or the hex address (`unowned`), or the
+    /// glob (`unused_allow`).
+    pub subject: String,
+    /// The owners that triggered the finding.
+    pub owners: Vec<OwnerRef>,
+    /// For `reused`: the owners now at the address. For `drifted`: the same paths, now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub new_owners: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stride: Option<Vec<i64>>,
+    /// The address the graphs hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub captured_addr: Option<Addr>,
+    /// Where the owner's tensor is now (`drifted`), or the live layout's address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live_addr: Option<Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The graphs that hold the address: the set to recapture.
+    pub graphs: Vec<String>,
+    pub kernels: Vec<KernelRef>,
+    /// One sentence on what was seen.
+    pub detail: String,
+    /// Where the captured storage was allocated, where the producer recorded it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub alloc_site: Vec<Frame>,
+}
+
+/// A finding an allowlist entry silenced.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Allowed {
+    pub finding: Finding,
+    pub allowed_by: String,
+    pub reason: String,
+}
+
+/// Everything a run found.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// The version of this report's JSON layout.
+    pub format_version: u32,
+    /// No finding of severity `error` (allowed ones and warnings aside).
+    pub ok: bool,
+    /// The kinds this run could check.
+    pub checked: Vec<FindingKind>,
+    pub summary: BTreeMap<FindingKind, usize>,
+    pub findings: Vec<Finding>,
+    pub allowed: Vec<Allowed>,
+    /// Subjects (touched storage views) classified.
+    pub subjects: usize,
+    pub graphs: usize,
+    /// Nodes whose addresses the walk could not read (the graphs' `unread` nodes and
+    /// nodes marked `opaque`): whatever they hold is not checked. Left out when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unread_nodes: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl Report {
+    /// The findings that fail the run.
+    pub fn errors(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+    }
+
+    /// The findings shown that do not fail the run.
+    pub fn warnings(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Warning)
+    }
+
+    /// Every graph some finding names, sorted: what to recapture.
+    pub fn recapture(&self) -> Vec<String> {
+        let set: BTreeSet<&String> = self.findings.iter().flat_map(|f| &f.graphs).collect();
+        set.into_iter().cloned().collect()
+    }
+}
+
+/// The report JSON layout version.
+pub const REPORT_VERSION: u32 = 1;
