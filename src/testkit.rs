@@ -86,7 +86,7 @@ pub fn alloc(slot: u64, pool: PoolId) -> Allocation {
 
 pub fn owner(path: &str, t: u32, r: Registration) -> Owner {
     Owner {
-        path: path.into(),
+        path: crate::document::owner_path::OwnerPath::parse(path).unwrap(),
         tensor: TensorId(t),
         registration: r,
         holder: None,

@@ -15,6 +15,7 @@ use graphcheck::document::format::{
     Node, NodeKind, Owner, Pool, PoolId, PoolKind, Probe, Registration, SleepPolicy, Tensor,
     TensorId, Touch,
 };
+use graphcheck::document::owner_path::OwnerPath;
 
 use crate::doc::{digest, producer};
 use crate::heap::{BLOCK_ROUND, SEGMENT_ROUND, SMALL_REQUEST, SMALL_SEGMENT, round_up};
@@ -328,7 +329,7 @@ pub fn generate(opts: BenchOpts) -> Bench {
         tensors.push(t);
         first_owner.push(owners.len());
         owners.push(Owner {
-            path,
+            path: OwnerPath::parse(&path).expect("the generator writes valid owner paths"),
             tensor: TensorId(i as u32),
             registration,
             holder: Some(holder.into()),
@@ -337,7 +338,10 @@ pub fn generate(opts: BenchOpts) -> Bench {
         if registration == Registration::Parameter && rng.below(1000) == 0 {
             stats.aliases += 1;
             owners.push(Owner {
-                path: format!("model.layers[{layer}].mlp.shared_experts[{i}].weight"),
+                path: OwnerPath::parse(&format!(
+                    "model.layers[{layer}].mlp.shared_experts[{i}].weight"
+                ))
+                .expect("the generator writes valid owner paths"),
                 tensor: TensorId(i as u32),
                 registration: Registration::Parameter,
                 holder: Some("SharedFusedMoE".into()),

@@ -9,6 +9,7 @@ use graphcheck::document::format::{
     Owner, Pool, PoolId, PoolKind, Probe, Producer, Registration, SleepPolicy, Tensor, TensorId,
     Touch,
 };
+use graphcheck::document::owner_path::OwnerPath;
 
 use crate::heap::Heap;
 
@@ -223,7 +224,7 @@ impl Doc {
     /// Adds an owner path for `t`.
     pub fn own(&mut self, path: &str, t: TensorId, registration: Registration, holder: &str) {
         self.owners.push(Owner {
-            path: path.into(),
+            path: OwnerPath::parse(path).expect("scenarios name valid owner paths"),
             tensor: t,
             registration,
             holder: Some(holder.into()),

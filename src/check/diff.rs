@@ -62,7 +62,7 @@ pub fn diff(a: &Document, b: &Document) -> DiffReport {
             .collect();
         d.owners()
             .iter()
-            .filter_map(|o| Some((o.path.clone(), (o.registration, *ix.get(&o.tensor)?))))
+            .filter_map(|o| Some((o.path.to_string(), (o.registration, *ix.get(&o.tensor)?))))
             .collect()
     };
     let (ia, ib) = (index(a), index(b));

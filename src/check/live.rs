@@ -11,6 +11,7 @@ use super::verify::{Ctx, Subject, persistent, same_storage, shift_siblings, shif
 use crate::document::format::{Addr, AllocState, Contents, Live, Tensor};
 use crate::document::index::AddressIndex;
 use crate::document::load::Tables;
+use crate::document::owner_path::OwnerPath;
 
 /// Probes sorted by address, remembering document order.
 pub(super) struct ProbeIndex {
@@ -56,7 +57,7 @@ enum PathNow<'l> {
 /// Live owner paths, none of them the subject's own, that still reach the captured bytes.
 #[derive(Default)]
 struct Carriers<'l> {
-    paths: BTreeSet<&'l str>,
+    paths: BTreeSet<&'l OwnerPath>,
     /// A carrying tensor with the captured view and storage, whose contents can be
     /// compared with the captured digest.
     same_view: Option<&'l Tensor>,
@@ -78,7 +79,7 @@ fn carriers<'l>(
     lt: &Tables,
     live_index: &AddressIndex,
     s: &Subject<'_>,
-    mine: &BTreeSet<&str>,
+    mine: &BTreeSet<&OwnerPath>,
     all_shift: bool,
 ) -> Carriers<'l> {
     let t = s.tensor;
@@ -87,16 +88,16 @@ fn carriers<'l>(
         let held = &ctx.m.tensors[mi];
         for &o in &ctx.mt.owners_of[mi] {
             let owner = &ctx.m.owners[o];
-            if !owner.registration.is_persistent() || mine.contains(owner.path.as_str()) {
+            if !owner.registration.is_persistent() || mine.contains(&owner.path) {
                 continue;
             }
-            let Some(&lo) = lt.owner_by_path.get(&owner.path) else {
+            let Some(&lo) = lt.owner_by_path.get(owner.path.as_str()) else {
                 continue;
             };
             let now = &l.owners[lo];
             let lq = lt.tensor(&l.tensors, now.tensor);
             if now.registration.is_persistent() && same_storage(lq, held) {
-                c.paths.insert(now.path.as_str());
+                c.paths.insert(&now.path);
                 if lq.view_key() == t.view_key() && c.same_view.is_none() {
                     c.same_view = Some(lq);
                 }
@@ -114,11 +115,11 @@ fn carriers<'l>(
         for &lo in &lt.owners_of[vi] {
             let q = &l.owners[lo];
             if q.registration.is_persistent()
-                && !mine.contains(q.path.as_str())
+                && !mine.contains(&q.path)
                 && mine.iter().any(|p| shift_siblings(p, &q.path))
                 && (all_shift || still_held(ctx, l, lt, live_index, &q.path))
             {
-                c.paths.insert(q.path.as_str());
+                c.paths.insert(&q.path);
                 c.same_view.get_or_insert(lq);
             }
         }
@@ -172,7 +173,7 @@ pub(super) fn live_checks(
     let now: Vec<(usize, PathNow<'_>)> = p
         .iter()
         .map(|&o| {
-            let st = match lt.owner_by_path.get(&ctx.m.owners[o].path) {
+            let st = match lt.owner_by_path.get(ctx.m.owners[o].path.as_str()) {
                 None => PathNow::Gone,
                 Some(&lo) => {
                     let lten = lt.tensor(&l.tensors, l.owners[lo].tensor);
@@ -186,7 +187,7 @@ pub(super) fn live_checks(
             (o, st)
         })
         .collect();
-    let mine: BTreeSet<&str> = p.iter().map(|&o| ctx.m.owners[o].path.as_str()).collect();
+    let mine: BTreeSet<&OwnerPath> = p.iter().map(|&o| &ctx.m.owners[o].path).collect();
     let any_kept = now.iter().any(|(_, n)| matches!(n, PathNow::Kept(_)));
     let all_shift = !now
         .iter()
@@ -236,8 +237,9 @@ pub(super) fn live_checks(
             .map(|i| {
                 let paths: BTreeSet<&str> = ctx.mt.owners_of[i]
                     .iter()
-                    .map(|&o| ctx.m.owners[o].path.as_str())
+                    .map(|&o| &ctx.m.owners[o].path)
                     .filter(|p| !mine.contains(p))
+                    .map(|p| p.as_str())
                     .collect();
                 if paths.is_empty() {
                     String::new()
@@ -299,7 +301,7 @@ pub(super) fn live_checks(
             &p,
             format!(
                 "{why}; now held as {}",
-                quoted(carriers().paths.iter().copied())
+                quoted(carriers().paths.iter().map(|p| p.as_str()))
             ),
         ));
     }
@@ -324,11 +326,11 @@ pub(super) fn live_checks(
             ));
         }
         AllocState::Active => {
-            let mut others: BTreeSet<&str> = BTreeSet::new();
+            let mut others: BTreeSet<&OwnerPath> = BTreeSet::new();
             let mut any_mine = false;
             live_index.for_each_view_at(t.data_ptr(), |vi| {
                 for &lo in &lt.owners_of[vi] {
-                    let path = l.owners[lo].path.as_str();
+                    let path = &l.owners[lo].path;
                     if mine.contains(path) {
                         any_mine = true;
                     } else {
@@ -349,10 +351,10 @@ pub(super) fn live_checks(
                     format!(
                         "{} now lies in the tensor of {}; replay reads and writes another owner's data",
                         t.data_ptr(),
-                        others.iter().copied().collect::<Vec<_>>().join(", ")
+                        others.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
                     ),
                 );
-                f.new_owners = others.into_iter().map(str::to_string).collect();
+                f.new_owners = others.into_iter().map(ToString::to_string).collect();
                 out.push(f);
             }
         }
@@ -378,7 +380,7 @@ fn drifted_through(
     let mut moved = None;
     for &r in &through {
         let owner = &ctx.m.owners[r];
-        let Some(&lo) = lt.owner_by_path.get(&owner.path) else {
+        let Some(&lo) = lt.owner_by_path.get(owner.path.as_str()) else {
             continue;
         };
         let held = ctx.mt.tensor(&ctx.m.tensors, owner.tensor);

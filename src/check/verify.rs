@@ -16,7 +16,7 @@ use crate::document::format::{
 };
 use crate::document::index::{AddressIndex, IntervalIndex};
 use crate::document::load::{Tables, check_live, check_manifest};
-use crate::document::owner_path::{Segment, parse};
+use crate::document::owner_path::OwnerPath;
 
 /// A touched storage view and where it is touched.
 pub(super) struct Subject<'m> {
@@ -114,23 +114,8 @@ pub(super) fn same_storage(a: &Tensor, b: &Tensor) -> bool {
 /// Whether two owner paths name slots of one container that differ only in one index
 /// (`ys[2]` and `ys[1]`, `experts[3].w` and `experts[2].w`): where a list insert or delete
 /// moves a tensor.
-pub(super) fn shift_siblings(a: &str, b: &str) -> bool {
-    index_shift(a, b).is_some()
-}
-
-/// Where `b` differs from `a` in exactly one list index: `b`'s index minus `a`'s.
-fn index_shift(a: &str, b: &str) -> Option<i64> {
-    let (Ok(x), Ok(y)) = (parse(a), parse(b)) else {
-        return None;
-    };
-    if x.len() != y.len() {
-        return None;
-    }
-    let mut differ = x.iter().zip(&y).filter(|(p, q)| p != q);
-    match (differ.next(), differ.next()) {
-        (Some((Segment::Index(i), Segment::Index(j))), None) => j.checked_sub(*i),
-        _ => None,
-    }
+pub(super) fn shift_siblings(a: &OwnerPath, b: &OwnerPath) -> bool {
+    a.index_shift(b).is_some()
 }
 
 /// Whether `path`, now holding the manifest tensor `now` (captured under other paths),
@@ -139,14 +124,19 @@ fn index_shift(a: &str, b: &str) -> Option<i64> {
 /// its `carriers`. A swap or any other permutation moves them by different displacements,
 /// and an alias (`c_strides2 = c_strides1`) by none: those stay `drifted`, since the
 /// model now reads another tensor through `path` than the graphs do.
-pub(super) fn shifted(ctx: &Ctx<'_>, path: &str, now: usize, carriers: &BTreeSet<&str>) -> bool {
+pub(super) fn shifted(
+    ctx: &Ctx<'_>,
+    path: &OwnerPath,
+    now: usize,
+    carriers: &BTreeSet<&OwnerPath>,
+) -> bool {
     let came: Vec<i64> = ctx.mt.owners_of[now]
         .iter()
-        .filter_map(|&o| index_shift(&ctx.m.owners[o].path, path))
+        .filter_map(|&o| ctx.m.owners[o].path.index_shift(path))
         .collect();
     carriers
         .iter()
-        .filter_map(|c| index_shift(path, c))
+        .filter_map(|c| path.index_shift(c))
         .any(|went| went != 0 && came.contains(&went))
 }
 
@@ -270,7 +260,7 @@ impl<'m> Ctx<'m> {
         let mut refs: Vec<OwnerRef> = owners
             .iter()
             .map(|&o| OwnerRef {
-                path: self.m.owners[o].path.clone(),
+                path: self.m.owners[o].path.to_string(),
                 registration: self.m.owners[o].registration,
             })
             .collect();

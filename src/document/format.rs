@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::document::owner_path::OwnerPath;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -454,7 +455,8 @@ impl fmt::Display for Registration {
 /// `model.layers[3].mlp.quant_method.kernel.workspace` (grammar: [`crate::document::owner_path`], in the `graphcheck` crate).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Owner {
-    pub path: String,
+    #[schemars(with = "String")]
+    pub path: OwnerPath,
     pub tensor: TensorId,
     pub registration: Registration,
     /// The type of the object holding the last hop, e.g. `MarlinLinearKernel`.

@@ -13,7 +13,6 @@ use crate::document::format::{
     PoolId, Tensor, TensorId,
 };
 use crate::document::ids::IdIndex;
-use crate::document::owner_path;
 
 /// Why a document could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -397,15 +396,13 @@ impl Tables {
         }
         t.owners_of = vec![Vec::new(); tensors.len()];
         for (i, o) in owners.iter().enumerate() {
-            owner_path::parse(&o.path)
-                .map_err(|e| Invalid::at(format!("owners[{i}].path"), e.to_string()))?;
             let Some(ti) = t.tensor_ix.get(&o.tensor) else {
                 return Err(Invalid::at(
                     format!("owners[{i}].tensor"),
                     format!("no tensor has id {}", o.tensor.0),
                 ));
             };
-            if let Some(prev) = t.owner_by_path.insert(o.path.clone(), i) {
+            if let Some(prev) = t.owner_by_path.insert(o.path.to_string(), i) {
                 return Err(Invalid::at(
                     format!("owners[{i}].path"),
                     format!("path {:?} is also owners[{prev}]", o.path),

@@ -52,6 +52,11 @@ pub struct PathError {
 
 /// Splits an owner path into its hops.
 pub fn parse(path: &str) -> Result<Vec<Segment>, PathError> {
+    parse_hops(path).map(|(segs, _)| segs)
+}
+
+/// The hops of `path` and the byte offset where each ends.
+fn parse_hops(path: &str) -> Result<(Vec<Segment>, Vec<u32>), PathError> {
     let err = |at: usize, why: &'static str| PathError {
         path: path.to_string(),
         at,
@@ -59,6 +64,7 @@ pub fn parse(path: &str) -> Result<Vec<Segment>, PathError> {
     };
     let bytes = path.as_bytes();
     let mut segs = Vec::new();
+    let mut ends: Vec<u32> = Vec::new();
     let mut i = 0;
     let name_end = |from: usize| {
         bytes[from..]
@@ -72,6 +78,7 @@ pub fn parse(path: &str) -> Result<Vec<Segment>, PathError> {
     }
     segs.push(Segment::Attr(path[..end].to_string()));
     i = i.max(end);
+    ends.push(i as u32);
     while i < bytes.len() {
         match bytes[i] {
             b'.' => {
@@ -118,8 +125,9 @@ pub fn parse(path: &str) -> Result<Vec<Segment>, PathError> {
             }
             _ => return Err(err(i, "expected '.', '[' or the end of the path")),
         }
+        ends.push(i as u32);
     }
-    Ok(segs)
+    Ok((segs, ends))
 }
 
 /// Joins hops back into the canonical spelling of a path.
@@ -132,6 +140,189 @@ pub fn join(segments: &[Segment]) -> String {
         out.push_str(&s.to_string());
     }
     out
+}
+
+/// An owner path, checked against the grammar once (when a document is loaded or a
+/// builder is handed it): its text as written, and where each hop ends, so that prefixes
+/// (`model.layers[3]` of `model.layers[3].w`) and hops are slices, never parsed again.
+///
+/// Equality, order and hashing are the text's, so a `HashMap<OwnerPath, _>` is looked up
+/// with a `&str`.
+#[derive(Clone, Debug)]
+pub struct OwnerPath {
+    text: String,
+    /// Byte offset in `text` where hop `k` ends; the last is `text.len()`.
+    ends: Box<[u32]>,
+}
+
+impl OwnerPath {
+    pub fn parse(path: &str) -> Result<OwnerPath, PathError> {
+        if u32::try_from(path.len()).is_err() {
+            return Err(PathError {
+                path: path.chars().take(64).collect(),
+                at: 0,
+                why: "an owner path is shorter than 4 GiB",
+            });
+        }
+        let (_, ends) = parse_hops(path)?;
+        Ok(OwnerPath {
+            text: path.to_string(),
+            ends: ends.into_boxed_slice(),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Hops, the root included (`model.w` has 2).
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Never true: a path has at least its root.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The path of the first `hops` hops (`prefix(1)` is the root); the whole path past
+    /// the last.
+    pub fn prefix(&self, hops: usize) -> &str {
+        match hops.checked_sub(1) {
+            None => "",
+            Some(k) => &self.text[..self.ends.get(k).map_or(self.text.len(), |&e| e as usize)],
+        }
+    }
+
+    /// Hop `k` as written: `model`, `.layers`, `[3]`, `["k"]`.
+    fn hop_text(&self, k: usize) -> &str {
+        let start = k.checked_sub(1).map_or(0, |p| self.ends[p] as usize);
+        &self.text[start..self.ends[k] as usize]
+    }
+
+    /// Hop `k` (0 is the root).
+    pub fn segment(&self, k: usize) -> Segment {
+        let hop = self.hop_text(k);
+        match hop.strip_prefix('.') {
+            Some(name) => Segment::Attr(name.to_string()),
+            None if k == 0 => Segment::Attr(hop.to_string()),
+            // A bracketed hop of a checked path parses alone behind a stand-in root.
+            None => parse_hops(&format!("_{hop}"))
+                .ok()
+                .and_then(|(mut segs, _)| segs.pop())
+                .unwrap_or_else(|| Segment::Attr(hop.to_string())),
+        }
+    }
+
+    /// The last hop, as a label (`w`, `[3]`, `["k"]`).
+    pub fn last(&self) -> Segment {
+        self.segment(self.len() - 1)
+    }
+
+    /// Where `other` differs from this path in exactly one list index: `other`'s index
+    /// minus this one's (`ys[1]` → `ys[2]` is 1).
+    pub fn index_shift(&self, other: &OwnerPath) -> Option<i64> {
+        if self.len() != other.len() {
+            return None;
+        }
+        let mut differ = (0..self.len()).filter(|&k| self.hop_text(k) != other.hop_text(k));
+        let (Some(k), None) = (differ.next(), differ.next()) else {
+            return None;
+        };
+        match (self.segment(k), other.segment(k)) {
+            (Segment::Index(i), Segment::Index(j)) => j.checked_sub(i),
+            _ => None,
+        }
+    }
+}
+
+impl std::ops::Deref for OwnerPath {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl std::borrow::Borrow<str> for OwnerPath {
+    fn borrow(&self) -> &str {
+        &self.text
+    }
+}
+
+impl AsRef<str> for OwnerPath {
+    fn as_ref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl PartialEq for OwnerPath {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for OwnerPath {}
+
+impl PartialEq<str> for OwnerPath {
+    fn eq(&self, other: &str) -> bool {
+        self.text == other
+    }
+}
+
+impl PartialEq<&str> for OwnerPath {
+    fn eq(&self, other: &&str) -> bool {
+        self.text == *other
+    }
+}
+
+impl PartialEq<String> for OwnerPath {
+    fn eq(&self, other: &String) -> bool {
+        &self.text == other
+    }
+}
+
+impl std::hash::Hash for OwnerPath {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state)
+    }
+}
+
+impl PartialOrd for OwnerPath {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OwnerPath {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.text.cmp(&other.text)
+    }
+}
+
+impl fmt::Display for OwnerPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::str::FromStr for OwnerPath {
+    type Err = PathError;
+    fn from_str(s: &str) -> Result<OwnerPath, PathError> {
+        OwnerPath::parse(s)
+    }
+}
+
+impl serde::Serialize for OwnerPath {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for OwnerPath {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OwnerPath, D::Error> {
+        let text = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        OwnerPath::parse(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 /// An allowlist glob over owner paths (see the module documentation).
@@ -256,6 +447,35 @@ mod tests {
             let e = parse(p).expect_err(p);
             assert_eq!(e.at, at, "{p}: {e}");
         }
+    }
+
+    #[test]
+    fn owner_paths_slice_prefixes_and_hops_without_parsing_again() {
+        let p = OwnerPath::parse(r#"model.layers[3].experts["w\"1"][-1].scale"#).unwrap();
+        assert_eq!(p.len(), 7);
+        assert_eq!(p.prefix(1), "model");
+        assert_eq!(p.prefix(3), "model.layers[3]");
+        assert_eq!(p.prefix(7), p.as_str());
+        assert_eq!(p.segment(4), Segment::Key("w\"1".into()));
+        assert_eq!(p.segment(5), Segment::Index(-1));
+        assert_eq!(p.last(), Segment::Attr("scale".into()));
+        assert_eq!(
+            OwnerPath::parse("model").unwrap().last().to_string(),
+            "model"
+        );
+        let a = OwnerPath::parse("m.experts[3].w").unwrap();
+        let b = OwnerPath::parse("m.experts[1].w").unwrap();
+        assert_eq!(a.index_shift(&b), Some(-2));
+        assert_eq!(a.index_shift(&a), None);
+        let c = OwnerPath::parse("m.experts[1].v").unwrap();
+        assert_eq!(a.index_shift(&c), None);
+        assert_eq!(
+            OwnerPath::parse("a..b").unwrap_err(),
+            parse("a..b").unwrap_err()
+        );
+        let json: OwnerPath = serde_json::from_str(r#""model.w[0]""#).unwrap();
+        assert_eq!(json, "model.w[0]");
+        assert!(serde_json::from_str::<OwnerPath>(r#""model..w""#).is_err());
     }
 
     #[test]

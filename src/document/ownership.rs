@@ -12,7 +12,6 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 
 use crate::document::format::{Manifest, Registration};
-use crate::document::owner_path;
 
 /// A node: small, with details in the manifest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,6 +51,8 @@ pub struct OwnershipGraph<'m> {
     pub graph: StableDiGraph<NodeW, EdgeW>,
     root: NodeIndex,
     hop_paths: Vec<String>,
+    /// The last hop of each hop path, as a label (`w`, `[3]`).
+    hop_labels: Vec<String>,
     hops: HashMap<String, NodeIndex>,
     tensor_nodes: Vec<NodeIndex>,
     kernel_nodes: Vec<Vec<NodeIndex>>,
@@ -85,6 +86,7 @@ impl<'m> OwnershipGraph<'m> {
             graph: g,
             root,
             hop_paths: Vec::new(),
+            hop_labels: Vec::new(),
             hops: HashMap::new(),
             tensor_nodes,
             kernel_nodes: Vec::new(),
@@ -94,18 +96,16 @@ impl<'m> OwnershipGraph<'m> {
             alloc_ix,
         };
         for o in &m.owners {
-            let Ok(segs) = owner_path::parse(&o.path) else {
-                continue;
-            };
             let mut parent = root;
-            for k in 1..=segs.len() {
-                let prefix = owner_path::join(&segs[..k]);
-                parent = match this.hops.get(&prefix) {
+            for k in 1..=o.path.len() {
+                let prefix = o.path.prefix(k);
+                parent = match this.hops.get(prefix) {
                     Some(&n) => n,
                     None => {
                         let n = this.graph.add_node(NodeW::Hop(this.hop_paths.len() as u32));
-                        this.hop_paths.push(prefix.clone());
-                        this.hops.insert(prefix, n);
+                        this.hop_paths.push(prefix.to_string());
+                        this.hop_labels.push(o.path.segment(k - 1).to_string());
+                        this.hops.insert(prefix.to_string(), n);
                         this.graph.add_edge(parent, n, EdgeW::Hop);
                         n
                     }
@@ -162,6 +162,15 @@ impl<'m> OwnershipGraph<'m> {
     /// The owner path a hop node stands for.
     pub fn hop_path(&self, hop: u32) -> &str {
         &self.hop_paths[hop as usize]
+    }
+
+    /// The last hop of an owner path this graph has (`w` of `model.w`), as a label; the
+    /// path itself if the graph has no such hop.
+    pub fn hop_label<'a>(&'a self, path: &'a str) -> &'a str {
+        match self.hops.get(path).map(|&n| self.graph[n]) {
+            Some(NodeW::Hop(h)) => &self.hop_labels[h as usize],
+            _ => path,
+        }
     }
 
     /// The node of a manifest tensor.
@@ -258,13 +267,7 @@ impl<'m> OwnershipGraph<'m> {
         let m = self.manifest;
         match self.graph[n] {
             NodeW::Root => ("model".into(), "house"),
-            NodeW::Hop(h) => {
-                let p = &self.hop_paths[h as usize];
-                let last = owner_path::parse(p)
-                    .ok()
-                    .and_then(|s| s.last().map(ToString::to_string));
-                (last.unwrap_or_else(|| p.clone()), "box")
-            }
+            NodeW::Hop(h) => (self.hop_labels[h as usize].clone(), "box"),
             NodeW::Tensor(t) => {
                 let t = &m.tensors[t as usize];
                 (t.layout(), "ellipse")

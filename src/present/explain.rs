@@ -257,15 +257,7 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
                 .map(|h| format!(", on {h}"))
                 .unwrap_or_default();
             let _ = writeln!(out, "    {leaf} ({reg}{holder})");
-            let hops: Vec<String> = chain
-                .iter()
-                .map(|p| {
-                    crate::document::owner_path::parse(p)
-                        .ok()
-                        .and_then(|s| s.last().map(ToString::to_string))
-                        .unwrap_or_else(|| p.clone())
-                })
-                .collect();
+            let hops: Vec<&str> = chain.iter().map(|p| og.hop_label(p)).collect();
             let _ = writeln!(out, "      chain: {}", hops.join(" → "));
         }
     }

@@ -16,6 +16,7 @@ use crate::document::format::{
 };
 use crate::document::index::{AddressIndex, IntervalIndex};
 use crate::document::load::{Invalid, check_manifest};
+use crate::document::owner_path::OwnerPath;
 
 /// A tensor view as the framework describes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -179,11 +180,11 @@ impl ManifestBuilder {
         registration: Registration,
         holder: Option<String>,
     ) -> Result<(), BuildError> {
-        crate::document::owner_path::parse(path)?;
+        let path = OwnerPath::parse(path)?;
         if tensor.0 as usize >= self.tensors.len() {
             return Err(BuildError::UnknownTensor(tensor));
         }
-        match self.owner_paths.get(path) {
+        match self.owner_paths.get(path.as_str()) {
             Some(&t) if t == tensor => return Ok(()),
             Some(&t) => {
                 return Err(BuildError::DuplicateOwner {
@@ -196,7 +197,7 @@ impl ManifestBuilder {
         }
         self.owner_paths.insert(path.to_string(), tensor);
         self.owners.push(Owner {
-            path: path.to_string(),
+            path,
             tensor,
             registration,
             holder,

@@ -2,7 +2,12 @@
 
 use super::*;
 use crate::document::format::{AllocState, Contents, Digest, Probe, Registration};
+use crate::document::owner_path::OwnerPath;
 use crate::testkit::*;
+
+fn path(p: &str) -> OwnerPath {
+    OwnerPath::parse(p).unwrap()
+}
 
 const SCALE: &str = "model.scale = model.scale_alias";
 
@@ -629,6 +634,7 @@ fn an_expert_reusing_a_siblings_block_is_still_reused() {
 
 #[test]
 fn shift_siblings_differ_in_exactly_one_index() {
+    let shift_siblings = |a: &str, b: &str| super::shift_siblings(&path(a), &path(b));
     assert!(shift_siblings("m.ys[2]", "m.ys[1]"));
     assert!(shift_siblings("m.experts[3].w", "m.experts[2].w"));
     assert!(!shift_siblings("m.ys[2]", "m.ys[2]"));
