@@ -7,20 +7,18 @@
 //! as `graphcheck.GraphcheckError` with the core's message (file and JSON path included);
 //! nothing here panics on bad input.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use graphcheck::check::allow::Allowlist;
 use graphcheck::document::format::{
-    Addr, Document, Live, Manifest, PoolId, PoolKind, Producer, Registration, SleepPolicy, TensorId,
+    Addr, Document, PoolId, PoolKind, Producer, Registration, SleepPolicy, TensorId,
 };
-use graphcheck::document::load::{self as loader, Tables};
+use graphcheck::document::load::{LoadError, Source};
 use graphcheck::document::owner_path::Glob;
 use graphcheck::present::explain::Query;
-use graphcheck::present::fmt::{AddrFmt, RawAddrs};
-use graphcheck::present::normalize::Symbolizer;
-use graphcheck::present::report::{render_json, render_markdown, render_table};
 use graphcheck::resolve::manifest::{ManifestBuilder, TensorSpec};
 use graphcheck::resolve::walked::WalkedGraph;
+use graphcheck_cli::ops::{self, Format};
 // The sleep allocator's exported malloc/free symbols (`#[unsafe(no_mangle)]`).
 #[allow(unsafe_code)]
 mod sleep;
@@ -38,107 +36,37 @@ create_exception!(
     "A bad document, allowlist or argument: the message says what and where."
 );
 
-/// A check failure of JSON text, named as the loaders name a file's.
-fn invalid(name: &Path, e: &loader::Invalid) -> String {
-    format!(
-        "{}: invalid document at `{}`: {}",
-        name.display(),
-        e.json_path,
-        e.message
-    )
-}
-
-/// A document as the caller handed it: a file, or JSON text named for error messages.
-enum Source {
-    Path(PathBuf),
-    Text { bytes: Vec<u8>, name: PathBuf },
-}
-
-impl Source {
-    /// `str` starting with `{` (after blanks) or `bytes`: JSON text; any other `str` or an
-    /// `os.PathLike`: a path. `name` names text in error messages (default `<string>`).
-    fn extract(obj: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<Source> {
-        let name = || PathBuf::from(name.unwrap_or("<string>"));
-        if let Ok(s) = obj.cast::<PyString>() {
-            let s = s.to_cow()?;
-            return Ok(if s.trim_start().starts_with('{') {
-                Source::Text {
-                    bytes: s.as_bytes().to_vec(),
-                    name: name(),
-                }
-            } else {
-                Source::Path(PathBuf::from(s.as_ref()))
-            });
-        }
-        if let Ok(b) = obj.cast::<PyBytes>() {
-            return Ok(Source::Text {
-                bytes: b.as_bytes().to_vec(),
+/// A document as the caller handed it: `str` starting with `{` (after blanks) or `bytes`:
+/// JSON text; any other `str` or an `os.PathLike`: a path. `name` names text in error
+/// messages (default `<string>`). Loading is the core's ([`Source`]), the same as the
+/// command line's.
+fn source(obj: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<Source> {
+    let name = || PathBuf::from(name.unwrap_or("<string>"));
+    if let Ok(s) = obj.cast::<PyString>() {
+        let s = s.to_cow()?;
+        return Ok(if s.trim_start().starts_with('{') {
+            Source::Text {
+                bytes: s.as_bytes().to_vec(),
                 name: name(),
-            });
-        }
-        obj.extract::<PathBuf>().map(Source::Path).map_err(|_| {
-            GraphcheckError::new_err(format!(
-                "expected a path or JSON text (str, bytes or os.PathLike), got {}",
-                obj.get_type()
-                    .name()
-                    .map_or_else(|_| "?".to_string(), |n| n.to_string())
-            ))
-        })
-    }
-
-    /// What error messages and `diff` call the document.
-    fn display_name(&self) -> &Path {
-        match self {
-            Source::Path(p) => p,
-            Source::Text { name, .. } => name,
-        }
-    }
-
-    fn manifest(&self) -> Result<(Manifest, Tables), String> {
-        match self {
-            Source::Path(p) => loader::load_manifest_checked(p).map_err(|e| chain(&e)),
-            Source::Text { bytes, name } => {
-                let m = loader::parse_manifest(bytes, name).map_err(|e| chain(&e))?;
-                let t = loader::check_manifest(&m).map_err(|e| invalid(name, &e))?;
-                Ok((m, t))
             }
-        }
+        } else {
+            Source::Path(PathBuf::from(s.as_ref()))
+        });
     }
-
-    fn live(&self) -> Result<(Live, Tables), String> {
-        match self {
-            Source::Path(p) => loader::load_live_checked(p).map_err(|e| chain(&e)),
-            Source::Text { bytes, name } => {
-                let l = loader::parse_live(bytes, name).map_err(|e| chain(&e))?;
-                let t = loader::check_live(&l).map_err(|e| invalid(name, &e))?;
-                Ok((l, t))
-            }
-        }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Source::Text {
+            bytes: b.as_bytes().to_vec(),
+            name: name(),
+        });
     }
-
-    fn document(&self) -> Result<Document, String> {
-        match self {
-            Source::Path(p) => loader::load_document(p).map_err(|e| chain(&e)),
-            Source::Text { bytes, name } => {
-                // `kind` picks the parser; a document without one fails in the manifest
-                // parser, whose error says what is missing.
-                #[derive(Deserialize)]
-                struct Kind {
-                    kind: Option<serde_json::Value>,
-                }
-                let live = serde_json::from_slice::<Kind>(bytes)
-                    .ok()
-                    .and_then(|k| k.kind)
-                    .is_some_and(|k| k == "live");
-                if live {
-                    loader::parse_live(bytes, name).map(Document::Live)
-                } else {
-                    loader::parse_manifest(bytes, name).map(Document::Manifest)
-                }
-                .map_err(|e| chain(&e))
-            }
-        }
-    }
+    obj.extract::<PathBuf>().map(Source::Path).map_err(|_| {
+        GraphcheckError::new_err(format!(
+            "expected a path or JSON text (str, bytes or os.PathLike), got {}",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".to_string(), |n| n.to_string())
+        ))
+    })
 }
 
 /// Runs `f` with the GIL released. A panic inside it (a bug in graphcheck) becomes a
@@ -201,6 +129,14 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+/// Runs the `graphcheck` command line (`argv[0]` is the program name) with the GIL
+/// released: the console script of the Python package is this call, so it prints what the
+/// Rust binary prints and returns the same exit code.
+#[pyfunction]
+fn main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<i32> {
+    detached(py, move || Ok::<_, String>(graphcheck_cli::main_impl(argv)))
+}
+
 /// Loads and checks a manifest or live snapshot; returns `(kind, json)`, the document as
 /// the core reads it (fields it does not know dropped). `expect` ("manifest" or "live")
 /// makes the other kind an error.
@@ -212,13 +148,20 @@ fn load(
     expect: Option<&str>,
     name: Option<&str>,
 ) -> PyResult<(&'static str, String)> {
-    let src = Source::extract(document, name)?;
+    let src = source(document, name)?;
     let expect = expect.map(str::to_owned);
     detached(py, move || -> Result<(&'static str, String), String> {
+        let loaded = |e: LoadError| chain(&e);
         let (kind, json) = match expect.as_deref() {
-            Some("manifest") => ("manifest", serde_json::to_string(&src.manifest()?.0)),
-            Some("live") => ("live", serde_json::to_string(&src.live()?.0)),
-            None => match src.document()? {
+            Some("manifest") => (
+                "manifest",
+                serde_json::to_string(&src.manifest_checked().map_err(loaded)?.0),
+            ),
+            Some("live") => (
+                "live",
+                serde_json::to_string(&src.live_checked().map_err(loaded)?.0),
+            ),
+            None => match src.document().map_err(loaded)? {
                 Document::Manifest(m) => ("manifest", serde_json::to_string(&m)),
                 Document::Live(l) => ("live", serde_json::to_string(&l)),
             },
@@ -245,10 +188,8 @@ fn verify(
     normalized: bool,
     deny_unused_allow: bool,
 ) -> PyResult<(bool, String, String, String)> {
-    let m_src = Source::extract(manifest, Some("<manifest>"))?;
-    let l_src = live
-        .map(|l| Source::extract(l, Some("<live>")))
-        .transpose()?;
+    let m_src = source(manifest, Some("<manifest>"))?;
+    let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
     detached(py, move || -> Result<_, String> {
         let allow = match (allow, allow_text) {
             (Some(_), Some(_)) => return Err("give allow or allow_text, not both".into()),
@@ -259,41 +200,12 @@ fn verify(
             (None, None) => Allowlist::default(),
         }
         .deny_unused(deny_unused_allow);
-        // The two documents parse on two threads, as in the CLI: parsing is most of it.
-        let (m, l) = std::thread::scope(|s| {
-            let live_job = l_src.as_ref().map(|l| s.spawn(move || l.live()));
-            let m = m_src.manifest();
-            let l = live_job.map(|j| j.join().unwrap_or_else(|_| Err("loader failed".into())));
-            (m, l)
-        });
-        let (m, mt) = m?;
-        let l = l.transpose()?;
-        let report = graphcheck::check::verify::verify_checked(
-            &m,
-            &mt,
-            l.as_ref().map(|(l, t)| (l, t)),
-            &allow,
-        );
-        let sym;
-        let fmt: &dyn AddrFmt = if normalized {
-            sym = Symbolizer::for_manifest(&m);
-            &sym
-        } else {
-            &RawAddrs
-        };
-        // Addresses also appear inside sentences (`detail`): redact whole texts.
-        let finish = |text: String| {
-            if normalized {
-                Symbolizer::for_manifest(&m).redact(&text)
-            } else {
-                text
-            }
-        };
+        let v = ops::verify(&m_src, l_src.as_ref(), &allow).map_err(|e| chain(&e))?;
         Ok((
-            report.ok,
-            finish(render_json(&report)),
-            finish(render_table(&report, fmt)),
-            finish(render_markdown(&report, fmt)),
+            v.report.ok,
+            v.render(Format::Json, normalized),
+            v.render(Format::Table, normalized),
+            v.render(Format::Markdown, normalized),
         ))
     })
 }
@@ -302,10 +214,11 @@ fn verify(
 #[pyfunction]
 #[pyo3(signature = (document, name=None))]
 fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
-    let src = Source::extract(document, name)?;
+    let src = source(document, name)?;
     detached(py, move || {
         src.document()
             .map(|d| graphcheck::present::normalize::normalized(&d))
+            .map_err(|e| chain(&e))
     })
 }
 
@@ -313,10 +226,11 @@ fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -
 #[pyfunction]
 #[pyo3(signature = (document, name=None))]
 fn summary(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
-    let src = Source::extract(document, name)?;
+    let src = source(document, name)?;
     detached(py, move || {
         src.document()
             .map(|d| graphcheck::present::text::summary(&d))
+            .map_err(|e| chain(&e))
     })
 }
 
@@ -332,7 +246,7 @@ fn explain(
     dot: bool,
     normalized: bool,
 ) -> PyResult<(bool, String)> {
-    let src = Source::extract(manifest, Some("<manifest>"))?;
+    let src = source(manifest, Some("<manifest>"))?;
     let query = match (kernel, target) {
         (Some(k), None) => Query::Kernel(k),
         (None, Some(t)) => Query::parse(&t),
@@ -343,13 +257,8 @@ fn explain(
         }
     };
     detached(py, move || -> Result<_, String> {
-        let (m, _) = src.manifest()?;
-        let sym = Symbolizer::for_manifest(&m);
-        let fmt: &dyn AddrFmt = if normalized { &sym } else { &RawAddrs };
-        let e = graphcheck::present::explain::explain(&m, &query, fmt);
-        let text = if dot { e.dot } else { e.text };
-        let text = if normalized { sym.redact(&text) } else { text };
-        Ok((e.found, text))
+        let (m, _) = src.manifest_checked().map_err(|e| chain(&e))?;
+        Ok(ops::explain_text(&m, &query, dot, normalized))
     })
 }
 
@@ -363,41 +272,15 @@ fn diff(
     b: &Bound<'_, PyAny>,
     format: &str,
 ) -> PyResult<(bool, String)> {
-    let (a, b) = (
-        Source::extract(a, Some("<A>"))?,
-        Source::extract(b, Some("<B>"))?,
-    );
-    let format = format.to_owned();
-    detached(py, move || -> Result<_, String> {
-        let (da, db) = (a.document()?, b.document()?);
-        let r = graphcheck::check::diff::diff(&da, &db);
-        let text = match format.as_str() {
-            "json" => {
-                let mut s = serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?;
-                s.push('\n');
-                s
-            }
-            "table" | "markdown" => graphcheck::present::text::diff_text(
-                &r,
-                a.display_name(),
-                b.display_name(),
-                format == "markdown",
-            ),
-            other => return Err(format!("format is table, markdown or json, not {other:?}")),
-        };
-        Ok((r.same, text))
-    })
+    let (a, b) = (source(a, Some("<A>"))?, source(b, Some("<B>"))?);
+    let format: Format = format.parse().map_err(GraphcheckError::new_err)?;
+    detached(py, move || ops::diff(&a, &b, format).map_err(|e| chain(&e)))
 }
 
 /// The JSON Schema of format v1, as `graphcheck schema` prints it.
 #[pyfunction]
 fn schema() -> PyResult<String> {
-    guarded(|| {
-        let mut s = serde_json::to_string_pretty(&graphcheck::document::schema::json_schema())
-            .map_err(|e| e.to_string())?;
-        s.push('\n');
-        Ok(s)
-    })
+    guarded(|| Ok::<_, String>(ops::schema_text()))
 }
 
 /// What `build_manifest` takes: pools, tensors and owners from the Python registry walk,
@@ -543,7 +426,7 @@ fn build_manifest(
     spec: &Bound<'_, PyAny>,
     walked: Option<Vec<PyRef<'_, Walked>>>,
 ) -> PyResult<String> {
-    let bytes = match Source::extract(spec, Some("<build spec>"))? {
+    let bytes = match source(spec, Some("<build spec>"))? {
         Source::Text { bytes, .. } => bytes,
         Source::Path(p) => std::fs::read(&p).map_err(|e| {
             GraphcheckError::new_err(format!("failed to read {}: {e}", p.display()))
@@ -581,7 +464,7 @@ fn check_path(path: &str) -> PyResult<String> {
 #[pyfunction]
 fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
     detached(py, || {
-        loader::write_atomic(&path, &data)
+        graphcheck::document::load::write_atomic(&path, &data)
             .map_err(|e| format!("failed to write {}: {e}", path.display()))
     })
 }
@@ -715,6 +598,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("EXIT_FINDINGS", graphcheck::exit::FINDINGS)?;
     m.add("EXIT_BAD_INPUT", graphcheck::exit::BAD_INPUT)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(normalized, m)?)?;

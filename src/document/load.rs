@@ -84,6 +84,61 @@ impl Invalid {
     }
 }
 
+/// Where a document comes from: a file, or JSON text in memory (from Python), named for
+/// error messages. Every way in goes through the same parse, version and kind checks.
+#[derive(Clone, Debug)]
+pub enum Source {
+    Path(PathBuf),
+    Text { bytes: Vec<u8>, name: PathBuf },
+}
+
+impl Source {
+    /// What error messages and `diff` call the document.
+    pub fn name(&self) -> &Path {
+        match self {
+            Source::Path(p) => p,
+            Source::Text { name, .. } => name,
+        }
+    }
+
+    /// Parses and checks a manifest, keeping the lookups checking built (for
+    /// [`crate::check::verify::verify_checked`]).
+    pub fn manifest_checked(&self) -> Result<(Manifest, Tables), LoadError> {
+        let path = self.name();
+        let m: Manifest = self.with_bytes(|b| parse_typed(b, path, DocKind::Manifest))?;
+        expect_kind(m.kind, DocKind::Manifest, path)?;
+        let t = check_manifest(&m).map_err(|e| e.in_file(path))?;
+        Ok((m, t))
+    }
+
+    /// Parses and checks a live snapshot, keeping the lookups checking built.
+    pub fn live_checked(&self) -> Result<(Live, Tables), LoadError> {
+        let path = self.name();
+        let l: Live = self.with_bytes(|b| parse_typed(b, path, DocKind::Live))?;
+        expect_kind(l.kind, DocKind::Live, path)?;
+        let t = check_live(&l).map_err(|e| e.in_file(path))?;
+        Ok((l, t))
+    }
+
+    /// Parses and checks either document, by its `kind` (after its `format_version`).
+    pub fn document(&self) -> Result<Document, LoadError> {
+        let path = self.name();
+        self.with_bytes(|bytes| match header(bytes, path)? {
+            DocKind::Live => parse_live(bytes, path).map(Document::Live),
+            _ => parse_manifest(bytes, path).map(Document::Manifest),
+        })
+    }
+
+    /// Runs `f` over the document's bytes; a file's are read, and freed before the caller
+    /// goes on to check what was parsed.
+    fn with_bytes<T>(&self, f: impl FnOnce(&[u8]) -> Result<T, LoadError>) -> Result<T, LoadError> {
+        match self {
+            Source::Path(p) => f(&read(p)?),
+            Source::Text { bytes, .. } => f(bytes),
+        }
+    }
+}
+
 /// Reads and checks a manifest.
 pub fn load_manifest(path: &Path) -> Result<Manifest, LoadError> {
     load_manifest_checked(path).map(|(m, _)| m)
@@ -94,34 +149,19 @@ pub fn load_live(path: &Path) -> Result<Live, LoadError> {
     load_live_checked(path).map(|(l, _)| l)
 }
 
-/// Reads and checks a manifest, keeping the lookups checking built (for
-/// [`crate::check::verify::verify_checked`]).
+/// Reads and checks a manifest, keeping the lookups checking built.
 pub fn load_manifest_checked(path: &Path) -> Result<(Manifest, Tables), LoadError> {
-    let bytes = read(path)?;
-    let m: Manifest = parse_typed(&bytes, path, DocKind::Manifest)?;
-    drop(bytes);
-    expect_kind(m.kind, DocKind::Manifest, path)?;
-    let t = check_manifest(&m).map_err(|e| e.in_file(path))?;
-    Ok((m, t))
+    Source::Path(path.to_path_buf()).manifest_checked()
 }
 
 /// Reads and checks a live snapshot, keeping the lookups checking built.
 pub fn load_live_checked(path: &Path) -> Result<(Live, Tables), LoadError> {
-    let bytes = read(path)?;
-    let l: Live = parse_typed(&bytes, path, DocKind::Live)?;
-    drop(bytes);
-    expect_kind(l.kind, DocKind::Live, path)?;
-    let t = check_live(&l).map_err(|e| e.in_file(path))?;
-    Ok((l, t))
+    Source::Path(path.to_path_buf()).live_checked()
 }
 
 /// Reads and checks either document, by its `kind`.
 pub fn load_document(path: &Path) -> Result<Document, LoadError> {
-    let bytes = read(path)?;
-    match header(&bytes, path)? {
-        DocKind::Live => parse_live(&bytes, path).map(Document::Live),
-        _ => parse_manifest(&bytes, path).map(Document::Manifest),
-    }
+    Source::Path(path.to_path_buf()).document()
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, LoadError> {

@@ -1,0 +1,236 @@
+//! The `graphcheck` command: its arguments and how each command runs. [`main_impl`] is the
+//! whole command line — the Rust binary's `main` calls it, and so does the Python console
+//! script (through `graphcheck._native.main`) — so the two faces print the same bytes and
+//! exit with the same codes by construction.
+
+pub mod ops;
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use graphcheck::check::allow::Allowlist;
+use graphcheck::document::load::{load_document, load_manifest, write_atomic};
+use graphcheck::exit;
+use graphcheck::present::explain::Query;
+use graphcheck::present::normalize::normalized;
+use graphcheck::present::text::summary;
+
+pub use ops::Format;
+
+/// The exit codes, as `--help` lists them (the constants are [`graphcheck::exit`]).
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found
+  1  verify: findings; diff: the documents differ; explain: nothing matched
+  2  bad input or usage: unreadable or invalid document or allowlist, bad flag";
+
+/// Verify that captured CUDA graphs still read the tensors they were captured with.
+#[derive(Parser)]
+#[command(name = "graphcheck", version, about, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a manifest alone (unregistered, unowned, mispooled) or against a live
+    /// snapshot (every finding kind).
+    #[command(after_help = EXIT_CODES)]
+    Verify {
+        /// The manifest recorded at capture.
+        manifest: PathBuf,
+        /// The live snapshot taken after sleep/wake or reload.
+        live: Option<PathBuf>,
+        /// An allowlist (TOML: [[allow]] path, kinds, reason).
+        #[arg(long, value_name = "FILE")]
+        allow: Option<PathBuf>,
+        /// Fail (exit 1) on an allowlist entry that allowed nothing, instead of warning.
+        #[arg(long)]
+        deny_unused_allow: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+        /// Write the report to FILE (atomically) instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does.
+        #[arg(long)]
+        normalized: bool,
+    },
+    /// Trace an address, an owner path or a kernel through the ownership graph.
+    #[command(after_help = EXIT_CODES)]
+    Explain {
+        manifest: PathBuf,
+        /// A device address (0x…) or an owner path (model.layers[0].mlp.w).
+        #[arg(required_unless_present = "kernel", conflicts_with = "kernel")]
+        target: Option<String>,
+        /// Explain every node whose name contains PATTERN.
+        #[arg(long, value_name = "PATTERN")]
+        kernel: Option<String>,
+        /// Print Graphviz DOT instead of text.
+        #[arg(long)]
+        dot: bool,
+        /// Print addresses as symbolic ids.
+        #[arg(long)]
+        normalized: bool,
+    },
+    /// Summarize a manifest or live snapshot.
+    Show {
+        document: PathBuf,
+        /// The stable text snapshot tests store: symbolic addresses, sorted, complete.
+        #[arg(long)]
+        normalized: bool,
+    },
+    /// Compare two documents by owner path (tensor set, registration, layout, digests).
+    #[command(after_help = EXIT_CODES)]
+    Diff {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Print the JSON Schema of format v1 (manifest and live snapshot).
+    Schema,
+}
+
+/// Runs the `graphcheck` command line over `args` (the first is the program name, as in
+/// `std::env::args_os`): parses, runs, prints the report to stdout and errors to stderr,
+/// and returns the exit code ([`graphcheck::exit`]). `--help` and `--version` print and
+/// return 0; a usage error prints clap's message and returns 2.
+pub fn main_impl<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    // The program is `graphcheck` however it was started (a path, `python -m graphcheck`).
+    let mut command = Cli::command().bin_name("graphcheck");
+    let cli = match command
+        .try_get_matches_from_mut(args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout, usage errors to stderr, as clap's `exit` does.
+            let _ = e.print();
+            let _ = std::io::stdout().flush();
+            return if e.use_stderr() {
+                exit::BAD_INPUT
+            } else {
+                exit::OK
+            };
+        }
+    };
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            exit::BAD_INPUT
+        }
+    };
+    // In a Python process nothing flushes at exit on our behalf.
+    let _ = std::io::stdout().flush();
+    code
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+fn emit(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("failed to write to stdout"),
+    }
+}
+
+/// Progress for big inputs, on a terminal only, so CI logs and pipes stay clean.
+fn progress(path: &Path, what: &str) -> Option<Instant> {
+    let big = std::fs::metadata(path).is_ok_and(|m| m.len() > 16 << 20);
+    (big && std::io::stderr().is_terminal()).then(|| {
+        eprintln!("graphcheck: loading {what} {} …", path.display());
+        Instant::now()
+    })
+}
+
+fn done(t: Option<Instant>) {
+    if let Some(t) = t {
+        eprintln!("graphcheck:   done in {:.2} s", t.elapsed().as_secs_f64());
+    }
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Verify {
+            manifest,
+            live,
+            allow,
+            deny_unused_allow,
+            format,
+            output,
+            normalized,
+        } => {
+            let allow = match &allow {
+                Some(p) => Allowlist::load(p)?,
+                None => Allowlist::default(),
+            }
+            .deny_unused(deny_unused_allow);
+            let t = progress(&manifest, "manifest and live snapshot");
+            let v = ops::verify(
+                &ops::source(&manifest),
+                live.as_deref().map(ops::source).as_ref(),
+                &allow,
+            )?;
+            done(t);
+            let text = v.render(format, normalized);
+            match output {
+                Some(p) => write_atomic(&p, text.as_bytes())
+                    .with_context(|| format!("failed to write {}", p.display()))?,
+                None => emit(&text)?,
+            }
+            let ok = v.report.ok;
+            // Freeing millions of records costs time and changes nothing before the
+            // process exits; a Python caller keeps them no longer than this call either.
+            std::mem::forget(v);
+            Ok(if ok { exit::OK } else { exit::FINDINGS })
+        }
+        Command::Explain {
+            manifest,
+            target,
+            kernel,
+            dot,
+            normalized,
+        } => {
+            let m = load_manifest(&manifest)?;
+            let query = match (kernel, target) {
+                (Some(k), _) => Query::Kernel(k),
+                (None, Some(t)) => Query::parse(&t),
+                (None, None) => unreachable!("clap requires one of them"),
+            };
+            let (found, text) = ops::explain_text(&m, &query, dot, normalized);
+            emit(&text)?;
+            Ok(if found { exit::OK } else { exit::FINDINGS })
+        }
+        Command::Show {
+            document,
+            normalized: norm,
+        } => {
+            let d = load_document(&document)?;
+            emit(&if norm { normalized(&d) } else { summary(&d) })?;
+            Ok(exit::OK)
+        }
+        Command::Diff { a, b, format } => {
+            let (same, text) = ops::diff(&ops::source(&a), &ops::source(&b), format)?;
+            emit(&text)?;
+            Ok(if same { exit::OK } else { exit::FINDINGS })
+        }
+        Command::Schema => {
+            emit(&ops::schema_text())?;
+            Ok(exit::OK)
+        }
+    }
+}

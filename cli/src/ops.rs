@@ -1,0 +1,145 @@
+//! The work behind each command, shared by the command line and the Python API
+//! (`graphcheck._native`): load, check, render. Nothing here prints.
+
+use std::path::Path;
+
+use graphcheck::check::allow::Allowlist;
+use graphcheck::check::finding::Report;
+use graphcheck::document::format::{Live, Manifest};
+use graphcheck::document::load::{LoadError, Source, Tables};
+use graphcheck::present::explain::{Query, explain};
+use graphcheck::present::fmt::{AddrFmt, RawAddrs};
+use graphcheck::present::normalize::Symbolizer;
+use graphcheck::present::report::{render_json, render_markdown, render_table};
+use graphcheck::present::text::diff_text;
+
+/// How a report or diff is printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table for terminals and CI logs.
+    Table,
+    /// The report as JSON (versioned: `format_version`).
+    Json,
+    /// Markdown for a CI step summary (`>> $GITHUB_STEP_SUMMARY`).
+    Markdown,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s {
+            "table" => Ok(Format::Table),
+            "json" => Ok(Format::Json),
+            "markdown" => Ok(Format::Markdown),
+            other => Err(format!("format is table, json or markdown, not {other:?}")),
+        }
+    }
+}
+
+/// A verified manifest: the documents and the report, ready to render in any format.
+pub struct Verified {
+    pub manifest: Manifest,
+    pub tables: Tables,
+    pub live: Option<(Live, Tables)>,
+    pub report: Report,
+}
+
+/// Loads the manifest and the live snapshot (on two threads: parsing is most of the work)
+/// and verifies them.
+pub fn verify(
+    manifest: &Source,
+    live: Option<&Source>,
+    allow: &Allowlist,
+) -> Result<Verified, LoadError> {
+    let (m, l) = std::thread::scope(|s| {
+        let live_job = live.map(|l| s.spawn(move || l.live_checked()));
+        let m = manifest.manifest_checked();
+        let l = live_job.map(|j| match j.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        });
+        (m, l)
+    });
+    let (manifest, tables) = m?;
+    let live = l.transpose()?;
+    let report = graphcheck::check::verify::verify_checked(
+        &manifest,
+        &tables,
+        live.as_ref().map(|(l, t)| (l, t)),
+        allow,
+    );
+    Ok(Verified {
+        manifest,
+        tables,
+        live,
+        report,
+    })
+}
+
+impl Verified {
+    /// The report in `format`; with `normalized`, every address (in sentences too) as its
+    /// symbolic id.
+    pub fn render(&self, format: Format, normalized: bool) -> String {
+        let sym = normalized.then(|| Symbolizer::for_manifest(&self.manifest));
+        let fmt: &dyn AddrFmt = match &sym {
+            Some(s) => s,
+            None => &RawAddrs,
+        };
+        let text = match format {
+            Format::Table => render_table(&self.report, fmt),
+            Format::Markdown => render_markdown(&self.report, fmt),
+            Format::Json => render_json(&self.report),
+        };
+        match &sym {
+            Some(s) => s.redact(&text),
+            None => text,
+        }
+    }
+}
+
+/// Explains `query` in a manifest; returns whether anything matched and the text (DOT with
+/// `dot`).
+pub fn explain_text(m: &Manifest, query: &Query, dot: bool, normalized: bool) -> (bool, String) {
+    let sym = normalized.then(|| Symbolizer::for_manifest(m));
+    let fmt: &dyn AddrFmt = match &sym {
+        Some(s) => s,
+        None => &RawAddrs,
+    };
+    let e = explain(m, query, fmt);
+    let text = if dot { e.dot } else { e.text };
+    let text = match &sym {
+        Some(s) => s.redact(&text),
+        None => text,
+    };
+    (e.found, text)
+}
+
+/// Compares two documents by owner path; returns whether they are the same and the text.
+pub fn diff(a: &Source, b: &Source, format: Format) -> Result<(bool, String), LoadError> {
+    let (da, db) = (a.document()?, b.document()?);
+    let r = graphcheck::check::diff::diff(&da, &db);
+    let text = match format {
+        Format::Json => json_text(&r),
+        Format::Table | Format::Markdown => {
+            diff_text(&r, a.name(), b.name(), matches!(format, Format::Markdown))
+        }
+    };
+    Ok((r.same, text))
+}
+
+/// The JSON Schema of the format, as `graphcheck schema` prints it.
+pub fn schema_text() -> String {
+    json_text(&graphcheck::document::schema::json_schema())
+}
+
+/// Pretty JSON with a final newline.
+fn json_text(v: &impl serde::Serialize) -> String {
+    let mut s = serde_json::to_string_pretty(v).expect("a report serializes");
+    s.push('\n');
+    s
+}
+
+/// A path as the loaders take it.
+pub fn source(path: &Path) -> Source {
+    Source::Path(path.to_path_buf())
+}
