@@ -137,8 +137,31 @@ impl Allowlist {
     /// Parses TOML text; the error says where and what.
     pub fn parse(text: &str) -> Result<Allowlist, String> {
         let file: File = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
-        let mut entries = Vec::with_capacity(file.allow.len());
-        for (i, e) in file.allow.into_iter().enumerate() {
+        Allowlist::from_raw(file.allow)
+    }
+
+    /// The entries as data, a JSON array of objects with the keys of a TOML entry (how the
+    /// Python API hands over a list of dicts); errors name the entry and key (`allow[2]`).
+    pub fn from_json(text: &str) -> Result<Allowlist, String> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let raw: Vec<RawEntry> = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let at = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            // serde_json appends " at line L column C" of the generated JSON: not the
+            // caller's text, so left out.
+            let inner = inner.split(" at line ").next().unwrap_or(&inner).to_string();
+            if at == "." {
+                inner
+            } else {
+                format!("allow{}: {inner}", if at.starts_with('[') { at } else { format!(".{at}") })
+            }
+        })?;
+        Allowlist::from_raw(raw)
+    }
+
+    fn from_raw(raw: Vec<RawEntry>) -> Result<Allowlist, String> {
+        let mut entries = Vec::with_capacity(raw.len());
+        for (i, e) in raw.into_iter().enumerate() {
             let patterns: Option<Vec<String>> = match (&e.kernel, &e.kernels) {
                 (Some(k), None) => Some(vec![k.clone()]),
                 (None, Some(ks)) if !ks.is_empty() => Some(ks.clone()),
@@ -266,6 +289,26 @@ impl Allowlist {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_as_data_read_like_toml_and_name_entry_and_key() {
+        let a = Allowlist::from_json(
+            r#"[{"path": "model.**.workspace", "kinds": ["unowned"], "reason": "scratch"},
+                {"kernels": ["gemm*"], "reason": "r"}]"#,
+        )
+        .unwrap();
+        assert_eq!(a.entries.len(), 2);
+        assert_eq!(a.entries[1].describe(), "kernel:gemm*");
+        let e = Allowlist::from_json(r#"[{"path": "a", "reason": "r"}, {"path": "b", "x": 1}]"#)
+            .unwrap_err();
+        assert!(e.starts_with("allow[1].x: unknown field `x`"), "{e}");
+        let e = Allowlist::from_json(r#"[{"path": "a", "kinds": ["nope"], "reason": "r"}]"#)
+            .unwrap_err();
+        assert!(e.starts_with("allow[0].kinds[0]: unknown variant `nope`"), "{e}");
+        let e = Allowlist::from_json(r#"[{"path": "a", "reason": " "}]"#).unwrap_err();
+        assert_eq!(e, "allow[0].reason: every entry says why it is allowed");
+        assert!(Allowlist::from_json("{}").is_err());
+    }
 
     #[test]
     fn parses_entries_and_rejects_bad_ones() {

@@ -54,8 +54,11 @@ pub enum BuildError {
     UnknownTensor(TensorId),
     #[error("no {0} was declared")]
     UnknownPool(PoolId),
-    #[error("the built manifest is inconsistent at `{}`: {}", .0.json_path, .0.message)]
+    #[error("the built document is inconsistent at `{}`: {}", .0.json_path, .0.message)]
     Inconsistent(Invalid),
+    /// A spec handed to a builder refers to something it does not have.
+    #[error("{0}")]
+    Spec(String),
 }
 
 /// Collects pools, tensors, owners and walked graphs; [`ManifestBuilder::finish`] resolves.

@@ -1,8 +1,11 @@
 //! Resolving: what a walker read from captured graphs (raw address words per node) and what
-//! the framework knows (tensor views, owners, pools) resolved into a manifest. GPU-free, so
-//! CI tests it; the CUDA walker and the Python front both feed it.
+//! the framework knows (allocator segments, tensor views, owners, pools) resolved into a
+//! manifest, and the live model into a live snapshot. GPU-free, so CI tests it; the CUDA
+//! walker and the Python front both feed it.
 
 pub mod demangle;
+pub mod facts;
+pub mod live;
 pub mod manifest;
 pub mod signature;
 pub mod walked;

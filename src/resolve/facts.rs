@@ -1,0 +1,105 @@
+//! What a framework knows, as it hands it to the builders: the caching allocator's
+//! segments (with their blocks and pool), the tensor views and owner paths of a registry
+//! walk. Both the manifest and the live snapshot are built in Rust from these facts, so the
+//! lookups (tensor → segment → allocation → pool) are written once.
+
+use serde::{Deserialize, Serialize};
+
+use crate::document::format::{Addr, PoolId, Registration};
+use crate::document::index::IntervalIndex;
+
+/// A pool as the allocator names it (torch's `(a, b)` pool id).
+pub type PoolKey = [i64; 2];
+
+/// One segment of the caching allocator (`torch.cuda.memory_snapshot()`), trimmed to what
+/// the builders read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Segment {
+    pub base: Addr,
+    pub size: u64,
+    /// The pool the segment belongs to (`segment_pool_id`); `[0, 0]` is the default pool.
+    #[serde(default)]
+    pub pool: PoolKey,
+    /// The segment's blocks, in any order.
+    #[serde(default)]
+    pub blocks: Vec<Block>,
+}
+
+/// One block of a segment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Block {
+    pub addr: Addr,
+    pub size: u64,
+    /// Handed out (`active_allocated`); otherwise cached and free.
+    pub active: bool,
+}
+
+/// Which document pool an allocator pool is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolBinding {
+    pub key: PoolKey,
+    pub pool: PoolId,
+}
+
+/// An owner path of a registry walk; `tensor` is a position in the list of tensor specs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OwnerSpec {
+    pub path: String,
+    pub tensor: usize,
+    pub registration: Registration,
+    #[serde(default)]
+    pub holder: Option<String>,
+}
+
+/// The segments, sorted, for "which segment holds this address" and its blocks.
+pub struct SegmentMap<'a> {
+    segments: Vec<&'a Segment>,
+    index: IntervalIndex<usize>,
+    bindings: &'a [PoolBinding],
+}
+
+impl<'a> SegmentMap<'a> {
+    pub fn new(segments: &'a [Segment], bindings: &'a [PoolBinding]) -> SegmentMap<'a> {
+        let segments: Vec<&Segment> = segments.iter().collect();
+        let index = IntervalIndex::new(
+            segments
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.base.0, s.base.0.saturating_add(s.size), i))
+                .collect(),
+        );
+        SegmentMap {
+            segments,
+            index,
+            bindings,
+        }
+    }
+
+    /// The segment holding `addr`, by position in the caller's list.
+    pub fn at(&self, addr: u64) -> Option<(usize, &'a Segment)> {
+        let mut found = None;
+        self.index.stab(addr, |_, _, i| {
+            found.get_or_insert(i);
+        });
+        found.map(|i| (i, self.segments[i]))
+    }
+
+    /// The document pool of a segment, where its allocator pool is bound to one.
+    pub fn pool_of(&self, s: &Segment) -> Option<PoolId> {
+        self.bindings
+            .iter()
+            .find(|b| b.key == s.pool)
+            .map(|b| b.pool)
+    }
+
+    /// Whether `addr` lies in a block the allocator has handed out.
+    pub fn active(s: &Segment, addr: u64) -> bool {
+        s.blocks
+            .iter()
+            .any(|b| b.active && b.addr.0 <= addr && addr - b.addr.0 < b.size)
+    }
+}
