@@ -11,14 +11,31 @@ or as the ``dict`` :func:`json.loads` gives. Every error the core reports is rai
 :class:`GraphcheckError` with the core's message (file and JSON path included).
 """
 
-from __future__ import annotations
-
-import json
-import os
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence, Union
-
-from . import _native
+from ._api import (
+    EXIT_BAD_INPUT,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    FORMAT_VERSION,
+    Allow,
+    Allowed,
+    DiffResult,
+    Document,
+    Finding,
+    KernelRef,
+    Owner,
+    Report,
+    VerificationFailed,
+    __version__,
+    assert_clean,
+    build_manifest,
+    diff,
+    explain,
+    load,
+    normalized,
+    schema,
+    summary,
+    verify,
+)
 from ._native import GraphcheckError
 
 __all__ = [
@@ -42,306 +59,3 @@ __all__ = [
     "summary",
     "verify",
 ]
-
-__version__ = _native.version()
-
-#: The format version this build reads and writes.
-FORMAT_VERSION: int = _native.FORMAT_VERSION
-#: Exit codes of the CLI (API): no finding, findings, bad input or usage.
-EXIT_OK: int = _native.EXIT_OK
-EXIT_FINDINGS: int = _native.EXIT_FINDINGS
-EXIT_BAD_INPUT: int = _native.EXIT_BAD_INPUT
-
-Document = Union[str, bytes, "os.PathLike[str]", Mapping[str, Any]]
-#: An allowlist: a TOML file's path, or entries as dicts (``path`` or ``kernel``, ``reason``, optional
-#: ``kinds``).
-Allow = Union[str, "os.PathLike[str]", Sequence[Mapping[str, Any]]]
-
-
-def _source(doc: Document) -> Union[str, bytes, "os.PathLike[str]"]:
-    """What ``_native`` takes: a mapping becomes JSON text; paths and text pass through."""
-    if isinstance(doc, Mapping):
-        return json.dumps(doc)
-    if isinstance(doc, (str, bytes)) or hasattr(doc, "__fspath__"):
-        return doc
-    raise GraphcheckError(
-        f"expected a document (path, JSON text or dict), got {type(doc).__name__}"
-    )
-
-
-def _toml_string(s: str) -> str:
-    # JSON string escapes are valid TOML basic-string escapes.
-    return json.dumps(s, ensure_ascii=False)
-
-
-def _allow_args(allow: Optional[Allow]) -> dict:
-    if allow is None:
-        return {}
-    if isinstance(allow, (str, os.PathLike)):
-        return {"allow": os.fspath(allow)}
-    lines = []
-    for i, entry in enumerate(allow):
-        unknown = set(entry) - {"path", "kernel", "kernels", "kinds", "reason"}
-        if unknown:
-            raise GraphcheckError(f"allow[{i}]: unknown key(s) {sorted(unknown)}")
-        lines.append("[[allow]]")
-        for key in ("path", "kernel", "reason"):
-            if key in entry:
-                lines.append(f"{key} = {_toml_string(str(entry[key]))}")
-        for key in ("kernels", "kinds"):
-            if key in entry:
-                items = ", ".join(_toml_string(str(k)) for k in entry[key])
-                lines.append(f"{key} = [{items}]")
-    return {"allow_text": "\n".join(lines) + "\n"}
-
-
-def load(doc: Document, expect: Optional[str] = None) -> dict:
-    """Loads and checks a manifest or live snapshot; returns it as a dict.
-
-    ``expect`` (``"manifest"`` or ``"live"``) makes the other kind an error."""
-    _, text = _native.load(_source(doc), expect)
-    return json.loads(text)
-
-
-def normalized(doc: Document) -> str:
-    """The stable text of a document (``graphcheck show --normalized``)."""
-    return _native.normalized(_source(doc))
-
-
-def summary(doc: Document) -> str:
-    """The summary ``graphcheck show`` prints."""
-    return _native.summary(_source(doc))
-
-
-def schema() -> dict:
-    """The JSON Schema of format v1."""
-    return json.loads(_native.schema())
-
-
-def build_manifest(spec: Union[Mapping[str, Any], str]) -> dict:
-    """Builds a manifest from a build spec (producer, pools, pool_ranges, allocations,
-    tensors, owners, and graphs as walkers read them); see ``python/src/lib.rs``."""
-    text = json.dumps(spec) if isinstance(spec, Mapping) else spec
-    return json.loads(_native.build_manifest(text))
-
-
-def explain(
-    manifest: Document,
-    target: Optional[str] = None,
-    *,
-    kernel: Optional[str] = None,
-    dot: bool = False,
-    normalized: bool = False,
-) -> str:
-    """Traces an address (``"0x…"``), an owner path, or with ``kernel`` every node whose
-    name contains it. Returns the text (DOT with ``dot=True``); raises
-    :class:`GraphcheckError` when nothing matched."""
-    found, text = _native.explain(_source(manifest), target, kernel, dot, normalized)
-    if not found:
-        raise GraphcheckError(text.strip() or f"nothing matches {target or kernel!r}")
-    return text
-
-
-@dataclass(frozen=True)
-class DiffResult:
-    """Two documents compared by owner path: ``same`` and the text (or JSON)."""
-
-    same: bool
-    text: str
-
-    def __bool__(self) -> bool:
-        return self.same
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def diff(a: Document, b: Document, *, format: str = "table") -> DiffResult:
-    """Compares two documents by owner path (tensor set, registration, layout, digests)."""
-    same, text = _native.diff(_source(a), _source(b), format)
-    return DiffResult(same, text)
-
-
-@dataclass(frozen=True)
-class Owner:
-    """An owner path a finding names, and how it holds the tensor."""
-
-    path: str
-    registration: str
-
-
-@dataclass(frozen=True)
-class KernelRef:
-    """One node parameter word holding the subject's address."""
-
-    graph: str
-    node: int
-    name: str
-    param: int
-    offset: int
-    addr: str
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One finding of :func:`verify` (the fields of the JSON report; see docs/findings.md)."""
-
-    kind: str
-    subject: str
-    owners: tuple[Owner, ...]
-    graphs: tuple[str, ...]
-    kernels: tuple[KernelRef, ...]
-    detail: str
-    #: ``"error"`` fails the run; ``"warning"`` (an unused allowlist entry, unless
-    #: ``deny_unused_allow``) is shown but leaves the report ``ok``.
-    severity: str = "error"
-    new_owners: tuple[str, ...] = ()
-    dtype: Optional[str] = None
-    shape: Optional[tuple[int, ...]] = None
-    stride: Optional[tuple[int, ...]] = None
-    captured_addr: Optional[str] = None
-    live_addr: Optional[str] = None
-    pool: Optional[str] = None
-    alloc_site: tuple[dict, ...] = ()
-
-    @classmethod
-    def from_json(cls, f: Mapping[str, Any]) -> "Finding":
-        tup = lambda v: tuple(v) if v is not None else None  # noqa: E731
-        return cls(
-            kind=f["kind"],
-            subject=f["subject"],
-            owners=tuple(Owner(o["path"], o["registration"]) for o in f.get("owners", [])),
-            graphs=tuple(f.get("graphs", [])),
-            kernels=tuple(KernelRef(**k) for k in f.get("kernels", [])),
-            detail=f.get("detail", ""),
-            severity=f.get("severity", "error"),
-            new_owners=tuple(f.get("new_owners", [])),
-            dtype=f.get("dtype"),
-            shape=tup(f.get("shape")),
-            stride=tup(f.get("stride")),
-            captured_addr=f.get("captured_addr"),
-            live_addr=f.get("live_addr"),
-            pool=f.get("pool"),
-            alloc_site=tuple(f.get("alloc_site", [])),
-        )
-
-
-@dataclass(frozen=True)
-class Allowed:
-    """A finding an allowlist entry silenced."""
-
-    finding: Finding
-    allowed_by: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Report:
-    """What :func:`verify` found. ``str(report)`` is the table the CLI prints. ``ok``: no
-    finding of severity ``"error"``; ``findings`` holds the warnings too."""
-
-    ok: bool
-    findings: tuple[Finding, ...]
-    allowed: tuple[Allowed, ...]
-    checked: tuple[str, ...]
-    summary: Mapping[str, int]
-    subjects: int
-    graphs: int
-    json: str = field(repr=False)
-    table: str = field(repr=False)
-    markdown: str = field(repr=False)
-    #: Nodes whose addresses the walk could not read: what they hold was not checked.
-    unread_nodes: int = 0
-
-    @classmethod
-    def _from_native(cls, ok: bool, text: str, table: str, markdown: str) -> "Report":
-        r = json.loads(text)
-        return cls(
-            ok=ok,
-            findings=tuple(Finding.from_json(f) for f in r["findings"]),
-            allowed=tuple(
-                Allowed(Finding.from_json(a["finding"]), a["allowed_by"], a["reason"])
-                for a in r["allowed"]
-            ),
-            checked=tuple(r["checked"]),
-            summary=dict(r["summary"]),
-            subjects=r["subjects"],
-            graphs=r["graphs"],
-            unread_nodes=r.get("unread_nodes", 0),
-            json=text,
-            table=table,
-            markdown=markdown,
-        )
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    def __str__(self) -> str:
-        return self.table
-
-    @property
-    def errors(self) -> list[Finding]:
-        """The findings that fail the run."""
-        return [f for f in self.findings if f.severity == "error"]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        """The findings shown that do not fail the run (an unused allowlist entry)."""
-        return [f for f in self.findings if f.severity == "warning"]
-
-    def of_kind(self, kind: str) -> list[Finding]:
-        """The findings of one kind."""
-        return [f for f in self.findings if f.kind == kind]
-
-    def recapture(self) -> list[str]:
-        """Every graph some finding names, sorted: what to recapture."""
-        return sorted({g for f in self.findings for g in f.graphs})
-
-
-def verify(
-    manifest: Document,
-    live: Optional[Document] = None,
-    allow: Optional[Allow] = None,
-    *,
-    normalized: bool = False,
-    deny_unused_allow: bool = False,
-) -> Report:
-    """Verifies a manifest alone (capture-time checks) or against a live snapshot (every
-    kind), under an optional allowlist. ``normalized`` prints addresses as symbolic ids.
-
-    An allowlist entry that allowed nothing is an ``unused_allow`` finding of severity
-    ``"warning"``: shown, but the report stays ``ok``. ``deny_unused_allow=True`` makes it
-    an error, as ``graphcheck verify --deny-unused-allow`` does."""
-    out = _native.verify(
-        _source(manifest),
-        None if live is None else _source(live),
-        normalized=normalized,
-        deny_unused_allow=bool(deny_unused_allow),
-        **_allow_args(allow),
-    )
-    return Report._from_native(*out)
-
-
-class VerificationFailed(GraphcheckError, AssertionError):
-    """Raised by :func:`assert_clean`: the message is the report's table; ``.report`` is
-    the :class:`Report`. An ``AssertionError`` too, so test runners show it as a failed
-    assertion."""
-
-    def __init__(self, report: Report):
-        super().__init__(report.table)
-        self.report = report
-
-
-def assert_clean(
-    manifest: Document,
-    live: Optional[Document] = None,
-    allow: Optional[Allow] = None,
-    *,
-    deny_unused_allow: bool = False,
-) -> Report:
-    """Verifies and raises :class:`VerificationFailed` unless the report is ``ok`` (no
-    finding but warnings; with ``deny_unused_allow``, an unused allowlist entry fails too)."""
-    report = verify(manifest, live, allow, deny_unused_allow=deny_unused_allow)
-    if not report.ok:
-        raise VerificationFailed(report)
-    return report

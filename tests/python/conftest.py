@@ -95,7 +95,7 @@ def kernel(index, name, *tensors_or_addrs, param_offsets=None):
 
 
 def walked(*nodes):
-    """A WalkedGraph (src/build.rs) of the given nodes, as JSON text."""
+    """A WalkedGraph (the core's walked-graph type) of the given nodes, as JSON text."""
     return json.dumps(
         {"node_counts": {"kernel": len(nodes)}, "unread": [], "nodes": list(nodes)}
     )

@@ -10,10 +10,12 @@ import json
 import pytest
 
 import graphcheck
+import graphcheck._recorder
 import graphcheck.torch as gt
+from graphcheck import _native
 from conftest import kernel, walked
 
-#: The demangled name of torch's dropout kernel (src/build.rs has the mangled one): its
+#: The demangled name of torch's dropout kernel (the core's tests have the mangled one): its
 #: parameter 5 is an `at::PhiloxCudaState`, whose words 0 and 8 are torch's RNG state.
 DROPOUT = (
     "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4, bool>"
@@ -41,20 +43,20 @@ def node(index, name, *words):
 
 def native(*nodes):
     """A walked graph held on the Rust side, as the capture path has it."""
-    return gt._native.Walked.from_json(walked(*nodes))
+    return _native.Walked.from_json(walked(*nodes))
 
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts the registry walks (beside the recorder's own ``walks``)."""
+    """Counts the recorder's registry walks (beside its own ``walks``)."""
     calls = []
-    real = gt.walk_roots
+    real = graphcheck._recorder.walk_roots
 
     def spy(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gt, "walk_roots", spy)
+    monkeypatch.setattr(graphcheck._recorder, "walk_roots", spy)
     return calls
 
 
@@ -195,7 +197,7 @@ def test_a_new_tensor_where_a_dead_one_was_is_walked_and_owned_apart(torch, coun
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the core merges views by address and layout (src/build.rs add_tensor) and resolves "
+    reason="the core merges views by address and layout (ManifestBuilder::add_tensor) and resolves "
     "an address to one tensor for every graph, and verify takes an equal (base, size) for the "
     "same storage: model.a and model.b become one tensor with two owners, and bs1's reused is silent",
 )
@@ -291,7 +293,7 @@ def test_known_ranges_are_checked_natively():
 def test_an_empty_graph_records_and_verifies_clean(torch):
     model = make_model(torch)
     rec = gt.Recorder(model)
-    empty = gt._native.Walked.from_json('{"node_counts": {}, "unread": [], "nodes": []}')
+    empty = _native.Walked.from_json('{"node_counts": {}, "unread": [], "nodes": []}')
     assert len(empty) == 0 and empty.words == 0
     rec.add_graph("warmup", empty)
     m = rec.manifest()
@@ -328,7 +330,7 @@ def fake_capture(torch, monkeypatch):
     the walker by ``walks[0]``: a Walked, or an exception to raise."""
     import contextlib
 
-    walks = [gt._native.Walked.from_json(walked())]
+    walks = [_native.Walked.from_json(walked())]
 
     @contextlib.contextmanager
     def fake_graph(g, pool=None, stream=None, capture_error_mode="global"):
@@ -341,7 +343,7 @@ def fake_capture(torch, monkeypatch):
         return walks[0]
 
     monkeypatch.setattr(torch.cuda, "graph", fake_graph)
-    monkeypatch.setattr(gt._native, "walk", walk, raising=False)
+    monkeypatch.setattr(_native, "walk", walk, raising=False)
     return walks
 
 

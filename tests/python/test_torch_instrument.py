@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 import graphcheck
+import graphcheck._recorder
 import graphcheck.torch as gt
+from graphcheck import _native
 from conftest import kernel, walked
 
 
@@ -90,8 +92,8 @@ def fake(torch, monkeypatch):
     WALKS = Walks()
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
     monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
-    monkeypatch.setattr(gt._native, "walk_graph", WALKS, raising=False)
-    monkeypatch.setattr(gt._native, "walk", lambda h: gt._native.Walked.from_json(WALKS(h)), raising=False)
+    monkeypatch.setattr(_native, "walk_graph", WALKS, raising=False)
+    monkeypatch.setattr(_native, "walk", lambda h: _native.Walked.from_json(WALKS(h)), raising=False)
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", gt.ENV_DIR):
         monkeypatch.delenv(var, raising=False)
     yield WALKS
@@ -159,13 +161,13 @@ def test_keep_graph_asked_by_the_caller_is_left_to_the_caller(torch, fake):
 def test_manifest_rewritten_atomically_after_every_capture(torch, fake, tmp_path, monkeypatch):
     model = make_model(torch)
     writes = []
-    real = gt._native.write_atomic
+    real = _native.write_atomic
 
     def spy(path, data):
         writes.append((os.fspath(path), len(json.loads(data)["graphs"])))
         real(path, data)
 
-    monkeypatch.setattr(gt._native, "write_atomic", spy)
+    monkeypatch.setattr(_native, "write_atomic", spy)
     ins = gt.instrument(tmp_path, model=model)
     for _ in range(3):
         capture(torch, model)
@@ -177,13 +179,13 @@ def test_manifest_rewritten_atomically_after_every_capture(torch, fake, tmp_path
 def test_write_every_batches_rewrites_and_stopping_flushes_the_rest(torch, fake, tmp_path, monkeypatch):
     model = make_model(torch)
     writes = []
-    real = gt._native.write_atomic
+    real = _native.write_atomic
 
     def spy(path, data):
         writes.append(len(json.loads(data)["graphs"]))
         real(path, data)
 
-    monkeypatch.setattr(gt._native, "write_atomic", spy)
+    monkeypatch.setattr(_native, "write_atomic", spy)
     ins = gt.instrument(tmp_path, model=model, write_every=2)
     for _ in range(5):
         capture(torch, model)
@@ -313,12 +315,12 @@ def test_a_failed_owner_walk_keeps_the_graph_and_says_so(torch, fake, monkeypatc
     ins = gt.instrument(model=model)
     capture(torch, model)
     model.workspace = torch.zeros(16)  # new: the next capture walks
-    real = gt.walk_roots
+    real = graphcheck._recorder.walk_roots
 
     def broken(*args, **kwargs):
         raise RuntimeError("the walk broke")
 
-    monkeypatch.setattr(gt, "walk_roots", broken)
+    monkeypatch.setattr(graphcheck._recorder, "walk_roots", broken)
     WALKS.next = walked(kernel(0, "marlin", model.proj.weight, model.workspace))
     g = torch.cuda.CUDAGraph()
     stale = r"^graphcheck: graph 'capture1' was recorded, but .*the walk broke.*may be stale"
@@ -329,7 +331,7 @@ def test_a_failed_owner_walk_keeps_the_graph_and_says_so(torch, fake, monkeypatc
     assert ins.captures == 2 and len(ins.errors) == 1
     assert isinstance(ins.errors[0], graphcheck.GraphcheckError)
     assert isinstance(ins.errors[0].__cause__, RuntimeError)
-    monkeypatch.setattr(gt, "walk_roots", real)
+    monkeypatch.setattr(graphcheck._recorder, "walk_roots", real)
     m = ins.manifest()  # walks again: the owners are current once more
     assert [gr["name"] for gr in m["graphs"]] == ["capture0", "capture1"]
     assert ins.recorder.walks == 2

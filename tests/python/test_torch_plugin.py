@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 import graphcheck.torch as gt
+from graphcheck import _native
 
 
 class FakeCUDAGraph:
@@ -57,8 +58,8 @@ def fake_walk(handle):
 def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
     monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
-    monkeypatch.setattr(gt._native, "walk_graph", fake_walk, raising=False)
-    monkeypatch.setattr(gt._native, "walk", lambda h: gt._native.Walked.from_json(fake_walk(h)), raising=False)
+    monkeypatch.setattr(_native, "walk_graph", fake_walk, raising=False)
+    monkeypatch.setattr(_native, "walk", lambda h: _native.Walked.from_json(fake_walk(h)), raising=False)
 
 
 @pytest.fixture

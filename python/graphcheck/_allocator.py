@@ -1,0 +1,183 @@
+"""What graphcheck reads from torch's process state besides the model: the caching
+allocator's segments and blocks (``torch.cuda.memory_snapshot()``: pools, free blocks,
+allocation sites where memory history is on) and the ``producer`` block of a document.
+The recorder (:mod:`graphcheck._recorder`) and the live snapshot
+(:mod:`graphcheck._snapshot`) both read them here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+from ._api import __version__
+from ._registry import _torch
+
+
+def _producer(overrides: Optional[Mapping[str, Any]] = None) -> dict:
+    torch = _torch()
+    p: dict = {
+        "tool": "graphcheck.torch",
+        "tool_version": __version__,
+        "framework": f"torch {torch.__version__}",
+        "rank": 0,
+        "world_size": 1,
+    }
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        p["rank"], p["world_size"] = dist.get_rank(), dist.get_world_size()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        p["gpu"] = torch.cuda.get_device_name()
+    p.update(overrides or {})
+    return p
+
+
+def _pool_key(pool_id) -> tuple:
+    """A torch pool id (``(a, b)``, a ``MemPool``, a graph pool handle) as a tuple."""
+    pid = getattr(pool_id, "id", pool_id)
+    return tuple(int(x) for x in pid)
+
+
+@dataclass
+class _Segment:
+    base: int
+    size: int
+    pool: tuple
+    blocks: list  # (address, size, state), by address
+
+
+def _memory_segments() -> list:
+    """``torch.cuda.memory_snapshot()``: the caching allocator's segments as torch gives
+    them (blocks with their ``frames`` where memory history is on); [] where CUDA is not in
+    use. Called once per :meth:`Recorder.build_spec` and per :func:`snapshot`: the segments
+    serve pool attribution, probes and allocation sites alike."""
+    torch = _torch()
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    try:  # torch >= 2.13 can leave the trace ring out (cheaper); older takes no argument
+        return torch.cuda.memory_snapshot(include_traces=False)
+    except TypeError:
+        return torch.cuda.memory_snapshot()
+
+
+#: Frames kept per allocation site, innermost first.
+ALLOC_SITE_FRAMES = 16
+
+
+def _torch_dir() -> str:
+    torch = _torch()
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def _python_frames(frames: list) -> list:
+    """A block's frames as format ``Frame`` dicts, innermost first: the Python ones (those
+    of ``_record_memory_history(stacks="all")`` from C++ are dropped where Python frames
+    exist), without the innermost ones inside torch itself (``Module._apply`` of a
+    ``.cuda()``, ``nn.Linear.__init__``: the caller's line is the site), at most
+    :data:`ALLOC_SITE_FRAMES`."""
+    out = []
+    for f in frames:
+        name = str(f.get("filename", ""))
+        out.append(
+            (
+                name.endswith(".py") or name.startswith("<"),
+                {"filename": name, "line": max(0, int(f.get("line", 0))), "name": str(f.get("name", ""))},
+            )
+        )
+    python = [f for is_py, f in out if is_py] or [f for _, f in out]
+    inside = _torch_dir()
+    first = 0
+    while first < len(python) - 1 and python[first]["filename"].startswith(inside):
+        first += 1
+    return python[first : first + ALLOC_SITE_FRAMES]
+
+
+class _AllocSites:
+    """Allocation sites by address, from the blocks of allocator segments that carry
+    ``frames`` (``torch.cuda.memory._record_memory_history`` on); empty otherwise, and then
+    free to query."""
+
+    def __init__(self, segments: list):
+        blocks = []
+        for s in segments:
+            for b in s.get("blocks", []):
+                if b.get("frames"):
+                    blocks.append((b["address"], b["size"], b["frames"]))
+        blocks.sort(key=lambda b: b[0])
+        self.blocks = blocks
+        self.starts = [b[0] for b in blocks]
+        self.cache: dict = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.blocks)
+
+    def at(self, addr: int) -> list:
+        """The frames of the block holding ``addr`` ([] where none is known)."""
+        if not self.blocks:
+            return []
+        block = _find(self.blocks, self.starts, addr)
+        if block is None:
+            return []
+        key = block[0]
+        if key not in self.cache:
+            self.cache[key] = _python_frames(block[2])
+        return self.cache[key]
+
+    def annotate(self, specs: list, records: list) -> None:
+        """Sets ``alloc_site`` on each ``TensorSpec`` (``specs[i]`` of ``records[i]``)."""
+        if not self.blocks:
+            return
+        for spec, rec in zip(specs, records):
+            site = self.at(rec.storage_base)
+            if site:
+                spec["alloc_site"] = site
+
+
+def _cuda_segments(raw: Optional[list] = None) -> list:
+    """The caching allocator's segments, sorted by address; [] where CUDA is not in use.
+    ``raw`` is :func:`_memory_segments`' result where the caller already has it."""
+    out = []
+    for s in _memory_segments() if raw is None else raw:
+        blocks = sorted((b["address"], b["size"], b["state"]) for b in s.get("blocks", []))
+        out.append(
+            _Segment(s["address"], s["total_size"], tuple(s.get("segment_pool_id", (0, 0))), blocks)
+        )
+    out.sort(key=lambda s: s.base)
+    return out
+
+
+def _pool_segments(keys: Iterable[tuple]) -> list:
+    """``(base, size)`` of the caching allocator's segments in the pools ``keys``, sorted.
+    One snapshot per pool where torch takes a pool id (cheap: a graph pool has few
+    segments); else one snapshot of every segment, filtered."""
+    torch = _torch()
+    keys = set(keys)
+    found = set()
+    try:
+        for key in keys:
+            try:
+                segs = torch.cuda.memory_snapshot(mempool_id=key, include_traces=False)
+            except TypeError:  # torch < 2.13 has no include_traces
+                segs = torch.cuda.memory_snapshot(mempool_id=key)
+            for s in segs:
+                if tuple(s.get("segment_pool_id", key)) == key:
+                    found.add((s["address"], s["total_size"]))
+    except Exception:  # noqa: BLE001 - no per-pool snapshot in this torch
+        found = {
+            (s["address"], s["total_size"])
+            for s in _memory_segments()
+            if tuple(s.get("segment_pool_id", (0, 0))) in keys
+        }
+    return sorted(found)
+
+
+def _find(ranges: list, starts: list, addr: int):
+    """The range (``.base``/``.size`` or a ``(base, size, …)`` tuple) holding ``addr``."""
+    i = bisect.bisect_right(starts, addr) - 1
+    if i < 0:
+        return None
+    r = ranges[i]
+    base, size = (r.base, r.size) if isinstance(r, _Segment) else (r[0], r[1])
+    return r if base <= addr < base + size else None

@@ -1,0 +1,424 @@
+"""Instrumentation: record every CUDA graph capture of the process with no change to the
+engine's code (:func:`instrument`, :func:`register_model`). ``torch.cuda.CUDAGraph`` is
+patched with a subclass that keeps the graph template and records at ``capture_end``.
+
+The process-wide state (the live instrumentations, the roots named before any, what the
+patch replaced, and the lock over them) lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import weakref
+from typing import Callable, Iterable, Optional, Union
+
+from . import _native
+from ._native import GraphcheckError
+from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
+from ._registry import _torch
+from ._walk import DEFAULT_MAX_DEPTH
+
+#: The environment variable that turns :func:`instrument` on for a whole process tree.
+ENV_DIR = "GRAPHCHECK_DIR"
+
+# Roots register_model() named while no instrumentation was on: the next instrument()
+# takes them. (root, object or weak reference)
+_PENDING_ROOTS: list = []
+# The live instrumentations, in order; the patch stays while any is live.
+_ACTIVE: list = []
+# (module, attribute, original) of what the patch replaced.
+_PATCHED: list = []
+_LOCK = threading.RLock()
+
+
+_NOT_WRITTEN = "the manifest was not written (the captures are kept; the next write retries)"
+
+
+def _warn(message: str) -> None:
+    """Warns with a ``RuntimeWarning`` that never raises: this runs inside the engine's
+    ``capture_end``. Where the filters turn the warning into an error (``-W error``,
+    pytest's ``filterwarnings = error``), it is shown instead, through
+    ``warnings.showwarning`` (which pytest records); the filters' ``ignore`` still holds."""
+    import sys
+    import warnings
+
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    except Exception:  # noqa: BLE001 - the warning as an error: never into the engine
+        try:
+            frame = sys._getframe(3)
+            where = (frame.f_code.co_filename, frame.f_lineno)
+        except ValueError:
+            where = (__file__, 0)
+        try:
+            warnings.showwarning(RuntimeWarning(message), RuntimeWarning, *where)
+        except Exception:  # noqa: BLE001 - nowhere to show it: it is in `errors`
+            pass
+
+
+def _rank_and_world() -> tuple:
+    """This process's rank and world size: torch.distributed where initialized, else the
+    launcher's environment (RANK, else LOCAL_RANK; WORLD_SIZE), else (0, 1)."""
+    torch = _torch()
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a half-initialized process group: use the env
+        pass
+    for var in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            rank = int(value)
+            world = os.environ.get("WORLD_SIZE", "")
+            world = int(world) if world.strip().isdigit() else rank + 1
+            return rank, max(world, rank + 1)
+    return 0, 1
+
+
+def _force_keep_graph(args: tuple, kwargs: dict) -> tuple:
+    """``CUDAGraph(...)``'s arguments with ``keep_graph=True``, and what the caller asked."""
+    kwargs = dict(kwargs)
+    if args:
+        asked = bool(args[0])
+        args = (True,) + tuple(args[1:])
+    else:
+        asked = bool(kwargs.pop("keep_graph", False))
+        args = (True,)
+    return args, kwargs, asked
+
+
+def _instrumented_class(base: type) -> type:
+    """A subclass of ``base`` (``torch.cuda.CUDAGraph``) that keeps the graph template,
+    records every capture at ``capture_end`` and then instantiates as ``base`` would have.
+
+    ``__new__`` and ``__init__`` both pass ``keep_graph=True``: torch's ``CUDAGraph.__new__``
+    takes it for the Python side and the C++ ``_CUDAGraph.__init__`` for the graph itself
+    (seen on the H200; passing it to one alone is not enough)."""
+
+    class CUDAGraph(base):
+        __doc__ = base.__doc__
+        _graphcheck_base = base
+
+        def __new__(cls, *args, **kwargs):
+            args, kwargs, _ = _force_keep_graph(args, kwargs)
+            parent = super().__new__
+            if parent is object.__new__:
+                return parent(cls)
+            return parent(cls, *args, **kwargs)
+
+        def __init__(self, *args, **kwargs):
+            args, kwargs, asked = _force_keep_graph(args, kwargs)
+            super().__init__(*args, **kwargs)
+            # keep_graph=True asked by the caller: they instantiate (or replay does).
+            self._graphcheck_keep = asked
+            self._graphcheck_pool = None
+
+        def capture_begin(self, *args, **kwargs):
+            pool = args[0] if args else kwargs.get("pool")
+            self._graphcheck_pool = pool
+            return super().capture_begin(*args, **kwargs)
+
+        def capture_end(self):
+            super().capture_end()
+            try:
+                _on_capture(self)
+            finally:
+                if not getattr(self, "_graphcheck_keep", False):
+                    self.instantiate()
+
+    CUDAGraph.__qualname__ = f"graphcheck.{base.__qualname__}"
+    return CUDAGraph
+
+
+def _on_capture(cuda_graph) -> None:
+    with _LOCK:
+        sinks = list(_ACTIVE)
+    if not sinks:
+        return
+    pool = getattr(cuda_graph, "_graphcheck_pool", None)
+    if pool is None:
+        try:
+            pool = cuda_graph.pool()
+        except Exception:  # noqa: BLE001 - a graph without a pool: none recorded
+            pool = None
+    try:
+        walked = _walk_graph(cuda_graph.raw_cuda_graph())
+    except BaseException as e:  # noqa: BLE001 - reported by each sink
+        if _fatal(e):
+            raise
+        for sink in sinks:
+            sink._failed(e)
+        return
+    for sink in sinks:
+        sink._record(walked, pool)
+
+
+class Instrumentation:
+    """What :func:`instrument` returns: the recorder every capture of the process goes
+    into, and the manifest file it writes (``path``, ``None`` until the first capture or
+    without a directory). A context manager: leaving it uninstruments."""
+
+    def __init__(
+        self,
+        directory,
+        *,
+        name: Union[str, Callable[[int], str]],
+        strict: bool,
+        recorder_args: dict,
+        write_every: int = 1,
+    ):
+        if write_every < 1:
+            raise GraphcheckError(f"write_every must be at least 1, not {write_every}")
+        self.directory = None if directory is None else os.fspath(directory)
+        #: Rewrite the manifest after every this many captures (and at exit): rebuilding it
+        #: costs more as graphs accumulate, and an engine may capture dozens.
+        self.write_every = write_every
+        self._unwritten = 0
+        self.name = name
+        self.strict = strict
+        self._recorder_args = recorder_args
+        self.recorder = Recorder(None, **recorder_args)
+        self.path: Optional[str] = None
+        #: Captures recorded, and errors met (when not ``strict``), in this process.
+        self.captures = 0
+        self.errors: list = []
+        self._pid = os.getpid()
+
+    # Recording ----------------------------------------------------------------------
+
+    def _fork_check(self) -> None:
+        """A forked child starts its own manifest: the parent's graphs are not its own."""
+        if os.getpid() != self._pid:
+            roots = self.recorder._roots
+            self.recorder = Recorder(None, **self._recorder_args)
+            self.recorder._roots = list(roots)
+            self.path, self.captures, self.errors, self._pid = None, 0, [], os.getpid()
+
+    def _graph_name(self) -> str:
+        if callable(self.name):
+            return str(self.name(self.captures))
+        return self.name.format(index=self.captures, pid=os.getpid())
+
+    def _record(self, walked, pool) -> None:
+        # A graph the recorder took counts as recorded even where what follows fails (its
+        # owners' walk, the write): the warning says what was lost, and no more.
+        later: list = []
+        try:
+            with _LOCK:
+                self._fork_check()
+                try:
+                    self.recorder.add_graph(self._graph_name(), walked, pool=pool)
+                except _OwnersNotCurrent as e:
+                    later.append((e, str(e)))
+                self.captures += 1
+                self._unwritten += 1
+                if self.directory is not None and self._unwritten >= self.write_every:
+                    try:
+                        self.write()
+                    except BaseException as e:  # noqa: BLE001 - a panic too
+                        if _fatal(e):
+                            raise
+                        later.append((e, f"{_NOT_WRITTEN}: {e}"))
+        except BaseException as e:  # noqa: BLE001 - a panic too, never into the engine
+            if _fatal(e):
+                raise
+            self._failed(e)
+        for e, message in later:
+            self._failed(e, message)
+
+    def _failed(self, e: BaseException, message: Optional[str] = None) -> None:
+        """Keeps a recording failure in :attr:`errors` and warns (``strict``: raises it).
+        ``message`` says what was lost (default: the capture, for ``e``)."""
+        if self.strict:
+            raise e
+        self.errors.append(e)
+        _warn(f"graphcheck: {message or f'a capture was not recorded: {e}'}")
+
+    # Output -------------------------------------------------------------------------
+
+    def manifest_path(self) -> Optional[str]:
+        """``<directory>/graphcheck-<rank>-<pid>.json`` (fixed at the first write)."""
+        if self.path is None and self.directory is not None:
+            rank, _ = _rank_and_world()
+            self.path = os.path.join(self.directory, f"graphcheck-{rank}-{os.getpid()}.json")
+        return self.path
+
+    def manifest_json(self) -> str:
+        """The manifest of every capture recorded so far in this process, as JSON text."""
+        with _LOCK:
+            self._fork_check()
+            rank, world = _rank_and_world()
+            self.recorder.producer.setdefault("rank", rank)
+            self.recorder.producer.setdefault("world_size", world)
+            return self.recorder.manifest_json()
+
+    def manifest(self) -> dict:
+        """The manifest of every capture recorded so far in this process."""
+        return json.loads(self.manifest_json())
+
+    def write(self, path=None) -> str:
+        """Writes the manifest atomically (to ``path``, or :meth:`manifest_path`); returns
+        the path."""
+        target = os.fspath(path) if path is not None else self.manifest_path()
+        if target is None:
+            raise GraphcheckError("instrument() has no directory: pass write() a path")
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        # Compact JSON straight from the core: no Python parse and dump after every capture.
+        _native.write_atomic(target, self.manifest_json().encode())
+        if path is None:
+            self._unwritten = 0
+        return target
+
+    def flush(self) -> Optional[str]:
+        """Writes the manifest if captures were recorded since the last write (with a
+        directory); returns the path written, if any. Runs at interpreter exit, and when
+        the instrumentation stops."""
+        if self.directory is None or self._unwritten == 0 or os.getpid() != self._pid:
+            return None
+        try:
+            return self.write()
+        except BaseException as e:  # noqa: BLE001 - reported like a failed recording
+            if _fatal(e):
+                raise
+            self._failed(e, f"{_NOT_WRITTEN}: {e}")
+            return None
+
+    def register_model(self, model, root: str = "model") -> None:
+        """Adds a root to this instrumentation's walks (held weakly); a root of the same
+        name is replaced (a model loaded again)."""
+        with _LOCK:
+            rec = self.recorder
+            rec._roots = [(r, x) for r, x in rec._roots if r != root]
+            if rec.root == root:
+                rec.model = None
+            rec.add_root(model, root, weak=True)
+
+    def close(self) -> None:
+        """Stops this instrumentation; the patch goes when no other is live."""
+        uninstrument(self)
+
+    def __enter__(self) -> "Instrumentation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _patch_torch() -> None:
+    torch = _torch()
+    if _PATCHED:
+        return
+    graphs = getattr(torch.cuda, "graphs", None)
+    base = torch.cuda.CUDAGraph
+    cls = _instrumented_class(base)
+    for module in (torch.cuda, graphs):
+        if module is not None and getattr(module, "CUDAGraph", None) is base:
+            _PATCHED.append((module, "CUDAGraph", base))
+            setattr(module, "CUDAGraph", cls)
+
+
+def _unpatch_torch() -> None:
+    while _PATCHED:
+        module, attr, original = _PATCHED.pop()
+        setattr(module, attr, original)
+
+
+def instrument(
+    directory=None,
+    *,
+    model=None,
+    root: str = "model",
+    name: Union[str, Callable[[int], str]] = "capture{index}",
+    digests: Union[bool, str] = False,
+    runtime_state: Iterable[str] = (),
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    strict: bool = False,
+    write_every: int = 1,
+) -> Instrumentation:
+    """Records every CUDA graph capture of the process, with no change to the engine's
+    code: ``torch.cuda.CUDAGraph`` (and ``torch.cuda.graphs.CUDAGraph``) become a subclass
+    that keeps the graph template (``keep_graph=True``), walks it at ``capture_end`` and
+    then instantiates it, so ``with torch.cuda.graph(g, pool=pool):`` and direct
+    ``capture_begin``/``capture_end`` callers work unchanged. Code that bound the class
+    before (``from torch.cuda import CUDAGraph``) is not reached: instrument first.
+
+    ``directory`` (default: ``$GRAPHCHECK_DIR``; ``None`` keeps the manifest in memory)
+    receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
+    rewritten atomically after every capture, so a crash loses nothing. ``name`` names the
+    graphs: a format string with ``{index}`` (and ``{pid}``) or a callable of the index.
+
+    Owners: a capture has no model argument. ``model`` (under ``root``) and every
+    :func:`register_model` root are walked at the first capture, again after a root is
+    added, and again at any capture that reads an address the recorder cannot explain
+    without a walk (:class:`Recorder`); without any, graphs are recorded with no owners and
+    every address they hold is bare (``unowned`` at verify). A recording failure warns (``RuntimeWarning``) and is
+    kept in ``errors``; the capture itself always completes. ``strict=True`` raises
+    instead. ``write_every=N`` rewrites the file after every N captures instead of every
+    one (an engine capturing dozens of graphs pays the rebuild N times less); what is left
+    is written when the instrumentation stops and at interpreter exit. Returns the
+    :class:`Instrumentation`; :func:`uninstrument` restores torch."""
+    if directory is None:
+        directory = os.environ.get(ENV_DIR) or None
+    ins = Instrumentation(
+        directory,
+        name=name,
+        strict=strict,
+        recorder_args=dict(digests=digests, runtime_state=runtime_state, max_depth=max_depth),
+        write_every=write_every,
+    )
+    atexit.register(ins.flush)
+    with _LOCK:
+        for r, ref in _PENDING_ROOTS:
+            obj = ref() if isinstance(ref, weakref.ref) else ref
+            if obj is not None and (model is None or r != root):
+                ins.register_model(obj, r)
+        if model is not None:
+            ins.register_model(model, root)
+        _patch_torch()
+        _ACTIVE.append(ins)
+    return ins
+
+
+def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
+    """Stops one instrumentation (or, without an argument, all of them) and, when none is
+    left, restores ``torch.cuda.CUDAGraph``. Graphs made meanwhile keep working (they are
+    instances of the subclass, which keeps instantiating them)."""
+    with _LOCK:
+        stopping = list(_ACTIVE) if instrumentation is None else [instrumentation]
+    for ins in stopping:
+        ins.flush()
+    with _LOCK:
+        if instrumentation is None:
+            _ACTIVE.clear()
+            _PENDING_ROOTS.clear()
+        elif instrumentation in _ACTIVE:
+            _ACTIVE.remove(instrumentation)
+        if not _ACTIVE:
+            _unpatch_torch()
+
+
+def instrumented() -> list:
+    """The live instrumentations."""
+    with _LOCK:
+        return list(_ACTIVE)
+
+
+def register_model(model, root: str = "model") -> None:
+    """Names an object whose tensors instrumented captures read (the engine's model, a
+    draft model, a KV-cache manager) under ``root``, held weakly. Live instrumentations
+    walk it from their next manifest on; one started later takes it too."""
+    _native.check_path(root)
+    with _LOCK:
+        if _ACTIVE:
+            for ins in _ACTIVE:
+                ins.register_model(model, root)
+            return
+        try:
+            ref = weakref.ref(model)
+        except TypeError:
+            ref = model
+        _PENDING_ROOTS[:] = [(r, x) for r, x in _PENDING_ROOTS if r != root] + [(root, ref)]

@@ -1,0 +1,124 @@
+"""Type stubs of ``graphcheck._native``, the PyO3 module built from ``python/src/`` (the
+``#[pyfunction]``s of ``lib.rs`` and ``sleep.rs``). Documents are a path (``str`` or
+``os.PathLike``) or JSON text (a ``str`` whose first non-blank character is ``{``, or
+``bytes``). ``tests/python/test_native_stubs.py`` fails when these drift from the module.
+"""
+
+import os
+from collections.abc import Sequence
+from typing import final
+
+# What the module exports, in the order python/src/ adds them (PyO3 keeps `__all__`).
+__all__ = [
+    "GraphcheckError",
+    "FORMAT_VERSION",
+    "EXIT_OK",
+    "EXIT_FINDINGS",
+    "EXIT_BAD_INPUT",
+    "version",
+    "load",
+    "verify",
+    "normalized",
+    "summary",
+    "explain",
+    "diff",
+    "schema",
+    "build_manifest",
+    "walk_graph",
+    "walk",
+    "Walked",
+    "glob_match",
+    "check_path",
+    "write_atomic",
+    "SleepError",
+    "SleepOutOfMemoryError",
+    "SLEEP_MALLOC_SYMBOL",
+    "SLEEP_FREE_SYMBOL",
+    "sleep_set_tag",
+    "sleep_tag",
+    "sleep_sleep",
+    "sleep_wake",
+    "sleep_level",
+    "sleep_tags",
+    "sleep_allocations",
+    "sleep_stats",
+    "sleep_take_error",
+    "sleep_release_host_cache",
+    "sleep_mem_info",
+]
+
+# A document: a path, or JSON text.
+_Source = str | bytes | os.PathLike[str]
+
+class GraphcheckError(Exception):
+    """A bad document, allowlist or argument: the message says what and where."""
+
+class SleepError(GraphcheckError):
+    """A sleep-allocator call that cannot be done in the allocator's state, or a driver
+    failure."""
+
+class SleepOutOfMemoryError(SleepError):
+    """The device ran out of memory on wake; the allocator is still asleep."""
+
+FORMAT_VERSION: int
+EXIT_OK: int
+EXIT_FINDINGS: int
+EXIT_BAD_INPUT: int
+SLEEP_MALLOC_SYMBOL: str
+SLEEP_FREE_SYMBOL: str
+
+def version() -> str: ...
+def load(
+    document: _Source, expect: str | None = None, name: str | None = None
+) -> tuple[str, str]: ...
+def verify(
+    manifest: _Source,
+    live: _Source | None = None,
+    allow: str | os.PathLike[str] | None = None,
+    allow_text: str | None = None,
+    normalized: bool = False,
+    deny_unused_allow: bool = False,
+) -> tuple[bool, str, str, str]: ...
+def normalized(document: _Source, name: str | None = None) -> str: ...
+def summary(document: _Source, name: str | None = None) -> str: ...
+def explain(
+    manifest: _Source,
+    target: str | None = None,
+    kernel: str | None = None,
+    dot: bool = False,
+    normalized: bool = False,
+) -> tuple[bool, str]: ...
+def diff(a: _Source, b: _Source, format: str = "table") -> tuple[bool, str]: ...
+def schema() -> str: ...
+def build_manifest(spec: _Source, walked: Sequence[Walked] | None = None) -> str: ...
+def glob_match(pattern: str, paths: Sequence[str]) -> list[bool]: ...
+def check_path(path: str) -> str: ...
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None: ...
+def walk(handle: int) -> Walked: ...
+def walk_graph(handle: int) -> str: ...
+@final
+class Walked:
+    """A walked graph held on the Rust side (``walk``, ``Walked.from_json``)."""
+
+    @staticmethod
+    def from_json(text: str) -> Walked: ...
+    def to_json(self) -> str: ...
+    def __len__(self) -> int: ...
+    @property
+    def words(self) -> int: ...
+    @property
+    def node_counts(self) -> dict[str, int]: ...
+    def unexplained(self, known: bytes) -> list[int]: ...
+
+# The sleep allocator (python/src/sleep.rs; graphcheck.sleep wraps these).
+def sleep_set_tag(tag: str | None) -> str | None: ...
+def sleep_tag() -> str | None: ...
+def sleep_sleep(level: int, offload_tags: Sequence[str]) -> dict[str, int]: ...
+def sleep_wake(tags: Sequence[str] | None, poison: str) -> dict[str, int]: ...
+def sleep_level() -> int | None: ...
+def sleep_tags() -> list[str]: ...
+def sleep_allocations() -> list[tuple[int, int, int, int, str, str]]: ...
+def sleep_stats() -> dict[str, int]: ...
+def sleep_take_error() -> str | None: ...
+def sleep_release_host_cache() -> int: ...
+def sleep_mem_info(device: int) -> tuple[int, int]: ...

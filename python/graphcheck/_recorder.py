@@ -1,0 +1,460 @@
+"""Recording: :class:`Recorder` collects the walked graphs of one model (one per batch
+size, say) and builds their manifest in the core, keeping the owners current as graphs
+are added; :func:`graph` is ``torch.cuda.graph`` that records into one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import weakref
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
+
+from . import _allocator, _native
+from . import sleep as _sleep_module
+from ._allocator import _AllocSites, _cuda_segments, _pool_key, _pool_segments, _producer
+from ._native import GraphcheckError
+from ._registry import Registry, _attr, _key, _torch
+from ._walk import DEFAULT_MAX_DEPTH, walk_roots
+
+
+def _walk_graph(handle: int):
+    """The walked graph of a ``cudaGraph_t``, by the Rust walker, kept on the Rust side
+    (``_native.Walked``): on the capture path no JSON is made or parsed."""
+    walker = getattr(_native, "walk", None)
+    if walker is None:
+        raise GraphcheckError(
+            "this build of graphcheck has no CUDA graph walker (the crate feature `cuda`)"
+        )
+    return walker(handle)
+
+
+class _OwnersNotCurrent(GraphcheckError):
+    """:meth:`Recorder.add_graph` added the graph, but could not walk the roots to keep its
+    owners current (the cause is chained)."""
+
+
+_POOL_KINDS = ("default", "graph", "weights", "kv_cache", "other")
+_SLEEP = ("untouched", "restored", "discarded")
+
+
+def _pack_ranges(ranges: Iterable[tuple]) -> bytes:
+    """``(base, size)`` pairs as native-endian ``u64`` words (``Walked.unexplained``)."""
+    import array
+
+    flat = array.array("Q")
+    for base, size in ranges:
+        if 0 <= base < 1 << 64 and 0 < size < 1 << 64:
+            flat.append(base)
+            flat.append(size)
+    return flat.tobytes()
+
+
+class Recorder:
+    """Collects the graphs of one model (one per batch size, say) into one manifest.
+
+    **Owners stay current.** The model (and every root) is walked when the first graph is
+    added. Each later graph is checked against what the recorder knows, natively and
+    without a walk: the storages of the registry's tensors (those still alive where the
+    walk saw them: the memory of a tensor that died since may hold a new one), the graphs'
+    declared inputs and outputs, the memory of graph pools (and of the graph's own
+    allocation nodes), and the addresses earlier walks could not explain either (torch's
+    cuBLAS workspace, a module-level global). A word outside all of them — a tensor made
+    after the last walk, such as a later graph's input, a lazily allocated workspace or a
+    tensor in a dead one's memory — makes the recorder walk again at once, while that
+    tensor is alive. Words the kernel's signature sets aside (index slots, torch's RNG
+    state) never do. A new walk keeps what earlier walks found and it no longer reaches
+    (:meth:`Registry.absorb`): graphs captured before keep their capture-time owners, a
+    dead tensor as a tensor of its own even where a new one now has its address and
+    layout. :attr:`walks` counts the walks; :meth:`rewalk` walks now. Where that walk
+    fails, :meth:`add_graph` has added the graph and raises an error that says so: its
+    owners may be stale until the next walk, which the next graph or manifest makes.
+
+    What the check does not see: a tensor made inside a graph pool (allocated during a
+    capture and kept), or in the storage of a tensor the registry knows (a new view of
+    it), or at an address an earlier walk found ownerless, is not a reason to walk; the
+    next walk, or :meth:`rewalk`, finds it.
+
+    Graphs come as walked graphs (the core's WalkedGraph, as JSON or dict): :meth:`record`
+    reads a captured ``torch.cuda.CUDAGraph`` with the Rust walker; :meth:`add_graph` takes
+    one read any other way (the CPU tests write them by hand)."""
+
+    def __init__(
+        self,
+        model,
+        *,
+        root: str = "model",
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        runtime_state: Iterable[str] = (),
+        digests: Union[bool, str] = False,
+        producer: Optional[Mapping[str, Any]] = None,
+    ):
+        self.model = model
+        self.root = root
+        # (root name, object or weak reference): model first, then add_root's.
+        self._roots: list = [] if model is None else [(root, model)]
+        self.max_depth = max_depth
+        self.runtime_state = tuple(runtime_state)
+        self.digests = ("sha256" if digests is True else digests) or None
+        self.producer = dict(producer or {})
+        self.registry: Optional[Registry] = None
+        #: Walks of the roots so far (the first graph's, and every one a later graph's
+        #: unexplained address asked for).
+        self.walks = 0
+        # A root was added since the last walk: the next graph or manifest walks.
+        self._stale = False
+        self._pools: list = []
+        self._pool_by_key: dict = {}
+        self._pool_ranges: list = []
+        self._graphs: list = []
+        self._walked: list = []  # _native.Walked objects, by graphs' walked_index
+        self._extra: list = []  # (path, tensor, registration)
+        # What explains an address without a walk (class docstring), packed as (base,
+        # size) words for Walked.unexplained, each part when it changes: the storages of
+        # the registry's records still current (checked at every graph: a tensor that died
+        # since the walk explains nothing); the extra tensors' storages (appended); the
+        # declared ranges and the allocator's segments of graph pools (read when a word
+        # falls outside everything else); addresses a walk left ownerless.
+        self._registry_ranges: Optional[list] = None
+        self._registry_known = b""
+        self._extra_ranges: set = set()
+        self._extra_known = b""
+        self._graph_pool_ranges: list = []
+        self._graph_segments: list = []
+        self._pool_known = b""
+        self._ownerless: set = set()
+        self._ownerless_known = b""
+        self._known: Optional[bytes] = None
+
+    def add_root(self, obj, root: str = "model", *, weak: bool = False) -> None:
+        """Adds a root to walk beside the model (a draft model, a KV-cache manager), or the
+        first root of a recorder made with ``model=None``. ``weak`` holds it by weak
+        reference (a root that dies is left out). The next manifest walks again."""
+        _native.check_path(root)
+        if any(r == root for r, _ in self._roots):
+            raise GraphcheckError(f"root {root!r} is already recorded")
+        ref = obj
+        if weak:
+            try:
+                ref = weakref.ref(obj)
+            except TypeError:
+                pass
+        self._roots.append((root, ref))
+        if self.model is None and len(self._roots) == 1 and not weak:
+            self.model, self.root = obj, root
+        self._stale = True
+
+    def roots(self) -> dict:
+        """Root name → object, of the roots still alive."""
+        out = {}
+        for r, obj in self._roots:
+            if isinstance(obj, weakref.ref):
+                obj = obj()
+                if obj is None:
+                    continue
+            out[r] = obj
+        return out
+
+    def rewalk(self) -> Registry:
+        """Walks the model (and every root) now, keeping the owners earlier walks found
+        that this one no longer reaches (:meth:`Registry.absorb`). A recorder without a
+        model or root records graphs whose every address is bare."""
+        fresh = walk_roots(
+            self.roots() or [(self.root, None)],
+            max_depth=self.max_depth,
+            runtime_state=self.runtime_state,
+        )
+        if self.registry is not None:
+            fresh.absorb(self.registry)
+        self.registry = fresh
+        self.walks += 1
+        self._stale = False
+        self._registry_ranges = None
+        self._known = None
+        return fresh
+
+    # Keeping owners current (class docstring) ------------------------------------------
+
+    def _check_registry(self) -> None:
+        """Reads which of the registry's storages are still current (a tensor that died
+        since the walk, or a storage that moved, explains nothing: the allocator may have
+        handed its memory to a new tensor that no walk has seen); repacks them where that
+        changed."""
+        reg = self.registry.storage_ranges() if self.registry is not None else []
+        # The registry hands back the same list while nothing changed: no comparison.
+        if reg is not self._registry_ranges and reg != self._registry_ranges:
+            self._registry_ranges = reg
+            self._registry_known = _pack_ranges(reg)
+            self._known = None
+
+    def _known_ranges(self) -> bytes:
+        """Everything that explains an address without a walk, packed for
+        ``_native.Walked.unexplained`` (the registry's part as last checked)."""
+        if self._known is None:
+            self._known = b"".join(
+                (self._registry_known, self._extra_known, self._pool_known, self._ownerless_known)
+            )
+        return self._known
+
+    def _unexplained(self, walked) -> list:
+        """The addresses of ``walked`` nothing known explains; the allocator's segments of
+        graph pools are read again first where some word falls outside everything else."""
+        self._check_registry()
+        missing = walked.unexplained(self._known_ranges())
+        if missing and self._refresh_graph_segments():
+            missing = walked.unexplained(self._known_ranges())
+        return missing
+
+    def _refresh_graph_segments(self) -> bool:
+        """Reads the caching allocator's segments of the recorder's graph pools; returns
+        whether they changed."""
+        keys = [k for k, pid in self._pool_by_key.items() if self._pools[pid]["kind"] == "graph"]
+        if not keys:
+            return False
+        torch = _torch()
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return False
+        segments = _pool_segments(keys)
+        if segments == self._graph_segments:
+            return False
+        self._graph_segments = segments
+        self._pool_known = _pack_ranges(self._graph_pool_ranges + segments)
+        self._known = None
+        return True
+
+    def _keep_current(self, walked) -> None:
+        """Walks the roots again if ``walked`` (a ``_native.Walked``, or ``None`` where the
+        graph came as JSON that does not parse: the build reports it) reads an address
+        nothing known explains; then remembers what the walk left ownerless."""
+        if self.registry is not None and not self._stale:
+            if walked is None or not self._roots or not self._unexplained(walked):
+                return
+        self.rewalk()
+        if walked is not None and self._roots:
+            self._ownerless.update(self._unexplained(walked))
+            self._ownerless_known = _pack_ranges((a, 1) for a in sorted(self._ownerless))
+            self._known = None
+
+    def _add_extra(self, path: str, t, registration: str) -> None:
+        self._extra.append((path, t, registration))
+        try:
+            storage = t.untyped_storage()
+            r = (storage.data_ptr(), storage.nbytes())
+        except Exception:  # noqa: BLE001 - not a tensor: the build says so
+            return
+        if r not in self._extra_ranges:
+            self._extra_ranges.add(r)
+            self._extra_known += _pack_ranges([r])
+            self._known = None
+
+    def add_pool(
+        self,
+        name: str,
+        *,
+        kind: str = "other",
+        sleep: str = "untouched",
+        torch_pool=None,
+        ranges: Iterable[tuple] = (),
+    ) -> int:
+        """Declares a pool; returns its id. ``torch_pool`` (a ``MemPool``, graph pool
+        handle or pool id) takes its ranges from the CUDA allocator's segments; ``ranges``
+        gives ``(base, size)`` pairs directly."""
+        if kind not in _POOL_KINDS:
+            raise GraphcheckError(f"pool kind is one of {_POOL_KINDS}, not {kind!r}")
+        if sleep not in _SLEEP:
+            raise GraphcheckError(f"pool sleep is one of {_SLEEP}, not {sleep!r}")
+        pid = len(self._pools)
+        self._pools.append({"name": name, "kind": kind, "sleep": sleep})
+        for base, size in ranges:
+            self._pool_ranges.append({"base": hex(base), "size": size, "pool": pid})
+            if kind == "graph":
+                self._graph_pool_ranges.append((base, size))
+                self._pool_known = _pack_ranges(self._graph_pool_ranges + self._graph_segments)
+                self._known = None
+        if torch_pool is not None:
+            self._pool_by_key[_pool_key(torch_pool)] = pid
+        return pid
+
+    def _declare_sleep_pools(self) -> None:
+        """Declares a pool for each tag of the process's sleep allocator (where one is in
+        use) that is not declared yet, with its kind and sleep policy, so that manifests
+        attribute tensors to tags without the caller asking."""
+        alloc = _sleep_module._ALLOCATOR
+        if alloc is None:
+            return
+        names = {p["name"] for p in self._pools}
+        for tag, pool in sorted(alloc._pools.items()):
+            if _pool_key(pool) in self._pool_by_key or tag in names:
+                continue
+            kind, policy = alloc.pool_policy(tag)
+            self.add_pool(tag, kind=kind, sleep=policy, torch_pool=pool)
+
+    def _pool_id(self, pool) -> Optional[int]:
+        if pool is None or isinstance(pool, int):
+            return pool
+        if isinstance(pool, str):
+            for i, p in enumerate(self._pools):
+                if p["name"] == pool:
+                    return i
+            raise GraphcheckError(f"no pool named {pool!r}")
+        key = _pool_key(pool)
+        if key not in self._pool_by_key:
+            self._pool_by_key[key] = self.add_pool(f"graph{key}", kind="graph")
+        return self._pool_by_key[key]
+
+    def add_graph(
+        self,
+        name: str,
+        walked: Union[str, bytes, Mapping[str, Any], "_native.Walked"],
+        *,
+        pool=None,
+        inputs: Optional[Mapping[str, Any]] = None,
+        outputs: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        """Adds a walked graph. ``pool`` is a pool id, name or torch pool; ``inputs`` and
+        ``outputs`` name the static tensors the caller fills or reads around each replay
+        (registration ``graph_input``, paths ``graphs["name"].inputs["x"]``).
+
+        The roots are walked again when the graph reads an address nothing the recorder
+        knows explains (class docstring); where that walk fails, the graph stays added and
+        :class:`GraphcheckError` says so."""
+        entry = {"name": name, "pool": self._pool_id(pool)}
+        if isinstance(walked, _native.Walked):
+            entry["walked_index"] = len(self._walked)
+            self._walked.append(walked)
+            native = walked
+        else:
+            entry["walked"] = json.loads(walked) if isinstance(walked, (str, bytes)) else dict(walked)
+            try:
+                native = _native.Walked.from_json(json.dumps(entry["walked"]))
+            except GraphcheckError:  # reported, with its JSON path, by the build
+                native = None
+        self._graphs.append(entry)
+        base = _key("graphs", name)
+        for hop, tensors in (("inputs", inputs), ("outputs", outputs)):
+            for k, t in (tensors or {}).items():
+                self._add_extra(_key(_attr(base, hop), k), t, "graph_input")
+        try:
+            self._keep_current(native)
+        except BaseException as e:  # noqa: BLE001 - a panic too: the graph is in all the same
+            if _fatal(e):
+                raise
+            self._stale = True  # the next graph or manifest walks again
+            raise _OwnersNotCurrent(
+                f"graph {name!r} was recorded, but the walk that keeps its owners current "
+                f"failed ({type(e).__name__}: {e}): its owners may be stale until the next walk"
+            ) from e
+
+    def record(self, cuda_graph, name: str, *, pool=None, inputs=None, outputs=None) -> None:
+        """Walks a captured ``torch.cuda.CUDAGraph`` (made with ``keep_graph=True``) and
+        adds it."""
+        walked = _walk_graph(cuda_graph.raw_cuda_graph())
+        self.add_graph(name, walked, pool=pool, inputs=inputs, outputs=outputs)
+
+    def build_spec(self) -> dict:
+        """The build spec ``_native.build_manifest`` takes (with :attr:`walked_graphs`, which
+        graphs' ``walked_index`` refers to)."""
+        if self.registry is None or self._stale:
+            self.rewalk()
+        reg = self.registry.copy()
+        for path, t, registration in self._extra:
+            reg.add(t, path, registration, None)
+        self._declare_sleep_pools()
+        pool_ranges = list(self._pool_ranges)
+        # Looked up in _allocator at each call, as the snapshot does: one place where the
+        # allocator's snapshot is read, and where the CPU tests fake it.
+        raw_segments = _allocator._memory_segments()
+        tensors = reg.tensor_specs(self.digests)
+        _AllocSites(raw_segments).annotate(tensors, reg.tensors)
+        free_ranges = []
+        for seg in _cuda_segments(raw_segments):
+            if seg.pool in self._pool_by_key:
+                pool_ranges.append(
+                    {"base": hex(seg.base), "size": seg.size, "pool": self._pool_by_key[seg.pool]}
+                )
+            # Free blocks: a word in a by-value struct pointing here is stale bytes (the
+            # core's IgnoredReason::FreeMemory); graph pools are left out by the core.
+            free_ranges.extend(
+                {"base": hex(b[0]), "size": b[1]} for b in seg.blocks if b[2] == "inactive"
+            )
+        return {
+            "producer": _producer(self.producer),
+            "pools": self._pools,
+            "pool_ranges": pool_ranges,
+            "free_ranges": free_ranges,
+            "tensors": tensors,
+            "owners": reg.owner_specs(),
+            "graphs": self._graphs,
+        }
+
+    @property
+    def walked_graphs(self) -> list:
+        """The walked graphs kept on the Rust side, in ``walked_index`` order."""
+        return list(self._walked)
+
+    def manifest_json(self) -> str:
+        """The manifest of every graph added so far, resolved and checked by the core, as
+        JSON text."""
+        return _native.build_manifest(json.dumps(self.build_spec()), self._walked)
+
+    def manifest(self) -> dict:
+        """The manifest of every graph added so far, resolved and checked by the core."""
+        return json.loads(self.manifest_json())
+
+    def write(self, path) -> None:
+        """Writes the manifest to ``path`` atomically."""
+        _native.write_atomic(path, self.manifest_json().encode())
+
+
+@contextlib.contextmanager
+def graph(
+    cuda_graph,
+    *,
+    model=None,
+    name: str,
+    recorder: Optional[Recorder] = None,
+    pool=None,
+    stream=None,
+    capture_error_mode: str = "global",
+    inputs: Optional[Mapping[str, Any]] = None,
+    outputs: Optional[Mapping[str, Any]] = None,
+) -> Iterator[Recorder]:
+    """``torch.cuda.graph`` that also records: captures into ``cuda_graph`` (made with
+    ``torch.cuda.CUDAGraph(keep_graph=True)``), walks the captured graph, adds it to
+    ``recorder`` (a new one over ``model`` when not given), then instantiates it. Yields the
+    recorder.
+
+    The graph is instantiated whether or not recording succeeds: a recording failure
+    raises :class:`GraphcheckError` (its cause chained) after the graph is ready to
+    replay. An empty capture (torch only warns) is recorded as a graph with no node."""
+    torch = _torch()
+    if recorder is None:
+        if model is None:
+            raise GraphcheckError("graph() needs a model or a recorder")
+        recorder = Recorder(model)
+    if not hasattr(_native, "walk"):
+        _walk_graph(0)  # raises the message that says why
+    with torch.cuda.graph(
+        cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
+    ):
+        yield recorder
+    try:
+        graph_pool = pool if pool is not None else cuda_graph.pool()
+        recorder.record(cuda_graph, name, pool=graph_pool, inputs=inputs, outputs=outputs)
+    except GraphcheckError:
+        raise
+    except BaseException as e:
+        if _fatal(e):
+            raise
+        raise GraphcheckError(f"recording graph {name!r} failed: {type(e).__name__}: {e}") from e
+    finally:
+        instantiate: Optional[Callable] = getattr(cuda_graph, "instantiate", None)
+        if instantiate is not None:
+            instantiate()
+
+
+def _fatal(e: BaseException) -> bool:
+    """Whether an exception must reach the caller as it is: an interrupt or an exit. Any
+    other failure of a recording (``pyo3_runtime.PanicException`` included, a
+    ``BaseException``) is graphcheck's and never the engine's."""
+    return isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit))

@@ -1,0 +1,444 @@
+"""Tensor views and the owner registry they go into: a view's metadata, ``TensorSpec`` and
+content digest; the records a registry walk makes (:class:`TensorRecord`,
+:class:`OwnerRecord`, :class:`Registry`); owner-path hops in the core's path grammar; and
+the lazy import of torch that every module of :mod:`graphcheck.torch` shares.
+
+The walk that fills a registry is :mod:`graphcheck._walk`; what the records mean, and the
+digest algorithms, are told in :mod:`graphcheck.torch`'s docstring.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import re
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ._native import GraphcheckError
+
+
+def _torch():
+    """torch, imported at first use: ``import graphcheck.torch`` works without it."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised without torch only
+        raise GraphcheckError(f"graphcheck.torch needs PyTorch: {e}") from e
+    return torch
+
+
+# -- owner-path hops ----------------------------------------------------------------------
+
+# An attribute name the path grammar can spell as `.name`.
+_ATTR = re.compile(r'^[^.\[\]"]+$')
+
+# name -> whether it can be spelled as an attribute hop (names repeat across layers).
+_ATTR_OK: dict = {}
+
+
+def _attr(path: str, name: str) -> str:
+    """``path.name``, or ``path["name"]`` where ``name`` cannot be an attribute hop."""
+    ok = _ATTR_OK.get(name)
+    if ok is None:
+        ok = bool(_ATTR.match(name)) and not name.isdigit()
+        if len(_ATTR_OK) < 65536:
+            _ATTR_OK[name] = ok
+    return f"{path}.{name}" if ok else _key(path, name)
+
+
+def _key(path: str, key: Any) -> str:
+    """``path[3]`` for an integer key, ``path["k"]`` for any other (its ``str``)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"{path}[{key}]"
+    text = str(key).replace("\\", "\\\\").replace('"', '\\"')
+    return f'{path}["{text}"]'
+
+
+def _child(path: str, name: str) -> str:
+    """A submodule's hop: ``layers[0]`` for the numbered children of ``ModuleList`` and
+    ``Sequential``, ``.name`` otherwise."""
+    return f"{path}[{name}]" if name.isdigit() else _attr(path, name)
+
+
+def _type_name(obj: Any) -> str:
+    return type(obj).__name__
+
+
+# -- tensors ------------------------------------------------------------------------------
+
+
+def tensor_spec(t) -> dict:
+    """The core's ``TensorSpec`` of a strided tensor view (what ``_native.build_manifest``
+    reads for each tensor): storage base and size, byte offset, byte span, shape, stride,
+    dtype (without ``torch.``), itemsize, device."""
+    return _spec_dict(_meta_and_key(t)[0])
+
+
+def _spec_dict(meta: tuple) -> dict:
+    """The ``TensorSpec`` dict of a view's metadata tuple (:func:`_meta_and_key`)."""
+    base, storage_nbytes, offset, span, shape, stride, dtype, itemsize, device = meta
+    return {
+        "storage_base": hex(base),
+        "storage_nbytes": storage_nbytes,
+        "offset": offset,
+        "nbytes": span,
+        "shape": list(shape),
+        "stride": list(stride),
+        "dtype": dtype,
+        "itemsize": itemsize,
+        "device": device,
+    }
+
+
+# torch.dtype objects are singletons: name and itemsize once per dtype.
+_DTYPES: dict = {}
+
+
+def _device_name(t) -> str:
+    # str(t.device) builds a device object and formats it (about 1 µs); the flags are cheap.
+    if t.is_cuda:
+        return f"cuda:{t.get_device()}"
+    if t.is_cpu:
+        return "cpu"
+    return str(t.device)
+
+
+def _meta_and_key(t) -> tuple:
+    """The view's metadata as a tuple (storage base, storage bytes, byte offset, byte span,
+    shape, stride, dtype, itemsize, device), its identity (first element's address,
+    shape, stride, dtype, device) and its storage object, reading each property once: the
+    registry walk's hot path, which keeps tuples and builds ``TensorSpec`` dicts only when
+    asked."""
+    storage = t.untyped_storage()
+    dtype = t.dtype
+    known = _DTYPES.get(dtype)
+    if known is None:
+        known = _DTYPES[dtype] = (str(dtype).replace("torch.", "", 1), t.element_size())
+    dtype_name, itemsize = known
+    shape = tuple(t.shape)
+    stride = tuple(t.stride())
+    if 0 in shape:
+        span = 0
+    else:
+        span = 1
+        for n, st in zip(shape, stride):
+            span += (n - 1) * st
+        span *= itemsize
+    base = storage.data_ptr()
+    offset = t.storage_offset() * itemsize
+    device = _device_name(t)
+    meta = (base, storage.nbytes(), offset, span, shape, stride, dtype_name, itemsize, device)
+    return meta, (base + offset, shape, stride, dtype_name, device), storage
+
+
+def _view_key(meta: tuple) -> tuple:
+    """A view's identity (:func:`_meta_and_key`'s second value) from its metadata tuple."""
+    return (meta[0] + meta[2], meta[4], meta[5], meta[6], meta[8])
+
+
+def _flat_bytes(t):
+    """The view's elements in row-major order, as a flat uint8 tensor on its device."""
+    torch = _torch()
+    x = t.detach()
+    if x.dim() == 0:
+        x = x.reshape(1)
+    return x.contiguous().reshape(-1).view(torch.uint8)
+
+
+def digest(t, algorithm: str = "sha256") -> str:
+    """The content digest of a view, ``<algorithm>:<hex>`` (see :mod:`graphcheck.torch`)."""
+    torch = _torch()
+    x = _flat_bytes(t)
+    if algorithm == "sha256":
+        host = x.cpu()
+        data = ctypes.string_at(host.data_ptr(), host.numel()) if host.numel() else b""
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+    if algorithm == "sum64":
+        pad = (-x.numel()) % 8
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad)])
+        if x.numel() == 0:
+            return "sum64:" + "0" * 16
+        # Two 32-bit halves summed in int64 cannot overflow below 16 GiB; the 64-bit sum
+        # is then exact in Python integers.
+        halves = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        lo = int(halves[0::2].sum().item())
+        hi = int(halves[1::2].sum().item())
+        return f"sum64:{(lo + (hi << 32)) & 0xFFFFFFFFFFFFFFFF:016x}"
+    raise GraphcheckError(f"unknown digest algorithm {algorithm!r} (sha256 or sum64)")
+
+
+# -- the registry -------------------------------------------------------------------------
+
+
+def _weak(obj):
+    """A weak reference to ``obj``, or ``obj`` itself where it takes none (held, as
+    before weak references)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return obj
+
+
+def _deref(ref):
+    return ref() if isinstance(ref, weakref.ref) else ref
+
+
+def _mark_died(flag: list, _ref) -> None:
+    """Weak-reference callback of :meth:`Registry.storage_ranges`: a watched storage died."""
+    flag[0] = True
+
+
+def _storage_at(storage, meta: tuple) -> bool:
+    """Whether ``storage`` (a storage object or ``None``) is alive at ``meta``'s storage
+    base and size."""
+    if storage is None:
+        return False
+    try:
+        return storage.data_ptr() == meta[0] and storage.nbytes() == meta[1]
+    except Exception:  # noqa: BLE001 - a storage that cannot say where it is
+        return False
+
+
+@dataclass
+class TensorRecord:
+    """One storage view: the first tensor object seen for it and its storage object (both
+    held weakly), and its metadata (:attr:`spec` is its ``TensorSpec`` dict).
+
+    The registry must not keep tensors alive: a recorder that held the tensors of its
+    capture would stop the very frees and reuses that break graphs after a reload (a
+    rebuilt derived tensor's old storage would never be released), and verify would miss
+    them. The storage object is the view's identity beyond its address: torch keeps one
+    Python object per live storage (a weak reference to it dies with the storage, not with
+    the tensor object), so a new tensor the allocator puts where a dead one was, with the
+    same layout, is told apart from the one the record describes."""
+
+    ref: Any = field(repr=False)
+    #: (storage base, storage bytes, byte offset, byte span, shape, stride, dtype,
+    #: itemsize, device): a tuple, as a dict per view costs a third of a large walk.
+    meta: tuple
+    #: The ``untyped_storage()`` object (weakly), ``None`` where it was not read.
+    storage: Any = field(default=None, repr=False)
+
+    @property
+    def spec(self) -> dict:
+        """The view's ``TensorSpec`` (a new dict)."""
+        return _spec_dict(self.meta)
+
+    @property
+    def storage_base(self) -> int:
+        return self.meta[0]
+
+    @property
+    def storage_nbytes(self) -> int:
+        return self.meta[1]
+
+    @property
+    def device(self) -> str:
+        return self.meta[8]
+
+    @property
+    def tensor(self):
+        """The tensor, or ``None`` once it has been freed."""
+        return _deref(self.ref)
+
+    def current(self) -> bool:
+        """Whether the record still describes live memory: its storage is alive and still
+        has the recorded address and size (a storage resized in place has moved). The
+        storage, not the tensor object: while a storage lives (held by another view, say)
+        the allocator cannot hand its memory to a new tensor."""
+        return _storage_at(_deref(self.storage), self.meta)
+
+    def same_storage(self, other: "TensorRecord") -> bool:
+        """Whether both records are views of one live storage object (an address and a
+        layout alone do not say so: a dead tensor's memory is handed to new ones)."""
+        s = _deref(self.storage)
+        return s is not None and s is _deref(other.storage)
+
+    @property
+    def data_ptr(self) -> int:
+        return self.meta[0] + self.meta[2]
+
+
+@dataclass(frozen=True)
+class OwnerRecord:
+    """One owner path of a view: ``tensor`` is its position in :attr:`Registry.tensors`."""
+
+    path: str
+    tensor: int
+    registration: str
+    holder: Optional[str] = None
+
+
+def _owner_record(path, tensor, registration, holder, _new=object.__new__):
+    """``OwnerRecord(...)`` without the frozen dataclass's ``__setattr__`` detours (a
+    third of the cost of a record; the walk makes one per owner path)."""
+    o = _new(OwnerRecord)
+    d = o.__dict__
+    d["path"] = path
+    d["tensor"] = tensor
+    d["registration"] = registration
+    d["holder"] = holder
+    return o
+
+
+@dataclass
+class Registry:
+    """Every tensor view a model reaches and the owner paths that reach it."""
+
+    root: str
+    tensors: list = field(default_factory=list)
+    owners: list = field(default_factory=list)
+    #: (path, why) for what the walk did not enter or could not read.
+    skipped: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def by_path(self) -> dict:
+        """Owner path → :class:`OwnerRecord`."""
+        return {o.path: o for o in self.owners}
+
+    def tensor_at(self, path: str):
+        """The tensor an owner path reaches, or ``None``."""
+        o = self.by_path().get(path)
+        return None if o is None else self.tensors[o.tensor].tensor
+
+    def tensor_specs(self, digests: Optional[str] = None) -> list:
+        """``TensorSpec`` dicts in registry order, with digests of ``digests``' algorithm."""
+        out = []
+        for rec in self.tensors:
+            spec = rec.spec
+            t = rec.tensor
+            # A record whose storage moved would digest other bytes than its address's.
+            if digests and t is not None and rec.current():
+                spec["digest"] = digest(t, digests)
+            out.append(spec)
+        return out
+
+    def owner_specs(self) -> list:
+        """Owner dicts of a build spec (``tensor`` is a position in :attr:`tensors`)."""
+        return [
+            {
+                "path": o.path,
+                "tensor": o.tensor,
+                "registration": o.registration,
+                **({"holder": o.holder} if o.holder else {}),
+            }
+            for o in self.owners
+        ]
+
+    def add(self, t, path: str, registration: str, holder: Optional[str]) -> Optional[int]:
+        """Adds an owner path of a plain strided tensor; returns its view's position."""
+        try:
+            meta, key, storage = _meta_and_key(t)
+        except Exception as e:  # noqa: BLE001 - any tensor the walk cannot read is listed
+            self.skipped.append((path, f"storage not readable: {type(e).__name__}: {e}"))
+            return None
+        if meta[2] + meta[3] > meta[1]:
+            self.skipped.append((path, "view extends past its storage"))
+            return None
+        index = self._views.get(key)
+        # The same view of another storage (one that died, whose memory `t` now has) is
+        # another tensor: graphs captured before read the dead one.
+        if index is None or _deref(self.tensors[index].storage) is not storage:
+            index = len(self.tensors)
+            self._views[key] = index
+            try:
+                refs = weakref.ref(t), weakref.ref(storage)
+            except TypeError:  # an object without weak references: held, as before
+                refs = _weak(t), _weak(storage)
+            self.tensors.append(TensorRecord(refs[0], meta, refs[1]))
+        if path not in self._paths:
+            self._paths.add(path)
+            self.owners.append(_owner_record(path, index, registration, holder))
+        return index
+
+    def __post_init__(self):
+        self._views: dict = {}
+        self._paths: set = set()
+        # storage_ranges' poll list, and how many records it was made from; its last
+        # answer, kept until a polled storage dies (a weak-reference callback sets the
+        # flag) or a record is added.
+        self._poll: list = []
+        self._polled = -1
+        self._ranges: Optional[list] = None
+        self._storage_died = [False]
+        self._death_watch: list = []
+
+    def copy(self) -> "Registry":
+        """A registry with the same records, to add owners to without changing this one."""
+        other = Registry(self.root, list(self.tensors), list(self.owners), list(self.skipped))
+        other._views, other._paths = dict(self._views), set(self._paths)
+        return other
+
+    def absorb(self, earlier: "Registry") -> None:
+        """Adds the owners an earlier walk found that this one does not have: a recorder
+        that walks again keeps, for the graphs captured before, the owners they were
+        captured with (a tensor since dropped from the model stays owned by its old path,
+        and verify's live checks say what became of it). Where both walks have a path,
+        this walk's view wins. An earlier path joins a view of this walk only where both
+        are views of one live storage object; otherwise (its tensor died, and a new one
+        may sit at its address with its layout) its record comes along as a tensor of its
+        own, its capture-time metadata kept without reading the tensor."""
+        kept: dict = {}  # earlier position -> position here
+        for o in earlier.owners:
+            if o.path in self._paths:
+                continue
+            index = kept.get(o.tensor)
+            if index is None:
+                rec = earlier.tensors[o.tensor]
+                key = _view_key(rec.meta)
+                index = self._views.get(key)
+                if index is None or not self.tensors[index].same_storage(rec):
+                    index = len(self.tensors)
+                    self._views.setdefault(key, index)
+                    self.tensors.append(rec)
+                kept[o.tensor] = index
+            self._paths.add(o.path)
+            self.owners.append(_owner_record(o.path, index, o.registration, o.holder))
+        seen = set(self.skipped)
+        self.skipped.extend(s for s in earlier.skipped if s not in seen)
+
+    def storage_ranges(self) -> list:
+        """``(base, size)`` of the storage of every view that is still :meth:`current
+        <TensorRecord.current>`, once each, in registry order: the memory the registry can
+        still explain. A dead tensor's range is left out, so that a new tensor the allocator
+        puts there is not taken for it."""
+        # Asked at every captured graph (Recorder), so the answer is kept: polling every
+        # storage per graph (0.2-0.3 µs each) cost about 1 ms a graph on the anchor model
+        # (H200 A/B). A storage dying sets `_storage_died` through a weak-reference
+        # callback, and only then, or when records were added, is everything polled again.
+        # A storage whose data moves while it lives (`resize_`) is seen at the next poll.
+        if self._polled != len(self.tensors):
+            storages: dict = {}
+            # One callback for every watched storage (a closure each cost more than the
+            # weak reference itself).
+            mark_died = functools.partial(_mark_died, self._storage_died)
+            watch = []
+            for r in self.tensors:
+                ref, meta = r.storage, r.meta
+                if not isinstance(ref, weakref.ref):  # held, or never read
+                    ref = functools.partial(_deref, ref)
+                else:
+                    obj = ref()
+                    if obj is not None:  # weakly referenceable: `ref` is a weak reference to it
+                        watch.append(weakref.ref(obj, mark_died))
+                storages.setdefault((id(r.storage), meta[0], meta[1]), (ref, meta[0], meta[1]))
+            self._poll, self._polled = list(storages.values()), len(self.tensors)
+            self._death_watch, self._ranges = watch, None
+        if self._ranges is not None and not self._storage_died[0]:
+            return self._ranges
+        self._storage_died[0] = False
+        try:
+            live = [
+                (b, n)
+                for ref, b, n in self._poll
+                if (s := ref()) is not None and s.data_ptr() == b and s.nbytes() == n
+            ]
+        except Exception:  # noqa: BLE001 - a storage that cannot say where it is: one by one
+            live = [(b, n) for ref, b, n in self._poll if _storage_at(ref(), (b, n))]
+        self._ranges = list(dict.fromkeys(live))
+        return self._ranges

@@ -1,0 +1,473 @@
+"""The registry walk: every tensor a model (or any object) reaches, with every owner path
+that reaches it, read without running user code (:func:`walk`, :func:`walk_roots`). The
+rules (what is entered, how each path holds its tensor, the depth bound) are told in
+:mod:`graphcheck.torch`'s docstring; the records it fills are :mod:`graphcheck._registry`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import gc
+import types
+from typing import Any, Iterable, Mapping, Optional, Union
+
+from . import _native
+from ._native import GraphcheckError
+from ._registry import Registry, _attr, _child, _key, _torch, _type_name
+
+#: Hops of non-module objects and containers followed from each module.
+DEFAULT_MAX_DEPTH = 8
+
+# Attribute names `nn.Module.__init__` sets: its registries (walked on their own) and hooks.
+_MODULE_INTERNALS = frozenset(
+    {
+        "training",
+        "_parameters",
+        "_buffers",
+        "_non_persistent_buffers_set",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+        "_is_full_backward_hook",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+        "_modules",
+    }
+)
+
+# Values that hold no tensor: never entered.
+_ATOMS = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    bytearray,
+    memoryview,
+    range,
+    slice,
+    type,
+    types.ModuleType,
+    types.BuiltinFunctionType,
+    types.CodeType,
+    types.FrameType,
+    types.GeneratorType,
+    type(Ellipsis),
+    type(NotImplemented),
+)
+
+
+_TENSOR, _LEAF, _MODULE, _OTHER = "tensor", "leaf", "module", "other"
+
+
+class _Walker:
+    def __init__(self, registry: Registry, max_depth: int):
+        torch = _torch()
+        self.torch = torch
+        self.Tensor = torch.Tensor
+        self.Module = torch.nn.Module
+        self.reg = registry
+        self.max_depth = max_depth
+        # Objects entered, by id; the objects themselves are kept so that an id cannot be
+        # reused by a temporary (a persistent_tensors() result) during the walk.
+        self.entered: dict = {}
+        self.strided = torch.strided
+        self.plain = frozenset({torch.Tensor, torch.nn.Parameter})
+        # Value type -> _TENSOR, _LEAF, _MODULE or _OTHER (isinstance against two dozen
+        # leaf types per value is most of a walk's traversal time).
+        self.kinds: dict = {}
+        # Type -> how container_or_object enters it; type -> its slot descriptors.
+        self.shapes: dict = {}
+        self.slots: dict = {}
+        # Tensor type -> whether it is a wrapper subclass to flatten (__tensor_flatten__).
+        self.wrapper_types: dict = {}
+        self.leaf_types = _ATOMS + (
+            torch.dtype,
+            torch.device,
+            torch.Size,
+            torch.layout,
+            torch.memory_format,
+            torch.Generator,
+        )
+
+    # Modules: the tree first, so that parameters and buffers get their canonical paths
+    # even where a plain attribute also reaches the module.
+    def module_tree(self, root, path: str) -> None:
+        order = []
+        stack = [(root, path)]
+        while stack:
+            mod, p = stack.pop()
+            if id(mod) in self.entered:
+                continue
+            self.entered[id(mod)] = mod
+            order.append((mod, p))
+            self.module_tensors(mod, p)
+            children = mod.__dict__.get("_modules") or {}
+            for name, child in reversed(list(children.items())):
+                if child is not None:
+                    stack.append((child, _child(p, name)))
+        for mod, p in order:
+            self.module_attributes(mod, p)
+
+    def module_tensors(self, mod, path: str) -> None:
+        d = mod.__dict__
+        holder = _type_name(mod)
+        plain = self.plain
+        strided = self.strided
+        add = self.reg.add
+        for name, p in (d.get("_parameters") or {}).items():
+            if p is None:
+                continue
+            # The common case inline: a plain strided parameter on a real device.
+            if type(p) in plain and p.layout is strided and not p.is_meta:
+                add(p, _attr(path, name), "parameter", holder)
+            else:
+                self.tensor(p, _attr(path, name), "parameter", holder, 0)
+        non_persistent = d.get("_non_persistent_buffers_set") or set()
+        for name, b in (d.get("_buffers") or {}).items():
+            if b is None:
+                continue
+            if name.startswith("_held_"):
+                registration = "held"
+            elif name in non_persistent:
+                registration = "buffer_non_persistent"
+            else:
+                registration = "buffer"
+            self.tensor(b, _attr(path, name), registration, holder, 0)
+
+    def module_attributes(self, mod, path: str) -> None:
+        kinds = self.kinds
+        items = [
+            (name, value)
+            for name, value in mod.__dict__.items()
+            if name not in _MODULE_INTERNALS and kinds.get(type(value)) is not _LEAF
+        ]
+        if not items:
+            return
+        holder = _type_name(mod)
+        for name, value in items:
+            self.value(value, _attr(path, name), "module_attribute", holder, 0)
+
+    def kind(self, v) -> int:
+        cls = type(v)
+        k = self.kinds.get(cls)
+        if k is None:
+            if isinstance(v, self.Tensor):
+                k = _TENSOR
+            elif isinstance(v, self.leaf_types) or isinstance(v, _enum_type()):
+                k = _LEAF
+            elif isinstance(v, self.Module):
+                k = _MODULE
+            else:
+                k = _OTHER
+            self.kinds[cls] = k
+        return k
+
+    def value(self, v, path: str, registration: str, holder: Optional[str], depth: int) -> None:
+        k = self.kind(v)
+        if k is _TENSOR:
+            self.tensor(v, path, registration, holder, depth)
+            return
+        if k is _LEAF:
+            return
+        if k is _MODULE:
+            if id(v) not in self.entered:
+                self.module_tree(v, path)
+            return
+        if id(v) in self.entered:
+            return
+        if depth >= self.max_depth:
+            self.reg.skipped.append((path, f"deeper than max_depth={self.max_depth}"))
+            return
+        self.entered[id(v)] = v
+        self.container_or_object(v, path, depth + 1)
+
+    def shape(self, v) -> str:
+        """How :meth:`container_or_object` enters ``v``, cached per type."""
+        cls = type(v)
+        shape = self.shapes.get(cls)
+        if shape is None:
+            if isinstance(v, dict):
+                shape = "dict"
+            elif isinstance(v, (list, tuple)) or _is_deque(v):
+                shape = "sequence"
+            elif isinstance(v, (set, frozenset)):
+                shape = "set"
+            elif isinstance(v, functools.partial):
+                shape = "partial"
+            elif isinstance(v, types.FunctionType):
+                shape = "function"
+            elif isinstance(v, types.MethodType):
+                shape = "method"
+            else:
+                shape = "object"
+            self.shapes[cls] = shape
+        return shape
+
+    def container_or_object(self, v, path: str, depth: int) -> None:
+        name = _type_name(v)
+        kinds = self.kinds
+        shape = self.shape(v)
+        if shape == "object":
+            self.obj(v, path, depth)
+        elif shape == "dict":
+            for k, x in list(v.items()):
+                if kinds.get(type(x)) is not _LEAF:
+                    self.value(x, _key(path, k), "container", name, depth)
+        elif shape == "sequence":
+            for i, x in enumerate(list(v)):
+                if kinds.get(type(x)) is not _LEAF:
+                    self.value(x, _key(path, i), "container", name, depth)
+        elif shape == "set":
+            # Unordered: no stable path to give an element.
+            if any(isinstance(x, self.Tensor) for x in v):
+                self.reg.skipped.append((path, "tensors in a set have no owner path"))
+        elif shape == "partial":
+            self.value(v.func, _attr(path, "func"), "object_attribute", name, depth)
+            for i, x in enumerate(v.args):
+                self.value(x, _key(_attr(path, "args"), i), "partial", name, depth)
+            for k, x in (v.keywords or {}).items():
+                self.value(x, _key(_attr(path, "keywords"), k), "partial", name, depth)
+        elif shape == "function":
+            self.function(v, path, depth)
+        else:  # a bound method
+            self.value(v.__func__, _attr(path, "__func__"), "object_attribute", name, depth)
+            self.value(v.__self__, _attr(path, "__self__"), "object_attribute", name, depth)
+
+    def function(self, f, path: str, depth: int) -> None:
+        name = _type_name(f)
+        cells = f.__closure__ or ()
+        for var, cell in zip(f.__code__.co_freevars, cells):
+            try:
+                x = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            self.value(x, _key(_attr(path, "__closure__"), var), "closure", name, depth)
+        # Default arguments are captured like closure cells (`lambda x, w=w: …`).
+        for i, x in enumerate(f.__defaults__ or ()):
+            self.value(x, _key(_attr(path, "__defaults__"), i), "closure", name, depth)
+        for k, x in (f.__kwdefaults__ or {}).items():
+            self.value(x, _key(_attr(path, "__kwdefaults__"), k), "closure", name, depth)
+
+    def obj(self, v, path: str, depth: int) -> None:
+        holder = _type_name(v)
+        held = self.held_tensors(v, path)
+        held_ids = {id(t) for _, t in held}
+        attrs = _object_attributes(v, self.slots)
+        attr_tensor_ids = set()
+        kinds = self.kinds
+        for name, x in attrs:
+            k = kinds.get(type(x))
+            if k is _LEAF:
+                continue
+            if k is _TENSOR or (k is None and self.kind(x) is _TENSOR):
+                attr_tensor_ids.add(id(x))
+                registration = "held" if id(x) in held_ids else "object_attribute"
+                self.tensor(x, _attr(path, name), registration, holder, depth)
+            else:
+                self.value(x, _attr(path, name), "object_attribute", holder, depth)
+        # Listed tensors no attribute holds directly get the protocol's own path.
+        for hop, t in held:
+            if id(t) not in attr_tensor_ids:
+                self.tensor(t, hop, "held", holder, depth)
+
+    def held_tensors(self, v, path: str) -> list:
+        """``(path, tensor)`` for what ``v.persistent_tensors()`` lists, if ``v`` has it."""
+        method = _class_attribute(type(v), "persistent_tensors")
+        if not callable(method):
+            return []
+        base = _attr(path, "persistent_tensors()")
+        try:
+            listed = v.persistent_tensors()
+        except Exception as e:  # noqa: BLE001 - a broken protocol method is reported
+            self.reg.skipped.append((base, f"persistent_tensors() raised {type(e).__name__}: {e}"))
+            return []
+        self.entered[id(listed)] = listed
+        if isinstance(listed, Mapping):
+            items = [(_key(base, k), t) for k, t in listed.items()]
+        else:
+            items = [(_key(base, i), t) for i, t in enumerate(listed or ())]
+        return [(p, t) for p, t in items if isinstance(t, self.Tensor)]
+
+    def tensor(self, t, path: str, registration: str, holder: Optional[str], depth: int) -> None:
+        cls = type(t)
+        wrapper = self.wrapper_types.get(cls)
+        if wrapper is None:
+            wrapper = self.wrapper_types[cls] = _class_attribute(
+                cls, "__tensor_flatten__"
+            ) is not None and cls not in (self.Tensor, self.torch.nn.Parameter)
+        if wrapper:
+            if depth >= self.max_depth:
+                self.reg.skipped.append((path, f"deeper than max_depth={self.max_depth}"))
+                return
+            try:
+                names, _ = t.__tensor_flatten__()
+            except Exception as e:  # noqa: BLE001
+                self.reg.skipped.append((path, f"__tensor_flatten__ raised {type(e).__name__}: {e}"))
+                return
+            for name in names:
+                inner = _instance_attribute(t, name)
+                if isinstance(inner, self.Tensor):
+                    self.tensor(inner, _attr(path, name), registration, holder, depth + 1)
+            return
+        if t.layout is not self.strided:
+            self.reg.skipped.append((path, f"layout {t.layout} is not strided"))
+            return
+        if t.is_meta:
+            self.reg.skipped.append((path, "meta tensor: no storage"))
+            return
+        self.reg.add(t, path, registration, holder)
+
+
+def _enum_type():
+    import enum
+
+    return enum.Enum
+
+
+def _is_deque(v) -> bool:
+    import collections
+
+    return isinstance(v, collections.deque)
+
+
+def _class_attribute(cls: type, name: str):
+    """``name`` from the class's MRO dicts, without running descriptors."""
+    for c in cls.__mro__:
+        if name in c.__dict__:
+            return c.__dict__[name]
+    return None
+
+
+def _instance_attribute(obj, name: str):
+    """An instance attribute read from ``__dict__`` or a slot, never through a property;
+    ``None`` when it is neither."""
+    d = _instance_dict(obj)
+    if d is not None and name in d:
+        return d[name]
+    slot = _class_attribute(type(obj), name)
+    if isinstance(slot, types.MemberDescriptorType):
+        try:
+            return slot.__get__(obj, type(obj))
+        except AttributeError:
+            return None
+    return None
+
+
+def _instance_dict(obj) -> Optional[dict]:
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _slot_members(cls: type) -> tuple:
+    """``(name, member descriptor)`` of every slot along ``cls``'s MRO, first one per
+    name."""
+    out = []
+    seen = set()
+    for c in cls.__mro__:
+        for name, member in list(c.__dict__.items()):
+            if name in seen or not isinstance(member, types.MemberDescriptorType):
+                continue
+            seen.add(name)
+            out.append((name, member))
+    return tuple(out)
+
+
+def _object_attributes(obj, slots_cache: Optional[dict] = None) -> list:
+    """``(name, value)`` of an object's instance ``__dict__`` and filled ``__slots__``, in
+    definition order. Dataclasses with ``slots=True`` are covered by the slots.
+    ``slots_cache`` keeps each type's slot list across calls."""
+    cls = type(obj)
+    if slots_cache is None:
+        slots = _slot_members(cls)
+    else:
+        slots = slots_cache.get(cls)
+        if slots is None:
+            slots = slots_cache[cls] = _slot_members(cls)
+    d = _instance_dict(obj)
+    out = list(d.items()) if d is not None else []
+    for name, member in slots:
+        if d is not None and name in d:
+            continue
+        try:
+            out.append((name, member.__get__(obj, cls)))
+        except AttributeError:  # an unfilled slot
+            continue
+    return out
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off for a walk: the walk allocates a few objects per
+    tensor and frees none, so on a large model every collection it triggers scans the
+    whole heap for nothing (about half the walk's time at 100,000 tensors)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def walk(
+    model,
+    *,
+    root: str = "model",
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    runtime_state: Iterable[str] = (),
+) -> Registry:
+    """The owner registry of ``model`` (an ``nn.Module``, or any object) under the root
+    name ``root``. Owners whose path matches a ``runtime_state`` glob (``*`` within one
+    hop, ``**`` across) get the registration ``runtime_state``."""
+    return walk_roots([(root, model)], max_depth=max_depth, runtime_state=runtime_state)
+
+
+def walk_roots(
+    roots: Union[Mapping[str, Any], Iterable[tuple]],
+    *,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    runtime_state: Iterable[str] = (),
+) -> Registry:
+    """One owner registry over several roots (``{"model": model, "draft": draft}`` or
+    ``(root, object)`` pairs), walked in order into one registry: an object two roots reach
+    is listed under the first. :func:`walk` is the one-root case."""
+    pairs = list(roots.items()) if isinstance(roots, Mapping) else list(roots)
+    names = [r for r, _ in pairs]
+    if len(set(names)) != len(names):
+        raise GraphcheckError(f"root names must differ: {names}")
+    for r in names:
+        _native.check_path(r)
+    registry = Registry(names[0] if names else "model")
+    walker = _Walker(registry, max_depth)
+    with _gc_paused():
+        for root, model in pairs:
+            if isinstance(model, walker.Module):
+                walker.module_tree(model, root)
+            else:
+                walker.value(model, root, "object_attribute", None, 0)
+    globs = list(runtime_state)
+    if globs:
+        paths = [o.path for o in registry.owners]
+        hits = [False] * len(paths)
+        for g in globs:
+            hits = [a or b for a, b in zip(hits, _native.glob_match(g, paths))]
+        registry.owners = [
+            dataclasses.replace(o, registration="runtime_state") if hit else o
+            for o, hit in zip(registry.owners, hits)
+        ]
+    return registry
+
