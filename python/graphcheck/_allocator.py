@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import os
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from ._api import __version__
@@ -38,14 +37,6 @@ def _pool_key(pool_id) -> tuple:
     """A torch pool id (``(a, b)``, a ``MemPool``, a graph pool handle) as a tuple."""
     pid = getattr(pool_id, "id", pool_id)
     return tuple(int(x) for x in pid)
-
-
-@dataclass
-class _Segment:
-    base: int
-    size: int
-    pool: tuple
-    blocks: list  # (address, size, state), by address
 
 
 def _memory_segments() -> list:
@@ -135,17 +126,21 @@ class _AllocSites:
                 spec["alloc_site"] = site
 
 
-def _cuda_segments(raw: Optional[list] = None) -> list:
-    """The caching allocator's segments, sorted by address; [] where CUDA is not in use.
-    ``raw`` is :func:`_memory_segments`' result where the caller already has it."""
-    out = []
-    for s in _memory_segments() if raw is None else raw:
-        blocks = sorted((b["address"], b["size"], b["state"]) for b in s.get("blocks", []))
-        out.append(
-            _Segment(s["address"], s["total_size"], tuple(s.get("segment_pool_id", (0, 0))), blocks)
-        )
-    out.sort(key=lambda s: s.base)
-    return out
+def _segment_facts(raw: list) -> list:
+    """The allocator's segments as the core's builders take them
+    (``graphcheck::resolve::facts::Segment``): base, size, pool and blocks."""
+    return [
+        {
+            "base": hex(s["address"]),
+            "size": s["total_size"],
+            "pool": [int(x) for x in s.get("segment_pool_id", (0, 0))],
+            "blocks": [
+                {"addr": hex(b["address"]), "size": b["size"], "state": b["state"]}
+                for b in s.get("blocks", [])
+            ],
+        }
+        for s in raw
+    ]
 
 
 def _pool_segments(keys: Iterable[tuple]) -> list:
@@ -174,10 +169,10 @@ def _pool_segments(keys: Iterable[tuple]) -> list:
 
 
 def _find(ranges: list, starts: list, addr: int):
-    """The range (``.base``/``.size`` or a ``(base, size, …)`` tuple) holding ``addr``."""
+    """The ``(base, size, …)`` tuple holding ``addr``."""
     i = bisect.bisect_right(starts, addr) - 1
     if i < 0:
         return None
     r = ranges[i]
-    base, size = (r.base, r.size) if isinstance(r, _Segment) else (r[0], r[1])
+    base, size = r[0], r[1]
     return r if base <= addr < base + size else None

@@ -41,30 +41,17 @@ def _source(doc: Document) -> Union[str, bytes, "os.PathLike[str]"]:
     )
 
 
-def _toml_string(s: str) -> str:
-    # JSON string escapes are valid TOML basic-string escapes.
-    return json.dumps(s, ensure_ascii=False)
-
-
 def _allow_args(allow: Optional[Allow]) -> dict:
+    """An allowlist file goes to the core as a path; entries (dicts) as data, which the core
+    reads with the keys of a TOML entry and names in errors (``allow[2].kinds``)."""
     if allow is None:
         return {}
     if isinstance(allow, (str, os.PathLike)):
         return {"allow": os.fspath(allow)}
-    lines = []
-    for i, entry in enumerate(allow):
-        unknown = set(entry) - {"path", "kernel", "kernels", "kinds", "reason"}
-        if unknown:
-            raise GraphcheckError(f"allow[{i}]: unknown key(s) {sorted(unknown)}")
-        lines.append("[[allow]]")
-        for key in ("path", "kernel", "reason"):
-            if key in entry:
-                lines.append(f"{key} = {_toml_string(str(entry[key]))}")
-        for key in ("kernels", "kinds"):
-            if key in entry:
-                items = ", ".join(_toml_string(str(k)) for k in entry[key])
-                lines.append(f"{key} = [{items}]")
-    return {"allow_text": "\n".join(lines) + "\n"}
+    try:
+        return {"allow_entries": json.dumps([dict(entry) for entry in allow])}
+    except (TypeError, ValueError) as e:
+        raise GraphcheckError(f"allow: a list of entries (dicts) as in a TOML allowlist: {e}") from None
 
 
 def load(doc: Document, expect: Optional[str] = None) -> dict:

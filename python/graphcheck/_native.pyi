@@ -16,6 +16,7 @@ __all__ = [
     "EXIT_FINDINGS",
     "EXIT_BAD_INPUT",
     "version",
+    "main",
     "load",
     "verify",
     "normalized",
@@ -24,6 +25,7 @@ __all__ = [
     "diff",
     "schema",
     "build_manifest",
+    "build_live",
     "walk_graph",
     "walk",
     "Walked",
@@ -68,6 +70,7 @@ SLEEP_MALLOC_SYMBOL: str
 SLEEP_FREE_SYMBOL: str
 
 def version() -> str: ...
+def main(argv: Sequence[str]) -> int: ...
 def load(
     document: _Source, expect: str | None = None, name: str | None = None
 ) -> tuple[str, str]: ...
@@ -75,7 +78,7 @@ def verify(
     manifest: _Source,
     live: _Source | None = None,
     allow: str | os.PathLike[str] | None = None,
-    allow_text: str | None = None,
+    allow_entries: str | None = None,
     normalized: bool = False,
     deny_unused_allow: bool = False,
 ) -> tuple[bool, str, str, str]: ...
@@ -91,6 +94,7 @@ def explain(
 def diff(a: _Source, b: _Source, format: str = "table") -> tuple[bool, str]: ...
 def schema() -> str: ...
 def build_manifest(spec: _Source, walked: Sequence[Walked] | None = None) -> str: ...
+def build_live(spec: _Source, manifest: _Source) -> str: ...
 def glob_match(pattern: str, paths: Sequence[str]) -> list[bool]: ...
 def check_path(path: str) -> str: ...
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None: ...

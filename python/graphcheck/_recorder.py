@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from . import _allocator, _native
 from . import sleep as _sleep_module
-from ._allocator import _AllocSites, _cuda_segments, _pool_key, _pool_segments, _producer
+from ._allocator import _AllocSites, _pool_key, _pool_segments, _producer
 from ._native import GraphcheckError
 from ._registry import Registry, _attr, _key, _torch
 from ._walk import DEFAULT_MAX_DEPTH, walk_roots
@@ -366,22 +366,14 @@ class Recorder:
         raw_segments = _allocator._memory_segments()
         tensors = reg.tensor_specs(self.digests)
         _AllocSites(raw_segments).annotate(tensors, reg.tensors)
-        free_ranges = []
-        for seg in _cuda_segments(raw_segments):
-            if seg.pool in self._pool_by_key:
-                pool_ranges.append(
-                    {"base": hex(seg.base), "size": seg.size, "pool": self._pool_by_key[seg.pool]}
-                )
-            # Free blocks: a word in a by-value struct pointing here is stale bytes (the
-            # core's IgnoredReason::FreeMemory); graph pools are left out by the core.
-            free_ranges.extend(
-                {"base": hex(b[0]), "size": b[1]} for b in seg.blocks if b[2] == "inactive"
-            )
+        # The core reads the segments (graphcheck::resolve::spec): a bound pool's segments
+        # are its ranges, free blocks are free memory (IgnoredReason::FreeMemory).
         return {
             "producer": _producer(self.producer),
             "pools": self._pools,
             "pool_ranges": pool_ranges,
-            "free_ranges": free_ranges,
+            "segments": _allocator._segment_facts(raw_segments),
+            "pool_bindings": [{"key": list(k), "pool": v} for k, v in self._pool_by_key.items()],
             "tensors": tensors,
             "owners": reg.owner_specs(),
             "graphs": self._graphs,

@@ -10,13 +10,12 @@
 use std::path::PathBuf;
 
 use graphcheck::check::allow::Allowlist;
-use graphcheck::document::format::{
-    Addr, Document, PoolId, PoolKind, Producer, Registration, SleepPolicy, TensorId,
-};
-use graphcheck::document::load::{LoadError, Source};
+use graphcheck::document::format::Document;
+use graphcheck::document::load::Source;
 use graphcheck::document::owner_path::Glob;
 use graphcheck::present::explain::Query;
-use graphcheck::resolve::manifest::{ManifestBuilder, TensorSpec};
+use graphcheck::resolve::live::LiveSpec;
+use graphcheck::resolve::spec::{self, BuildSpec};
 use graphcheck::resolve::walked::WalkedGraph;
 use graphcheck_cli::ops::{self, Format};
 // The sleep allocator's exported malloc/free symbols (`#[unsafe(no_mangle)]`).
@@ -27,7 +26,6 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
-use serde::Deserialize;
 
 create_exception!(
     graphcheck,
@@ -73,23 +71,68 @@ fn source(obj: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<Source> {
 /// `GraphcheckError` instead of `pyo3_runtime.PanicException`, which is a `BaseException`
 /// that an engine's `except Exception` would not catch: graphcheck never takes down the
 /// process it runs in.
-pub(crate) fn detached<T, F>(py: Python<'_>, f: F) -> PyResult<T>
+pub(crate) fn detached<T, E, F>(py: Python<'_>, f: F) -> PyResult<T>
 where
     T: Send,
-    F: FnOnce() -> Result<T, String> + Send,
+    E: Into<NativeError>,
+    F: FnOnce() -> Result<T, E> + Send,
 {
     py.detach(move || guarded(f))
 }
 
 /// Runs `f`, turning its error and any panic into a `GraphcheckError`.
-pub(crate) fn guarded<T, F>(f: F) -> PyResult<T>
+pub(crate) fn guarded<T, E, F>(f: F) -> PyResult<T>
 where
-    F: FnOnce() -> Result<T, String>,
+    E: Into<NativeError>,
+    F: FnOnce() -> Result<T, E>,
 {
     catch_panic(
-        || f().map_err(GraphcheckError::new_err),
+        || f().map_err(|e| GraphcheckError::new_err(chain(&e.into()))),
         GraphcheckError::new_err,
     )
+}
+
+/// Every error a native call can end in. Errors stay typed until here, the Python
+/// boundary, where they become a `GraphcheckError` whose message is the error and its
+/// causes on one line.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NativeError {
+    #[error(transparent)]
+    Load(#[from] graphcheck::document::load::LoadError),
+    #[error(transparent)]
+    Allow(#[from] graphcheck::check::allow::AllowError),
+    #[error(transparent)]
+    Spec(#[from] graphcheck::resolve::spec::SpecError),
+    #[error(transparent)]
+    Path(#[from] graphcheck::document::owner_path::PathError),
+    #[error(transparent)]
+    Cuda(#[from] graphcheck::cuda::CudaError),
+    #[error("failed to write JSON")]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A check of an argument here, or a library that reports parse errors as text (the
+    /// TOML allowlist).
+    #[error("{0}")]
+    Message(String),
+}
+
+impl From<String> for NativeError {
+    fn from(m: String) -> NativeError {
+        NativeError::Message(m)
+    }
+}
+
+impl From<&str> for NativeError {
+    fn from(m: &str) -> NativeError {
+        NativeError::Message(m.to_string())
+    }
+}
+
+impl From<std::convert::Infallible> for NativeError {
+    fn from(e: std::convert::Infallible) -> NativeError {
+        match e {}
+    }
 }
 
 /// Runs `f`; a panic inside it becomes the error `on_panic` makes of its message.
@@ -150,57 +193,61 @@ fn load(
 ) -> PyResult<(&'static str, String)> {
     let src = source(document, name)?;
     let expect = expect.map(str::to_owned);
-    detached(py, move || -> Result<(&'static str, String), String> {
-        let loaded = |e: LoadError| chain(&e);
-        let (kind, json) = match expect.as_deref() {
-            Some("manifest") => (
-                "manifest",
-                serde_json::to_string(&src.manifest_checked().map_err(loaded)?.0),
-            ),
-            Some("live") => (
-                "live",
-                serde_json::to_string(&src.live_checked().map_err(loaded)?.0),
-            ),
-            None => match src.document().map_err(loaded)? {
-                Document::Manifest(m) => ("manifest", serde_json::to_string(&m)),
-                Document::Live(l) => ("live", serde_json::to_string(&l)),
-            },
-            Some(other) => {
-                return Err(format!("expect is \"manifest\" or \"live\", not {other:?}"));
-            }
-        };
-        Ok((kind, json.map_err(|e| e.to_string())?))
-    })
+    detached(
+        py,
+        move || -> Result<(&'static str, String), NativeError> {
+            let loaded = NativeError::Load;
+            let (kind, json) = match expect.as_deref() {
+                Some("manifest") => (
+                    "manifest",
+                    serde_json::to_string(&src.manifest_checked().map_err(loaded)?.0),
+                ),
+                Some("live") => (
+                    "live",
+                    serde_json::to_string(&src.live_checked().map_err(loaded)?.0),
+                ),
+                None => match src.document().map_err(loaded)? {
+                    Document::Manifest(m) => ("manifest", serde_json::to_string(&m)),
+                    Document::Live(l) => ("live", serde_json::to_string(&l)),
+                },
+                Some(other) => {
+                    return Err(format!("expect is \"manifest\" or \"live\", not {other:?}").into());
+                }
+            };
+            Ok((kind, json?))
+        },
+    )
 }
 
 /// Runs verify; returns `(ok, report_json, table, markdown)`. `allow` is an allowlist
-/// file, `allow_text` its TOML text (one of them at most). `normalized` prints addresses as
+/// file, `allow_entries` its entries as data (a JSON array of objects with the keys of a
+/// TOML entry); one of them at most. `normalized` prints addresses as
 /// symbolic ids, as `graphcheck verify --normalized` does. `deny_unused_allow` makes an
 /// allowlist entry that allowed nothing fail the run, as `--deny-unused-allow` does.
 #[pyfunction]
-#[pyo3(signature = (manifest, live=None, allow=None, allow_text=None, normalized=false, deny_unused_allow=false))]
+#[pyo3(signature = (manifest, live=None, allow=None, allow_entries=None, normalized=false, deny_unused_allow=false))]
 fn verify(
     py: Python<'_>,
     manifest: &Bound<'_, PyAny>,
     live: Option<&Bound<'_, PyAny>>,
     allow: Option<PathBuf>,
-    allow_text: Option<String>,
+    allow_entries: Option<String>,
     normalized: bool,
     deny_unused_allow: bool,
 ) -> PyResult<(bool, String, String, String)> {
     let m_src = source(manifest, Some("<manifest>"))?;
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
-    detached(py, move || -> Result<_, String> {
-        let allow = match (allow, allow_text) {
-            (Some(_), Some(_)) => return Err("give allow or allow_text, not both".into()),
-            (Some(p), None) => Allowlist::load(&p).map_err(|e| chain(&e))?,
+    detached(py, move || -> Result<_, NativeError> {
+        let allow = match (allow, allow_entries) {
+            (Some(_), Some(_)) => return Err("give allow or allow_entries, not both".into()),
+            (Some(p), None) => Allowlist::load(&p)?,
             (None, Some(t)) => {
-                Allowlist::parse(&t).map_err(|m| format!("<allowlist>: invalid allowlist: {m}"))?
+                Allowlist::from_json(&t).map_err(|m| format!("invalid allowlist: {m}"))?
             }
             (None, None) => Allowlist::default(),
         }
         .deny_unused(deny_unused_allow);
-        let v = ops::verify(&m_src, l_src.as_ref(), &allow).map_err(|e| chain(&e))?;
+        let v = ops::verify(&m_src, l_src.as_ref(), &allow)?;
         Ok((
             v.report.ok,
             v.render(Format::Json, normalized),
@@ -218,7 +265,6 @@ fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -
     detached(py, move || {
         src.document()
             .map(|d| graphcheck::present::normalize::normalized(&d))
-            .map_err(|e| chain(&e))
     })
 }
 
@@ -230,7 +276,6 @@ fn summary(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> P
     detached(py, move || {
         src.document()
             .map(|d| graphcheck::present::text::summary(&d))
-            .map_err(|e| chain(&e))
     })
 }
 
@@ -256,8 +301,8 @@ fn explain(
             ));
         }
     };
-    detached(py, move || -> Result<_, String> {
-        let (m, _) = src.manifest_checked().map_err(|e| chain(&e))?;
+    detached(py, move || -> Result<_, NativeError> {
+        let (m, _) = src.manifest_checked()?;
         Ok(ops::explain_text(&m, &query, dot, normalized))
     })
 }
@@ -274,7 +319,7 @@ fn diff(
 ) -> PyResult<(bool, String)> {
     let (a, b) = (source(a, Some("<A>"))?, source(b, Some("<B>"))?);
     let format: Format = format.parse().map_err(GraphcheckError::new_err)?;
-    detached(py, move || ops::diff(&a, &b, format).map_err(|e| chain(&e)))
+    detached(py, move || ops::diff(&a, &b, format))
 }
 
 /// The JSON Schema of format v1, as `graphcheck schema` prints it.
@@ -283,142 +328,9 @@ fn schema() -> PyResult<String> {
     guarded(|| Ok::<_, String>(ops::schema_text()))
 }
 
-/// What `build_manifest` takes: pools, tensors and owners from the Python registry walk,
-/// and graphs as walkers read them. Ids of pools are their positions in `pools`; owners
-/// name tensors by their position in `tensors`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BuildSpec {
-    producer: Producer,
-    #[serde(default)]
-    pools: Vec<PoolSpec>,
-    #[serde(default)]
-    pool_ranges: Vec<PoolRange>,
-    #[serde(default)]
-    allocations: Vec<AllocationSpec>,
-    /// Free blocks of the allocator's segments (`base`, `size`) when the spec was made.
-    #[serde(default)]
-    free_ranges: Vec<AllocationSpec>,
-    #[serde(default)]
-    tensors: Vec<TensorSpec>,
-    #[serde(default)]
-    owners: Vec<OwnerSpec>,
-    #[serde(default)]
-    graphs: Vec<GraphSpec>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PoolSpec {
-    name: String,
-    kind: PoolKind,
-    sleep: SleepPolicy,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PoolRange {
-    base: Addr,
-    size: u64,
-    pool: PoolId,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AllocationSpec {
-    base: Addr,
-    size: u64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OwnerSpec {
-    path: String,
-    /// Position in `tensors`.
-    tensor: usize,
-    registration: Registration,
-    #[serde(default)]
-    holder: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GraphSpec {
-    name: String,
-    #[serde(default)]
-    pool: Option<PoolId>,
-    /// The walked graph as JSON, or (`walked_index`) the position of a `Walked` object in
-    /// `build_manifest`'s `walked` list: exactly one of them.
-    #[serde(default)]
-    walked: Option<WalkedGraph>,
-    #[serde(default)]
-    walked_index: Option<usize>,
-}
-
-fn build(spec: &[u8], walked: &[std::sync::Arc<WalkedGraph>]) -> Result<String, String> {
-    let name = "<build spec>";
-    let mut de = serde_json::Deserializer::from_slice(spec);
-    let spec: BuildSpec = serde_path_to_error::deserialize(&mut de)
-        .map_err(|e| format!("{name}: invalid spec at `{}`: {}", e.path(), e.inner()))?;
-    de.end().map_err(|e| format!("{name}: invalid spec: {e}"))?;
-    let at = |what: String, e: &dyn std::error::Error| format!("{name}: {what}: {}", chain(e));
-    let mut b = ManifestBuilder::new(spec.producer);
-    for p in &spec.pools {
-        b.add_pool(&p.name, p.kind, p.sleep);
-    }
-    for (i, r) in spec.pool_ranges.iter().enumerate() {
-        b.add_pool_range(r.base, r.size, r.pool)
-            .map_err(|e| at(format!("pool_ranges[{i}]"), &e))?;
-    }
-    for a in &spec.allocations {
-        b.add_allocation(a.base, a.size);
-    }
-    for r in &spec.free_ranges {
-        b.add_free_range(r.base, r.size);
-    }
-    // Equal views collapse into one tensor; owners refer to spec positions.
-    let mut ids: Vec<TensorId> = Vec::with_capacity(spec.tensors.len());
-    for (i, t) in spec.tensors.into_iter().enumerate() {
-        ids.push(
-            b.add_tensor(t)
-                .map_err(|e| at(format!("tensors[{i}]"), &e))?,
-        );
-    }
-    for (i, o) in spec.owners.into_iter().enumerate() {
-        let tensor = *ids.get(o.tensor).ok_or_else(|| {
-            format!(
-                "{name}: owners[{i}].tensor: no tensor at position {} ({} given)",
-                o.tensor,
-                ids.len()
-            )
-        })?;
-        b.add_owner(&o.path, tensor, o.registration, o.holder)
-            .map_err(|e| at(format!("owners[{i}]"), &e))?;
-    }
-    for (i, g) in spec.graphs.into_iter().enumerate() {
-        let walked = match (g.walked, g.walked_index) {
-            (Some(w), None) => w,
-            (None, Some(k)) => (**walked.get(k).ok_or_else(|| {
-                format!(
-                    "{name}: graphs[{i}].walked_index: no walked graph at position {k} ({} given)",
-                    walked.len()
-                )
-            })?)
-            .clone(),
-            _ => {
-                return Err(format!(
-                    "{name}: graphs[{i}]: give exactly one of `walked` and `walked_index`"
-                ));
-            }
-        };
-        b.add_graph(&g.name, g.pool, walked);
-    }
-    let m = b.finish().map_err(|e| at("failed to build".into(), &e))?;
-    serde_json::to_string(&m).map_err(|e| e.to_string())
-}
-
-/// Builds a manifest from a build spec (JSON, see `BuildSpec`): resolves every walked
-/// word to a tensor view, allocation and pool, checks the result, returns its JSON.
+/// Builds a manifest from a build spec (JSON, see `graphcheck::resolve::spec`): resolves
+/// every walked word to a tensor view, allocation and pool, checks the result, returns its
+/// JSON.
 #[pyfunction]
 #[pyo3(signature = (spec, walked=None))]
 fn build_manifest(
@@ -426,18 +338,53 @@ fn build_manifest(
     spec: &Bound<'_, PyAny>,
     walked: Option<Vec<PyRef<'_, Walked>>>,
 ) -> PyResult<String> {
-    let bytes = match source(spec, Some("<build spec>"))? {
-        Source::Text { bytes, .. } => bytes,
-        Source::Path(p) => std::fs::read(&p).map_err(|e| {
-            GraphcheckError::new_err(format!("failed to read {}: {e}", p.display()))
-        })?,
-    };
+    let spec = spec_bytes(spec, "<build spec>")?;
     let walked: Vec<std::sync::Arc<WalkedGraph>> = walked
         .unwrap_or_default()
         .iter()
         .map(|w| w.inner.clone())
         .collect();
-    detached(py, move || build(&bytes, &walked))
+    detached(py, move || -> Result<String, NativeError> {
+        let name = "<build spec>";
+        let m = spec::build(BuildSpec::parse(&spec, name)?, &walked, name)?;
+        Ok(serde_json::to_string(&m)?)
+    })
+}
+
+/// Builds the live snapshot of a live spec (JSON, see `graphcheck::resolve::live::LiveSpec`:
+/// the live model's tensor views and owners, the allocator's segments, pool bindings,
+/// reference digests) against `manifest`; returns its JSON, checked like a loaded document.
+#[pyfunction]
+fn build_live(
+    py: Python<'_>,
+    spec: &Bound<'_, PyAny>,
+    manifest: &Bound<'_, PyAny>,
+) -> PyResult<String> {
+    let spec = spec_bytes(spec, "<live spec>")?;
+    let manifest = source(manifest, Some("<manifest>"))?;
+    detached(py, move || -> Result<String, NativeError> {
+        let mut de = serde_json::Deserializer::from_slice(&spec);
+        let spec: LiveSpec = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            NativeError::Message(format!(
+                "<live spec>: invalid spec at `{}`: {}",
+                e.path(),
+                e.inner()
+            ))
+        })?;
+        let (m, _) = manifest.manifest_checked()?;
+        let live = graphcheck::resolve::live::build_live(spec, &m)
+            .map_err(|e| NativeError::Message(format!("<live spec>: {}", chain(&e))))?;
+        Ok(serde_json::to_string(&live)?)
+    })
+}
+
+/// A spec as the caller handed it: JSON text, or a file holding it.
+fn spec_bytes(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u8>> {
+    match source(obj, Some(name))? {
+        Source::Text { bytes, .. } => Ok(bytes),
+        Source::Path(p) => std::fs::read(&p)
+            .map_err(|e| GraphcheckError::new_err(format!("failed to read {}: {e}", p.display()))),
+    }
 }
 
 /// For each path, whether it matches the owner-path glob (`*` within one hop, `**`
@@ -445,8 +392,8 @@ fn build_manifest(
 #[pyfunction]
 fn glob_match(pattern: &str, paths: Vec<String>) -> PyResult<Vec<bool>> {
     guarded(|| {
-        let glob = Glob::new(pattern).map_err(|e| chain(&e))?;
-        Ok(paths.iter().map(|p| glob.is_match(p)).collect())
+        let glob = Glob::new(pattern)?;
+        Ok::<_, NativeError>(paths.iter().map(|p| glob.is_match(p)).collect())
     })
 }
 
@@ -456,7 +403,6 @@ fn check_path(path: &str) -> PyResult<String> {
     guarded(|| {
         graphcheck::document::owner_path::parse(path)
             .map(|segs| graphcheck::document::owner_path::join(&segs))
-            .map_err(|e| chain(&e))
     })
 }
 
@@ -538,7 +484,7 @@ impl Walked {
                     .chunks_exact(16)
                     .map(|pair| (word(&pair[..8]), word(&pair[8..]))),
             );
-            Ok(inner.unexplained(&known).into_iter().map(|a| a.0).collect())
+            Ok::<_, NativeError>(inner.unexplained(&known).into_iter().map(|a| a.0).collect())
         })
     }
 
@@ -552,7 +498,7 @@ impl Walked {
     }
 }
 
-fn walk_raw(handle: u64) -> Result<WalkedGraph, String> {
+fn walk_raw(handle: u64) -> Result<WalkedGraph, NativeError> {
     if handle == 0 {
         return Err("walk_graph: the graph handle is null".into());
     }
@@ -560,9 +506,7 @@ fn walk_raw(handle: u64) -> Result<WalkedGraph, String> {
     // (documented on `walk_graph` and `walk`); we only read it.
     #[allow(unsafe_code)]
     let graph = unsafe { graphcheck::cuda::GraphRef::from_raw(handle as usize as _) };
-    graphcheck::cuda::walk_graph(graph)
-        .map(|(w, _)| w)
-        .map_err(|e| e.to_string())
+    Ok(graphcheck::cuda::walk_graph(graph)?.0)
 }
 
 /// Walks a captured CUDA graph (as `walk_graph`) and keeps the result on the Rust side.
@@ -583,7 +527,8 @@ fn walk(py: Python<'_>, handle: u64) -> PyResult<Walked> {
 #[pyfunction]
 fn walk_graph(py: Python<'_>, handle: u64) -> PyResult<String> {
     detached(py, move || {
-        walk_raw(handle).and_then(|w| serde_json::to_string(&w).map_err(|e| e.to_string()))
+        let w = walk_raw(handle)?;
+        Ok::<_, NativeError>(serde_json::to_string(&w)?)
     })
 }
 
@@ -607,6 +552,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_function(wrap_pyfunction!(build_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(build_live, m)?)?;
     m.add_function(wrap_pyfunction!(walk_graph, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
     m.add_class::<Walked>()?;

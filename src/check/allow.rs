@@ -149,11 +149,22 @@ impl Allowlist {
             let inner = e.into_inner().to_string();
             // serde_json appends " at line L column C" of the generated JSON: not the
             // caller's text, so left out.
-            let inner = inner.split(" at line ").next().unwrap_or(&inner).to_string();
+            let inner = inner
+                .split(" at line ")
+                .next()
+                .unwrap_or(&inner)
+                .to_string();
             if at == "." {
                 inner
             } else {
-                format!("allow{}: {inner}", if at.starts_with('[') { at } else { format!(".{at}") })
+                format!(
+                    "allow{}: {inner}",
+                    if at.starts_with('[') {
+                        at
+                    } else {
+                        format!(".{at}")
+                    }
+                )
             }
         })?;
         Allowlist::from_raw(raw)
@@ -304,7 +315,10 @@ mod tests {
         assert!(e.starts_with("allow[1].x: unknown field `x`"), "{e}");
         let e = Allowlist::from_json(r#"[{"path": "a", "kinds": ["nope"], "reason": "r"}]"#)
             .unwrap_err();
-        assert!(e.starts_with("allow[0].kinds[0]: unknown variant `nope`"), "{e}");
+        assert!(
+            e.starts_with("allow[0].kinds[0]: unknown variant `nope`"),
+            "{e}"
+        );
         let e = Allowlist::from_json(r#"[{"path": "a", "reason": " "}]"#).unwrap_err();
         assert_eq!(e, "allow[0].reason: every entry says why it is allowed");
         assert!(Allowlist::from_json("{}").is_err());

@@ -32,8 +32,22 @@ pub struct Segment {
 pub struct Block {
     pub addr: Addr,
     pub size: u64,
-    /// Handed out (`active_allocated`); otherwise cached and free.
-    pub active: bool,
+    pub state: BlockState,
+}
+
+/// A block's state, as torch's allocator names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// Handed out.
+    ActiveAllocated,
+    /// Freed by its owner, waiting for the streams that used it.
+    ActivePendingFree,
+    /// Cached and free.
+    Inactive,
+    /// A state this graphcheck does not know: neither handed out nor free.
+    #[serde(other)]
+    Other,
 }
 
 /// Which document pool an allocator pool is.
@@ -98,8 +112,8 @@ impl<'a> SegmentMap<'a> {
 
     /// Whether `addr` lies in a block the allocator has handed out.
     pub fn active(s: &Segment, addr: u64) -> bool {
-        s.blocks
-            .iter()
-            .any(|b| b.active && b.addr.0 <= addr && addr - b.addr.0 < b.size)
+        s.blocks.iter().any(|b| {
+            b.state == BlockState::ActiveAllocated && b.addr.0 <= addr && addr - b.addr.0 < b.size
+        })
     }
 }

@@ -8,6 +8,7 @@ pub mod facts;
 pub mod live;
 pub mod manifest;
 pub mod signature;
+pub mod spec;
 pub mod walked;
 
 #[cfg(test)]

@@ -74,10 +74,20 @@ def test_report_object():
 
 
 def test_allowlist_errors():
-    with pytest.raises(graphcheck.GraphcheckError, match="reason"):
+    """Entries go to the core as data: errors name the entry and key, never generated TOML."""
+    with pytest.raises(graphcheck.GraphcheckError, match=r"allow\[0\]\.reason: every entry says why"):
         graphcheck.verify(MARLIN / "manifest.json", allow=[{"path": "model.x", "reason": " "}])
-    with pytest.raises(graphcheck.GraphcheckError, match="unknown key"):
+    with pytest.raises(graphcheck.GraphcheckError, match=r"allow\[0\]\.why: unknown field `why`"):
         graphcheck.verify(MARLIN / "manifest.json", allow=[{"path": "x", "reason": "r", "why": 1}])
+    with pytest.raises(graphcheck.GraphcheckError, match=r"allow\[1\]\.kinds\[0\]: unknown variant `nope`"):
+        graphcheck.verify(
+            MARLIN / "manifest.json",
+            allow=[{"path": "x", "reason": "r"}, {"path": "y", "kinds": ["nope"], "reason": "r"}],
+        )
+    # A string with TOML's quoting characters is data, not syntax.
+    tricky = 'model."x"\n[[allow]]'
+    report = graphcheck.verify(MARLIN / "manifest.json", allow=[{"path": tricky, "reason": "r"}])
+    assert any(f.subject == tricky for f in report.findings), report.findings
 
 
 def test_schema_is_the_committed_one():

@@ -1,0 +1,203 @@
+//! The build spec: what a framework hands over to have a manifest built (pools, allocator
+//! segments, tensor views, owner paths, and graphs as walkers read them), as JSON, and the
+//! build from it. The Python recorder's `build_manifest` is this.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::facts::{BlockState, OwnerSpec, PoolBinding, Segment};
+use super::manifest::{BuildError, ManifestBuilder, TensorSpec};
+use super::walked::WalkedGraph;
+use crate::document::format::{Addr, Manifest, PoolId, PoolKind, Producer, SleepPolicy, TensorId};
+
+/// See the module documentation. Ids of pools are their positions in `pools`; owners name
+/// tensors by their position in `tensors`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildSpec {
+    producer: Producer,
+    #[serde(default)]
+    pools: Vec<PoolSpec>,
+    /// Ranges that belong to a pool, beyond the bound allocator pools' segments.
+    #[serde(default)]
+    pool_ranges: Vec<PoolRange>,
+    #[serde(default)]
+    allocations: Vec<AllocationSpec>,
+    /// Free ranges beyond the segments' free blocks.
+    #[serde(default)]
+    free_ranges: Vec<AllocationSpec>,
+    /// The caching allocator's segments when the spec was made: a bound pool's segments
+    /// belong to it, and free blocks are free memory (`IgnoredReason::FreeMemory`).
+    #[serde(default)]
+    segments: Vec<Segment>,
+    /// Which declared pool each allocator pool is.
+    #[serde(default)]
+    pool_bindings: Vec<PoolBinding>,
+    #[serde(default)]
+    tensors: Vec<TensorSpec>,
+    #[serde(default)]
+    owners: Vec<OwnerSpec>,
+    #[serde(default)]
+    graphs: Vec<GraphSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolSpec {
+    name: String,
+    kind: PoolKind,
+    sleep: SleepPolicy,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolRange {
+    base: Addr,
+    size: u64,
+    pool: PoolId,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllocationSpec {
+    base: Addr,
+    size: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GraphSpec {
+    name: String,
+    #[serde(default)]
+    pool: Option<PoolId>,
+    /// The walked graph as JSON, or (`walked_index`) the position of a walked graph in the
+    /// list handed to [`build`]: exactly one of them.
+    #[serde(default)]
+    walked: Option<WalkedGraph>,
+    #[serde(default)]
+    walked_index: Option<usize>,
+}
+
+/// Why a build spec gave no manifest. `at` is where in the spec (`owners[3]`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    #[error("{name}: invalid spec at `{json_path}`: {message}")]
+    Json {
+        name: String,
+        json_path: String,
+        message: String,
+    },
+    #[error("{name}: {at}")]
+    Build {
+        name: String,
+        at: String,
+        #[source]
+        source: BuildError,
+    },
+    #[error("{name}: {at}: {message}")]
+    Reference {
+        name: String,
+        at: String,
+        message: String,
+    },
+}
+
+impl BuildSpec {
+    /// Parses a spec; `name` names it in errors.
+    pub fn parse(bytes: &[u8], name: &str) -> Result<BuildSpec, SpecError> {
+        let json = |json_path: String, message: String| SpecError::Json {
+            name: name.to_string(),
+            json_path,
+            message,
+        };
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let spec: BuildSpec = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| json(e.path().to_string(), e.inner().to_string()))?;
+        de.end().map_err(|e| json(".".into(), e.to_string()))?;
+        Ok(spec)
+    }
+}
+
+/// Builds and checks the manifest of `spec`; `walked` holds the graphs that `walked_index`
+/// entries refer to. `name` names the spec in errors.
+pub fn build(
+    spec: BuildSpec,
+    walked: &[Arc<WalkedGraph>],
+    name: &str,
+) -> Result<Manifest, SpecError> {
+    let at = |at: String| {
+        let name = name.to_string();
+        move |source| SpecError::Build { name, at, source }
+    };
+    let reference = |at: String, message: String| SpecError::Reference {
+        name: name.to_string(),
+        at,
+        message,
+    };
+    let mut b = ManifestBuilder::new(spec.producer);
+    for p in &spec.pools {
+        b.add_pool(&p.name, p.kind, p.sleep);
+    }
+    for (i, r) in spec.pool_ranges.iter().enumerate() {
+        b.add_pool_range(r.base, r.size, r.pool)
+            .map_err(at(format!("pool_ranges[{i}]")))?;
+    }
+    for (i, s) in spec.segments.iter().enumerate() {
+        if let Some(binding) = spec.pool_bindings.iter().find(|p| p.key == s.pool) {
+            b.add_pool_range(s.base, s.size, binding.pool)
+                .map_err(at(format!("pool_bindings (segment {i})")))?;
+        }
+        // Free blocks: a word in a by-value struct pointing here is stale bytes; graph
+        // pools are left out by the builder.
+        for blk in s
+            .blocks
+            .iter()
+            .filter(|blk| blk.state == BlockState::Inactive)
+        {
+            b.add_free_range(blk.addr, blk.size);
+        }
+    }
+    for a in &spec.allocations {
+        b.add_allocation(a.base, a.size);
+    }
+    for r in &spec.free_ranges {
+        b.add_free_range(r.base, r.size);
+    }
+    // Equal views collapse into one tensor; owners refer to spec positions.
+    let mut ids: Vec<TensorId> = Vec::with_capacity(spec.tensors.len());
+    for (i, t) in spec.tensors.into_iter().enumerate() {
+        ids.push(b.add_tensor(t).map_err(at(format!("tensors[{i}]")))?);
+    }
+    for (i, o) in spec.owners.into_iter().enumerate() {
+        let tensor = *ids.get(o.tensor).ok_or_else(|| {
+            reference(
+                format!("owners[{i}].tensor"),
+                format!("no tensor at position {} ({} given)", o.tensor, ids.len()),
+            )
+        })?;
+        b.add_owner(&o.path, tensor, o.registration, o.holder)
+            .map_err(at(format!("owners[{i}]")))?;
+    }
+    for (i, g) in spec.graphs.into_iter().enumerate() {
+        let graph = match (g.walked, g.walked_index) {
+            (Some(w), None) => w,
+            (None, Some(k)) => (**walked.get(k).ok_or_else(|| {
+                reference(
+                    format!("graphs[{i}].walked_index"),
+                    format!("no walked graph at position {k} ({} given)", walked.len()),
+                )
+            })?)
+            .clone(),
+            _ => {
+                return Err(reference(
+                    format!("graphs[{i}]"),
+                    "give exactly one of `walked` and `walked_index`".into(),
+                ));
+            }
+        };
+        b.add_graph(&g.name, g.pool, graph);
+    }
+    b.finish().map_err(at("failed to build".into()))
+}
