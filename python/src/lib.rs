@@ -571,11 +571,12 @@ mod tests {
     fn a_panic_inside_a_native_call_becomes_an_error() {
         // Regression: a panic crossing into Python is PanicException (a BaseException an
         // engine's `except Exception` misses); `guarded` returns an error instead.
-        let r: PyResult<()> = guarded(|| panic!("index out of bounds"));
+        let r: PyResult<()> =
+            guarded(|| -> Result<(), NativeError> { panic!("index out of bounds") });
         assert!(r.is_err());
         let r: PyResult<u32> = guarded(|| Err("bad input".to_string()));
         assert!(r.is_err());
-        assert!(matches!(guarded(|| Ok(7u32)), Ok(7)));
+        assert!(matches!(guarded(|| Ok::<_, NativeError>(7u32)), Ok(7)));
     }
 
     #[test]
