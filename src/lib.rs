@@ -1,8 +1,7 @@
 //! graphcheck's core: the manifest format, the address index, the ownership graph, and
 //! the verify / explain / show / diff logic over them. No CLI, no Python, no GPU here;
 //! the CUDA walker lives behind the `cuda` feature.
-// Unsafe code is denied everywhere but in the fenced driver layer, `cuda::driver` and
-// `cuda::vmm`.
+// Unsafe code is denied: every raw driver call is in the driver crate (graphcheck-driver).
 #![deny(unsafe_code)]
 
 pub mod allow;
@@ -21,7 +20,6 @@ pub mod load;
 pub mod normalize;
 pub mod path;
 pub mod report;
-pub mod sleep;
 #[cfg(test)]
 mod testkit;
 pub mod text;

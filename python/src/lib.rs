@@ -19,8 +19,7 @@ use graphcheck::load::{self as loader, Tables};
 use graphcheck::normalize::Symbolizer;
 use graphcheck::path::Glob;
 use graphcheck::report::{AddrFmt, RawAddrs, render_json, render_markdown, render_table};
-// The sleep allocator's exported malloc/free symbols (`#[unsafe(no_mangle)]`).
-#[allow(unsafe_code)]
+// The sleep allocator's functions, and its malloc/free symbols for torch.
 mod sleep;
 
 use pyo3::create_exception;
@@ -663,14 +662,11 @@ impl Walked {
 }
 
 fn walk_raw(handle: u64) -> Result<WalkedGraph, String> {
-    if handle == 0 {
-        return Err("walk_graph: the graph handle is null".into());
-    }
-    // SAFETY: the caller hands a live cudaGraph_t that nothing modifies during the walk
-    // (documented on `walk_graph` and `walk`); we only read it.
-    #[allow(unsafe_code)]
-    let graph = unsafe { graphcheck::cuda::GraphRef::from_raw(handle as usize as _) };
-    graphcheck::cuda::walk_graph(graph)
+    // The caller promises a live cudaGraph_t that nothing modifies during the walk
+    // (documented on `walk_graph` and `walk`); the borrow ends with the walk, and a null
+    // handle is refused.
+    graphcheck::cuda::GraphRef::with_raw_handle(handle, graphcheck::cuda::walk_graph)
+        .map_err(|e| format!("walk_graph: {e}"))?
         .map(|(w, _)| w)
         .map_err(|e| e.to_string())
 }
