@@ -16,6 +16,8 @@ use graphcheck::cuda::{GraphRef, walk_graph};
 /// # Safety
 /// `graph` must be a valid `CUgraph` not used by another thread during the call; the out
 /// pointers must be valid for writes; `json_path` null or a NUL-terminated string.
+// Allowed: a C entry point (the workspace's lint list).
+#[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn graphcheck_walk(
     graph: u64,
@@ -25,9 +27,8 @@ pub unsafe extern "C" fn graphcheck_walk(
     functions: *mut u64,
     json_path: *const std::ffi::c_char,
 ) -> i32 {
-    // SAFETY: the caller vouches for the handle (see above).
-    let g = unsafe { GraphRef::from_raw(graph as usize as _) };
-    match walk_graph(g) {
+    // The caller vouches for the handle (see above); null is refused.
+    match GraphRef::with_raw_handle(graph, walk_graph).unwrap_or_else(|e| Err(e.into())) {
         Ok((walked, stats)) => {
             // SAFETY: the caller passes writable pointers.
             unsafe {
@@ -65,12 +66,13 @@ pub unsafe extern "C" fn graphcheck_walk(
 ///
 /// # Safety
 /// As [`graphcheck_walk`]; `out` must be valid for four writes.
+// Allowed: a C entry point (the workspace's lint list).
+#[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn graphcheck_profile(graph: u64, out: *mut f64) -> i32 {
     use std::time::Instant;
-    // SAFETY: the caller vouches for the handle.
-    let g = unsafe { GraphRef::from_raw(graph as usize as _) };
-    let run = || -> Result<[f64; 4], graphcheck::cuda::CudaError> {
+    // The caller vouches for the handle; null is refused.
+    let run = |g: GraphRef<'_>| -> Result<[f64; 4], graphcheck::cuda::CudaError> {
         let t = Instant::now();
         let nodes = g.nodes()?;
         let get_nodes = t.elapsed().as_nanos() as f64;
@@ -99,7 +101,7 @@ pub unsafe extern "C" fn graphcheck_profile(graph: u64, out: *mut f64) -> i32 {
             kernels.len() as f64,
         ])
     };
-    match run() {
+    match GraphRef::with_raw_handle(graph, run).unwrap_or_else(|e| Err(e.into())) {
         Ok(v) => {
             // SAFETY: four writable slots, per the contract.
             unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, 4) };

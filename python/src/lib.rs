@@ -18,8 +18,7 @@ use graphcheck::resolve::live::LiveSpec;
 use graphcheck::resolve::spec::{self, BuildSpec};
 use graphcheck::resolve::walked::WalkedGraph;
 use graphcheck_cli::ops::{self, Format};
-// The sleep allocator's exported malloc/free symbols (`#[unsafe(no_mangle)]`).
-#[allow(unsafe_code)]
+// The sleep allocator's functions, and its malloc/free symbols for torch.
 mod sleep;
 
 use pyo3::create_exception;
@@ -499,14 +498,12 @@ impl Walked {
 }
 
 fn walk_raw(handle: u64) -> Result<WalkedGraph, NativeError> {
-    if handle == 0 {
-        return Err("walk_graph: the graph handle is null".into());
-    }
-    // SAFETY: the caller hands a live cudaGraph_t that nothing modifies during the walk
-    // (documented on `walk_graph` and `walk`); we only read it.
-    #[allow(unsafe_code)]
-    let graph = unsafe { graphcheck::cuda::GraphRef::from_raw(handle as usize as _) };
-    Ok(graphcheck::cuda::walk_graph(graph)?.0)
+    // The caller promises a live cudaGraph_t that nothing modifies during the walk
+    // (documented on `walk_graph` and `walk`); the borrow ends with the walk, and a null
+    // handle is refused.
+    let walked = graphcheck::cuda::GraphRef::with_raw_handle(handle, graphcheck::cuda::walk_graph)
+        .map_err(|e| format!("walk_graph: {e}"))??;
+    Ok(walked.0)
 }
 
 /// Walks a captured CUDA graph (as `walk_graph`) and keeps the result on the Rust side.

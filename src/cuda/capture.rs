@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaGraph, CudaStream, sys};
 
 use super::CudaError;
-use super::driver::GraphRef;
+use super::driver::{DriverError, GraphRef};
 use super::walk::{WalkStats, driver_version, walk_graph};
 use crate::document::format::{Addr, Manifest, PoolKind, Producer, Registration, SleepPolicy};
 use crate::resolve::manifest::{ManifestBuilder, TensorSpec};
@@ -27,10 +27,8 @@ where
     // End the capture whatever happened, so the stream is usable again.
     let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     worked?;
-    ended?.ok_or(CudaError::Call {
-        call: "cuStreamEndCapture",
-        code: 0,
-        name: "the capture produced no graph".into(),
+    ended?.ok_or_else(|| {
+        DriverError::new("cuStreamEndCapture", 0, "the capture produced no graph").into()
     })
 }
 

@@ -1,43 +1,40 @@
-//! The CUDA side (feature `cuda`): reading captured graphs through the driver API, and
-//! capturing graphs from Rust programs on cudarc streams; the sleep allocator's
-//! virtual-memory backend. The only unsafe code of the crate is in [`driver`] and [`vmm`].
+//! The CUDA side (feature `cuda`): reading captured graphs through the driver layer
+//! (`graphcheck-driver`, re-exported as [`driver`]), and capturing graphs from Rust
+//! programs on cudarc streams. No unsafe code here: every raw driver call is in the driver
+//! crate.
 
 pub mod capture;
-#[allow(unsafe_code)]
-pub mod driver;
-#[allow(unsafe_code)]
-pub mod vmm;
 pub mod walk;
 
-pub use driver::GraphRef;
+pub use graphcheck_driver as driver;
+pub use graphcheck_driver::GraphRef;
 pub use walk::{WalkStats, walk_graph};
 
 /// Why a CUDA operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CudaError {
-    #[error("no CUDA driver: libcuda.so could not be loaded")]
-    NoDriver,
-    #[error(
-        "the CUDA driver is version {}.{}, graphcheck needs 12.4 or newer (cuFuncGetParamInfo)",
-        found / 1000,
-        (found % 1000) / 10
-    )]
-    OldDriver { found: i32 },
-    #[error("{call} failed: {name} ({code})")]
-    Call {
-        call: &'static str,
-        code: u32,
-        name: String,
-    },
+    /// The driver layer's: no driver, a driver too old, a failed call (with the driver's
+    /// name for its code), a kernel node without a function.
+    #[error(transparent)]
+    Driver(#[from] graphcheck_driver::Error),
     #[error(
         "no current CUDA context on this thread: make one current (torch does on first CUDA use)"
     )]
     NoContext,
-    #[error("the kernel node names neither a function nor a library kernel")]
-    NoFunction,
-    #[error("{0}")]
-    Driver(#[from] cudarc::driver::DriverError),
     #[error(transparent)]
     Build(#[from] crate::resolve::manifest::BuildError),
+}
+
+impl From<graphcheck_driver::DriverError> for CudaError {
+    fn from(e: graphcheck_driver::DriverError) -> Self {
+        CudaError::Driver(e.into())
+    }
+}
+
+/// Errors of cudarc's safe API (streams, copies, launches in native capture and its tests).
+impl From<cudarc::driver::DriverError> for CudaError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        CudaError::Driver(e.into())
+    }
 }

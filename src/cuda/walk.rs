@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use rustc_hash::FxHashSet;
 
 use super::CudaError;
-use super::driver::{self, GraphRef, NodeRef};
+use super::driver::{self, DriverError, GraphRef, NodeRef};
 use crate::document::format::{Addr, NodeKind, Unread};
 use crate::resolve::demangle::demangle;
 use crate::resolve::walked::{RawWord, WalkedGraph, WalkedNode};
@@ -56,7 +56,7 @@ static DRIVER: OnceLock<Result<i32, String>> = OnceLock::new();
 pub fn driver_version() -> Result<i32, CudaError> {
     match DRIVER.get_or_init(|| driver::init().map_err(|e| e.to_string())) {
         Ok(v) => Ok(*v),
-        Err(_) => driver::init(),
+        Err(_) => Ok(driver::init()?),
     }
 }
 
@@ -216,7 +216,7 @@ impl Walker {
     fn walk(&mut self, g: GraphRef<'_>, parent: Option<u32>) -> Result<(), CudaError> {
         let nodes = g.nodes()?;
         self.out.nodes.reserve(nodes.len());
-        let types: Vec<Result<u32, CudaError>> = nodes.iter().map(|n| n.type_number()).collect();
+        let types: Vec<Result<u32, DriverError>> = nodes.iter().map(|n| n.type_number()).collect();
         // Memory that the graph's own allocation nodes hand out is mapped only while the
         // graph runs, so the driver may not know it yet: its ranges come from the nodes,
         // before any kernel's words are resolved against them.
@@ -423,7 +423,7 @@ impl Walker {
         index: u32,
         parent: Option<u32>,
         kind: NodeKind,
-        read: Result<(Vec<RawWord>, String), CudaError>,
+        read: Result<(Vec<RawWord>, String), DriverError>,
     ) {
         let (words, name, opaque) = match read {
             Ok((words, name)) => (words, name, None),

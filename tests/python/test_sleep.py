@@ -1,7 +1,8 @@
 """The sleep allocator's Python surface without a GPU: the exported C symbols torch's
 CUDAPluggableAllocator loads, the per-thread tag, and the errors where there is no CUDA
-driver. The allocator itself is tested by `src/sleep.rs` (state machine, over host memory)
-and on the GPU by test_sleep_gpu.py."""
+driver. The allocator itself is tested by the graphcheck-sleep crate (`sleep/src/allocator/
+tests.rs`: the state machine, over host memory; `sleep/tests/gpu.rs`: over the driver) and
+on the GPU by test_sleep_gpu.py."""
 
 import ctypes
 import threading

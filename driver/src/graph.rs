@@ -1,9 +1,12 @@
-//! The one fenced unsafe layer: raw CUDA driver calls for reading captured graphs, each
-//! wrapped in a function that returns `Result`. Handles are borrowed: nothing here creates
-//! or destroys a graph, a node or a context. Everything above this module is safe code.
+//! Reading captured graphs: borrowed handles ([`GraphRef`], [`NodeRef`]) and what their
+//! nodes hold. Handles are borrowed: nothing here creates or destroys a graph, a node or a
+//! context (that is [`crate::owned`]).
 //!
 //! Node types are read into a `u32`, never into cudarc's `#[repr(u32)]` enum: a type from
 //! a newer driver would be undefined behaviour there; here it is counted as unread.
+//! Driver-written structs are read through `MaybeUninit`: zeroed, written by the driver,
+//! and materialized as Rust values only where no field is an enum; structs with enum
+//! fields are read field by field through raw pointers, the enums as integers.
 
 use std::ffi::{CStr, c_void};
 use std::marker::PhantomData;
@@ -12,81 +15,8 @@ use std::ptr::addr_of;
 
 use cudarc::driver::sys;
 
-use super::CudaError;
-
-/// The oldest driver with `cuFuncGetParamInfo` (12.4).
-pub const MIN_DRIVER_VERSION: i32 = 12040;
-
-/// Turns a `CUresult` into our error, naming the call.
-fn check(call: &'static str, r: sys::CUresult) -> Result<(), CudaError> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::Call {
-            call,
-            code: r as u32,
-            name: error_name(r),
-        })
-    }
-}
-
-fn error_name(r: sys::CUresult) -> String {
-    let mut p: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: cuGetErrorName writes a pointer to a static string, or leaves it null.
-    let ok = unsafe { sys::cuGetErrorName(r, &mut p) } == sys::CUresult::CUDA_SUCCESS;
-    if ok && !p.is_null() {
-        // SAFETY: the driver returned a NUL-terminated static string.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    } else {
-        format!("CUresult {}", r as u32)
-    }
-}
-
-/// Loads the driver, initializes it and checks its version. Never panics: cudarc's
-/// dynamic loading panics on a missing library, so its presence is checked first.
-pub fn init() -> Result<i32, CudaError> {
-    // SAFETY: only probes for the library with dlopen.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(CudaError::NoDriver);
-    }
-    // SAFETY: cuInit may be called any number of times.
-    check("cuInit", unsafe { sys::cuInit(0) })?;
-    let mut v = 0;
-    // SAFETY: writes one int.
-    check("cuDriverGetVersion", unsafe {
-        sys::cuDriverGetVersion(&mut v)
-    })?;
-    if v < MIN_DRIVER_VERSION {
-        return Err(CudaError::OldDriver { found: v });
-    }
-    Ok(v)
-}
-
-/// Whether the calling thread has a current context (cuMemGetAddressRange needs one).
-pub fn has_current_context() -> Result<bool, CudaError> {
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: writes one handle.
-    check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
-    Ok(!ctx.is_null())
-}
-
-/// The name of device 0 (for the manifest's producer).
-pub fn device_name(ordinal: i32) -> Result<String, CudaError> {
-    let mut dev = 0;
-    // SAFETY: writes one int.
-    check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut dev, ordinal)
-    })?;
-    let mut buf = [0 as std::ffi::c_char; 256];
-    // SAFETY: the buffer holds 256 bytes and the driver NUL-terminates within them.
-    check("cuDeviceGetName", unsafe {
-        sys::cuDeviceGetName(buf.as_mut_ptr(), 256, dev)
-    })?;
-    // SAFETY: NUL-terminated by the call above.
-    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned())
-}
+use crate::raw::{self, Status};
+use crate::{DriverError, Error};
 
 /// A graph we read but do not own.
 #[derive(Clone, Copy, Debug)]
@@ -116,31 +46,59 @@ impl<'a> GraphRef<'a> {
         }
     }
 
+    /// Lends the graph behind a raw handle integer to `f`, for the call only: the handle as
+    /// foreign code hands it over (Python's `torch.cuda.CUDAGraph.raw_cuda_graph()`, a C
+    /// caller's `cudaGraph_t`). Null is rejected ([`Error::NullGraph`]).
+    ///
+    /// # Soundness
+    /// This is the one place where a handle nobody in Rust can vouch for becomes a
+    /// [`GraphRef`], and it is safe to call only under the promise its callers document:
+    /// `handle` is a live `CUgraph` that nothing destroys or modifies until `f` returns.
+    /// The promise cannot be checked: the driver has no call that validates a graph handle
+    /// without dereferencing it, so a dangling non-null integer makes the driver read freed
+    /// memory. It is still a safe function because the promise is made outside Rust, by
+    /// the Python (or C) caller that owns the graph; marking it `unsafe` would only move the
+    /// same unchecked promise into the binding that receives the integer, where no Rust
+    /// code can discharge it either. What Rust can enforce, it does: null is refused, and the
+    /// borrow cannot outlive the call (`f` is given a `GraphRef` of a lifetime it cannot
+    /// name), so neither the handle nor the kernel-parameter bytes read through it (owned
+    /// by the graph's nodes) can be kept past the point where the caller's promise ends.
+    /// Everything done through the borrow reads; nothing here destroys or changes the graph.
+    pub fn with_raw_handle<R>(
+        handle: u64,
+        f: impl for<'g> FnOnce(GraphRef<'g>) -> R,
+    ) -> Result<R, Error> {
+        if handle == 0 {
+            return Err(Error::NullGraph);
+        }
+        // SAFETY: non-null, and live and unchanged for the call, as the caller promises
+        // (see above); the lifetime ends with the call.
+        let graph = unsafe { GraphRef::from_raw(handle as usize as sys::CUgraph) };
+        Ok(f(graph))
+    }
+
+    /// The raw handle, for the driver calls of [`crate::owned`].
+    pub(crate) fn raw(self) -> sys::CUgraph {
+        self.raw
+    }
+
     /// The nodes, in the driver's order.
-    pub fn nodes(self) -> Result<Vec<NodeRef<'a>>, CudaError> {
+    pub fn nodes(self) -> Result<Vec<NodeRef<'a>>, DriverError> {
         let mut n = 0usize;
         // SAFETY: a null array asks for the count only.
-        check("cuGraphGetNodes", unsafe {
-            sys::cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut n)
-        })?;
+        unsafe { raw::cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut n) }
+            .check("cuGraphGetNodes")?;
         // An empty graph (torch only warns on an empty capture) has no nodes to fetch, and
         // asking for zero nodes into an array is CUDA_ERROR_INVALID_VALUE.
         if n == 0 {
             return Ok(Vec::new());
         }
-        let mut raw = vec![std::ptr::null_mut(); n];
-        // SAFETY: `raw` has room for `n` handles; the driver writes at most `n`.
-        check("cuGraphGetNodes", unsafe {
-            sys::cuGraphGetNodes(self.raw, raw.as_mut_ptr(), &mut n)
-        })?;
-        raw.truncate(n);
-        Ok(raw
-            .into_iter()
-            .map(|raw| NodeRef {
-                raw,
-                _life: PhantomData,
-            })
-            .collect())
+        let mut handles = vec![std::ptr::null_mut(); n];
+        // SAFETY: `handles` has room for `n` handles; the driver writes at most `n`.
+        unsafe { raw::cuGraphGetNodes(self.raw, handles.as_mut_ptr(), &mut n) }
+            .check("cuGraphGetNodes")?;
+        handles.truncate(n);
+        Ok(handles.into_iter().map(NodeRef::new).collect())
     }
 }
 
@@ -151,11 +109,28 @@ pub struct NodeRef<'a> {
     _life: PhantomData<&'a ()>,
 }
 
+impl<'a> NodeRef<'a> {
+    /// A node handle the driver handed out for a graph borrowed for `'a`.
+    pub(crate) fn new(raw: sys::CUgraphNode) -> NodeRef<'a> {
+        NodeRef {
+            raw,
+            _life: PhantomData,
+        }
+    }
+
+    /// The raw handle, for the driver calls of [`crate::owned`].
+    pub(crate) fn raw(self) -> sys::CUgraphNode {
+        self.raw
+    }
+}
+
 /// What a kernel node launches, and with what.
 pub struct KernelNode<'a> {
     func: sys::CUfunction,
     kern: sys::CUkernel,
+    /// Blocks per grid (x, y, z).
     pub grid: [u32; 3],
+    /// Threads per block (x, y, z).
     pub block: [u32; 3],
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
@@ -165,7 +140,9 @@ pub struct KernelNode<'a> {
 /// A memset node's destination and the bytes it writes.
 #[derive(Clone, Copy, Debug)]
 pub struct MemsetNode {
+    /// The first byte written.
     pub dst: u64,
+    /// The bytes written: element size × width × height.
     pub bytes: u64,
 }
 
@@ -184,6 +161,7 @@ pub enum MemoryType {
 /// addressed, or `None` for a CUDA array or an unknown memory type.
 #[derive(Clone, Copy, Debug)]
 pub struct MemcpyEnd {
+    /// The address and how the driver addresses it.
     pub addr: Option<(u64, MemoryType)>,
     /// The `CUmemorytype` as the driver numbered it.
     pub memory_type: u32,
@@ -192,32 +170,32 @@ pub struct MemcpyEnd {
 /// A memcpy node's two ends and the bytes it copies.
 #[derive(Clone, Copy, Debug)]
 pub struct MemcpyNode {
+    /// Where the copy writes.
     pub dst: MemcpyEnd,
+    /// Where it reads.
     pub src: MemcpyEnd,
+    /// The bytes copied: width × height × depth.
     pub bytes: u64,
 }
 
 impl<'a> NodeRef<'a> {
     /// The node type as the driver numbers it.
-    pub fn type_number(self) -> Result<u32, CudaError> {
+    pub fn type_number(self) -> Result<u32, DriverError> {
         let mut t: u32 = u32::MAX;
         // SAFETY: CUgraphNodeType is a 4-byte C enum; the driver writes one value, which we
         // keep as an integer so that an unknown value is not an invalid Rust enum.
-        check("cuGraphNodeGetType", unsafe {
-            sys::cuGraphNodeGetType(self.raw, (&mut t as *mut u32).cast())
-        })?;
+        unsafe { raw::cuGraphNodeGetType(self.raw, &mut t) }.check("cuGraphNodeGetType")?;
         Ok(t)
     }
 
     /// The launch of a kernel node.
-    pub fn kernel(self) -> Result<KernelNode<'a>, CudaError> {
+    pub fn kernel(self) -> Result<KernelNode<'a>, DriverError> {
         // The struct holds only handles, integers and pointers (no enum field), so
         // all-zero is a valid value and the driver's writes keep it valid.
         let mut p = MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
         // SAFETY: writes the struct; the pointers in it stay owned by the node.
-        check("cuGraphKernelNodeGetParams", unsafe {
-            sys::cuGraphKernelNodeGetParams_v2(self.raw, p.as_mut_ptr())
-        })?;
+        unsafe { raw::cuGraphKernelNodeGetParams_v2(self.raw, p.as_mut_ptr()) }
+            .check("cuGraphKernelNodeGetParams")?;
         // SAFETY: zero-initialized and then written by the driver, field types all valid
         // for any bit pattern (see above).
         let p = unsafe { p.assume_init() };
@@ -233,13 +211,12 @@ impl<'a> NodeRef<'a> {
     }
 
     /// The destination and extent of a memset node.
-    pub fn memset(self) -> Result<MemsetNode, CudaError> {
+    pub fn memset(self) -> Result<MemsetNode, DriverError> {
         // Integers only: all-zero is valid.
         let mut p = MaybeUninit::<sys::CUDA_MEMSET_NODE_PARAMS>::zeroed();
         // SAFETY: writes the struct.
-        check("cuGraphMemsetNodeGetParams", unsafe {
-            sys::cuGraphMemsetNodeGetParams(self.raw, p.as_mut_ptr())
-        })?;
+        unsafe { raw::cuGraphMemsetNodeGetParams(self.raw, p.as_mut_ptr()) }
+            .check("cuGraphMemsetNodeGetParams")?;
         // SAFETY: zero-initialized, then written by the driver; integer fields only.
         let p = unsafe { p.assume_init() };
         Ok(MemsetNode {
@@ -254,13 +231,12 @@ impl<'a> NodeRef<'a> {
     /// (`srcMemoryType`, `dstMemoryType`, Rust enums with no zero variant): the struct is
     /// never materialized as a Rust value; each field is read through a raw pointer, the
     /// enums as `u32`.
-    pub fn memcpy(self) -> Result<MemcpyNode, CudaError> {
+    pub fn memcpy(self) -> Result<MemcpyNode, DriverError> {
         // Zeroed bytes, never claimed to be a valid CUDA_MEMCPY3D; the driver writes them.
         let mut p = MaybeUninit::<sys::CUDA_MEMCPY3D>::zeroed();
         // SAFETY: writes the struct.
-        check("cuGraphMemcpyNodeGetParams", unsafe {
-            sys::cuGraphMemcpyNodeGetParams(self.raw, p.as_mut_ptr())
-        })?;
+        unsafe { raw::cuGraphMemcpyNodeGetParams(self.raw, p.as_mut_ptr()) }
+            .check("cuGraphMemcpyNodeGetParams")?;
         let p = p.as_ptr();
         // SAFETY: every read below is of a field of the (zeroed, then driver-written)
         // struct through `addr_of!`, as its integer or pointer type; the two enum fields
@@ -335,12 +311,11 @@ impl<'a> NodeRef<'a> {
     /// What a graph memory-allocation node allocates: (address, bytes). The parameters
     /// hold `CUmemPoolProps`, whose fields are enums: read field by field, never as a
     /// Rust value.
-    pub fn mem_alloc(self) -> Result<(u64, u64), CudaError> {
+    pub fn mem_alloc(self) -> Result<(u64, u64), DriverError> {
         let mut p = MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::zeroed();
         // SAFETY: writes the struct (the access descriptors stay owned by the node).
-        check("cuGraphMemAllocNodeGetParams", unsafe {
-            sys::cuGraphMemAllocNodeGetParams(self.raw, p.as_mut_ptr())
-        })?;
+        unsafe { raw::cuGraphMemAllocNodeGetParams(self.raw, p.as_mut_ptr()) }
+            .check("cuGraphMemAllocNodeGetParams")?;
         let p = p.as_ptr();
         // SAFETY: integer fields of the driver-written struct, read through `addr_of!`.
         Ok(unsafe {
@@ -352,22 +327,20 @@ impl<'a> NodeRef<'a> {
     }
 
     /// The address a graph memory-free node frees.
-    pub fn mem_free(self) -> Result<u64, CudaError> {
+    pub fn mem_free(self) -> Result<u64, DriverError> {
         let mut dptr: u64 = 0;
         // SAFETY: writes one address.
-        check("cuGraphMemFreeNodeGetParams", unsafe {
-            sys::cuGraphMemFreeNodeGetParams(self.raw, &mut dptr)
-        })?;
+        unsafe { raw::cuGraphMemFreeNodeGetParams(self.raw, &mut dptr) }
+            .check("cuGraphMemFreeNodeGetParams")?;
         Ok(dptr)
     }
 
     /// The body of a child-graph node, owned by the node.
-    pub fn child_graph(self) -> Result<GraphRef<'a>, CudaError> {
+    pub fn child_graph(self) -> Result<GraphRef<'a>, DriverError> {
         let mut g: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: writes one handle, owned by the node; we never destroy it.
-        check("cuGraphChildGraphNodeGetGraph", unsafe {
-            sys::cuGraphChildGraphNodeGetGraph(self.raw, &mut g)
-        })?;
+        unsafe { raw::cuGraphChildGraphNodeGetGraph(self.raw, &mut g) }
+            .check("cuGraphChildGraphNodeGetGraph")?;
         Ok(GraphRef {
             raw: g,
             _life: PhantomData,
@@ -378,29 +351,21 @@ impl<'a> NodeRef<'a> {
     /// `cuGraphNodeGetParams`, looked up at run time: the H200's driver 580 (CUDA 13.0)
     /// does not export it (checked with `nm -D` and `cuGetProcAddress`), and no other call
     /// returns the bodies, so there the node is listed as unread.
-    pub fn conditional_bodies(self) -> Result<Vec<GraphRef<'a>>, CudaError> {
-        let get = node_get_params();
-        let Some(get) = get else {
-            return Err(CudaError::Call {
-                call: "cuGraphNodeGetParams",
-                code: 0,
-                name: "this driver does not export it (driver 580 / CUDA 13.0 does not), and no \
-                       other driver call hands out a conditional node's bodies"
-                    .into(),
-            });
-        };
+    pub fn conditional_bodies(self) -> Result<Vec<GraphRef<'a>>, DriverError> {
         // `CUgraphNodeParams` starts with an enum (`type_`) and its `conditional` member
         // holds another: never a Rust value, read field by field.
         let mut p = MaybeUninit::<sys::CUgraphNodeParams>::zeroed();
         // SAFETY: writes the struct, whose layout is the same in the 12.8 and 13 headers.
-        let r = unsafe { get(self.raw, p.as_mut_ptr()) };
-        if r != 0 {
-            return Err(CudaError::Call {
-                call: "cuGraphNodeGetParams",
-                code: r,
-                name: format!("CUresult {r}"),
-            });
+        let status = unsafe { raw::cuGraphNodeGetParams(self.raw, p.as_mut_ptr()) };
+        if status == Status::NOT_EXPORTED {
+            return Err(DriverError::new(
+                "cuGraphNodeGetParams",
+                0,
+                "this driver does not export it (driver 580 / CUDA 13.0 does not), and no \
+                 other driver call hands out a conditional node's bodies",
+            ));
         }
+        status.check("cuGraphNodeGetParams")?;
         let p = p.as_ptr();
         // SAFETY: the node is a conditional node (the caller checked its type), so the union
         // holds `conditional`, whose `phGraph_out` points to `size` graphs owned by the
@@ -434,30 +399,26 @@ impl<'a> KernelNode<'a> {
 
     /// The address of the kernel's name string, owned by its module: equal for every
     /// launch of one kernel even where the function handles differ, so it keys caches.
-    pub fn name_key(&self) -> Result<usize, CudaError> {
+    pub fn name_key(&self) -> Result<usize, Error> {
         Ok(self.name_ptr()? as usize)
     }
 
-    fn name_ptr(&self) -> Result<*const std::ffi::c_char, CudaError> {
+    fn name_ptr(&self) -> Result<*const std::ffi::c_char, Error> {
         let mut p: *const std::ffi::c_char = std::ptr::null();
         if !self.func.is_null() {
             // SAFETY: writes a pointer to a string owned by the module.
-            check("cuFuncGetName", unsafe {
-                sys::cuFuncGetName(&mut p, self.func)
-            })?;
+            unsafe { raw::cuFuncGetName(&mut p, self.func) }.check("cuFuncGetName")?;
         } else if !self.kern.is_null() {
             // SAFETY: as above, for a library kernel.
-            check("cuKernelGetName", unsafe {
-                sys::cuKernelGetName(&mut p, self.kern)
-            })?;
+            unsafe { raw::cuKernelGetName(&mut p, self.kern) }.check("cuKernelGetName")?;
         } else {
-            return Err(CudaError::NoFunction);
+            return Err(Error::NoFunction);
         }
         Ok(p)
     }
 
     /// The kernel's name as the driver has it (mangled for C++ kernels).
-    pub fn raw_name(&self) -> Result<String, CudaError> {
+    pub fn raw_name(&self) -> Result<String, Error> {
         let p = self.name_ptr()?;
         if p.is_null() {
             return Ok(String::new());
@@ -469,22 +430,22 @@ impl<'a> KernelNode<'a> {
     /// The parameter layout, (offset, size) per parameter, read by asking for parameter
     /// 0, 1, … until the driver says there is no such parameter (`CUDA_ERROR_INVALID_VALUE`).
     /// Any other answer to the first question is an error: the layout is unknown.
-    pub fn param_layout(&self) -> Result<Vec<(usize, usize)>, CudaError> {
+    pub fn param_layout(&self) -> Result<Vec<(usize, usize)>, DriverError> {
         let mut out = Vec::new();
         for i in 0..4096usize {
             let (mut off, mut size) = (0usize, 0usize);
-            let r = if !self.func.is_null() {
+            let status = if !self.func.is_null() {
                 // SAFETY: writes two integers.
-                unsafe { sys::cuFuncGetParamInfo(self.func, i, &mut off, &mut size) }
+                unsafe { raw::cuFuncGetParamInfo(self.func, i, &mut off, &mut size) }
             } else if !self.kern.is_null() {
                 // SAFETY: writes two integers.
-                unsafe { sys::cuKernelGetParamInfo(self.kern, i, &mut off, &mut size) }
+                unsafe { raw::cuKernelGetParamInfo(self.kern, i, &mut off, &mut size) }
             } else {
                 break;
             };
-            if r != sys::CUresult::CUDA_SUCCESS {
-                if i == 0 && r != sys::CUresult::CUDA_ERROR_INVALID_VALUE {
-                    check("cuFuncGetParamInfo", r)?;
+            if !status.is_success() {
+                if i == 0 && status != Status::INVALID_VALUE {
+                    return Err(DriverError::from_status("cuFuncGetParamInfo", status));
                 }
                 break;
             }
@@ -553,30 +514,9 @@ impl<'a> KernelNode<'a> {
     }
 }
 
-/// `cuGraphNodeGetParams`. The result is declared as the C `int` it is, not cudarc's 12.8
-/// `CUresult` enum: a code the bindings do not list would be an invalid enum value.
-type GetParams = unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNodeParams) -> u32;
-
-/// `cuGraphNodeGetParams` where the driver exports it (a CUDA 13 call missing from the 12.8
-/// bindings, and from driver 580 too), looked up once.
-fn node_get_params() -> Option<GetParams> {
-    static GET: std::sync::OnceLock<Option<(libloading::Library, GetParams)>> =
-        std::sync::OnceLock::new();
-    GET.get_or_init(|| {
-        // SAFETY: loading the driver library runs no initializer beyond what cudarc
-        // already ran by loading the same library.
-        let lib = unsafe { libloading::Library::new("libcuda.so.1") }.ok()?;
-        // SAFETY: the symbol, where present, has this C signature (cuda.h, 13.0).
-        let f: GetParams = *unsafe { lib.get::<GetParams>(b"cuGraphNodeGetParams\0") }.ok()?;
-        Some((lib, f))
-    })
-    .as_ref()
-    .map(|(_, f)| *f)
-}
-
 /// Whether this driver can hand out a conditional node's bodies (`cuGraphNodeGetParams`).
 pub fn can_read_conditional_bodies() -> bool {
-    node_get_params().is_some()
+    raw::is_exported(b"cuGraphNodeGetParams\0")
 }
 
 /// Turns off cudarc's per-slice event tracking for `ctx`: it records events on other
@@ -586,35 +526,4 @@ pub fn disable_event_tracking(ctx: &cudarc::driver::CudaContext) {
     // SAFETY: event tracking only orders accesses across streams; cudarc documents that
     // turning it off leaves that ordering to the caller, which a capture provides.
     unsafe { ctx.disable_event_tracking() }
-}
-
-/// The driver allocation holding `addr`, as (base, size); `None` when no allocation does.
-/// Needs a current context.
-pub fn address_range(addr: u64) -> Option<(u64, u64)> {
-    let (mut base, mut size) = (0u64, 0usize);
-    // SAFETY: writes two integers; any address may be asked about.
-    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
-    (r == sys::CUresult::CUDA_SUCCESS && size > 0).then_some((base, size as u64))
-}
-
-/// The allocation holding `addr` as the driver's pointer attributes give it, (base, size):
-/// this also answers for pinned and registered host memory, which `cuMemGetAddressRange`
-/// does not know. `None` when the driver knows no allocation there.
-pub fn pointer_range(addr: u64) -> Option<(u64, u64)> {
-    let (mut base, mut size) = (0u64, 0usize);
-    // SAFETY: each call writes one value of the attribute's documented type
-    // (CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: a CUdeviceptr, RANGE_SIZE: a size_t).
-    let ok = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut base as *mut u64).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            addr,
-        ) == sys::CUresult::CUDA_SUCCESS
-            && sys::cuPointerGetAttribute(
-                (&mut size as *mut usize).cast(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                addr,
-            ) == sys::CUresult::CUDA_SUCCESS
-    };
-    (ok && size > 0 && base != 0).then_some((base, size as u64))
 }
