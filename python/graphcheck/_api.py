@@ -211,12 +211,17 @@ class Report:
     markdown: str = field(repr=False)
     #: Nodes whose addresses the walk could not read: what they hold was not checked.
     unread_nodes: int = 0
+    #: The graphs some finding names, sorted (the core's ``Report::recapture``).
+    _recapture: tuple[str, ...] = field(default=(), repr=False)
 
     @classmethod
-    def _from_native(cls, ok: bool, text: str, table: str, markdown: str) -> "Report":
+    def _from_native(
+        cls, ok: bool, text: str, table: str, markdown: str, recapture: list
+    ) -> "Report":
         r = json.loads(text)
         return cls(
             ok=ok,
+            _recapture=tuple(recapture),
             findings=tuple(Finding.from_json(f) for f in r["findings"]),
             allowed=tuple(
                 Allowed(Finding.from_json(a["finding"]), a["allowed_by"], a["reason"])
@@ -254,7 +259,7 @@ class Report:
 
     def recapture(self) -> list[str]:
         """Every graph some finding names, sorted: what to recapture."""
-        return sorted({g for f in self.findings for g in f.graphs})
+        return list(self._recapture)
 
 
 def verify(

@@ -218,7 +218,7 @@ fn load(
     )
 }
 
-/// Runs verify; returns `(ok, report_json, table, markdown)`. `allow` is an allowlist
+/// Runs verify; returns `(ok, report_json, table, markdown, recapture)`. `allow` is an allowlist
 /// file, `allow_entries` its entries as data (a JSON array of objects with the keys of a
 /// TOML entry); one of them at most. `normalized` prints addresses as
 /// symbolic ids, as `graphcheck verify --normalized` does. `deny_unused_allow` makes an
@@ -233,7 +233,7 @@ fn verify(
     allow_entries: Option<String>,
     normalized: bool,
     deny_unused_allow: bool,
-) -> PyResult<(bool, String, String, String)> {
+) -> PyResult<(bool, String, String, String, Vec<String>)> {
     let m_src = source(manifest, Some("<manifest>"))?;
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
     detached(py, move || -> Result<_, NativeError> {
@@ -252,6 +252,7 @@ fn verify(
             v.render(Format::Json, normalized),
             v.render(Format::Table, normalized),
             v.render(Format::Markdown, normalized),
+            v.report.recapture(),
         ))
     })
 }

@@ -201,3 +201,35 @@ pub fn build(
     }
     b.finish().map_err(at("failed to build".into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bound allocator pool's segments are the pool's ranges; its free blocks are free
+    /// memory, others' active blocks are not.
+    #[test]
+    fn segments_of_a_bound_pool_belong_to_it() {
+        let spec = r#"{
+            "producer": {"tool": "t", "tool_version": "0", "rank": 0, "world_size": 1},
+            "pools": [{"name": "graph(0, 1)", "kind": "graph", "sleep": "untouched"}],
+            "segments": [
+                {"base": "0x200000", "size": 33554432, "pool": [0, 1],
+                 "blocks": [{"addr": "0x200000", "size": 4096, "state": "active_allocated"},
+                            {"addr": "0x201000", "size": 4096, "state": "inactive"}]},
+                {"base": "0x4000000", "size": 2097152, "pool": [0, 0], "blocks": []}
+            ],
+            "pool_bindings": [{"key": [0, 1], "pool": 0}],
+            "graphs": [{"name": "g", "walked": {"node_counts": {"kernel": 1}, "unread": [],
+                "nodes": [{"index": 0, "kind": "kernel", "name": "k", "grid": null,
+                    "block": null, "parent": null, "opaque": null, "words": [
+                    {"param": 0, "offset": 0, "addr": "0x210020", "allocation": ["0x200000", 33554432]},
+                    {"param": 1, "offset": 0, "addr": "0x4000000", "allocation": ["0x4000000", 2097152]}
+                ]}]}}]
+        }"#;
+        let spec = BuildSpec::parse(spec.as_bytes(), "<test>").unwrap();
+        let m = build(spec, &[], "<test>").unwrap();
+        let pools: Vec<Option<PoolId>> = m.allocations.iter().map(|a| a.pool).collect();
+        assert_eq!(pools, vec![Some(PoolId(0)), None]);
+    }
+}
