@@ -79,7 +79,7 @@ def schema() -> dict:
 
 def build_manifest(spec: Union[Mapping[str, Any], str]) -> dict:
     """Builds a manifest from a build spec (producer, pools, pool_ranges, allocations,
-    tensors, owners, and graphs as walkers read them); see ``python/src/lib.rs``."""
+    tensors, owners, and graphs as walkers read them); see ``graphcheck::resolve::spec`` (``src/resolve/spec.rs``)."""
     text = json.dumps(spec) if isinstance(spec, Mapping) else spec
     return json.loads(_native.build_manifest(text))
 
