@@ -10,6 +10,7 @@ pub mod check;
 pub mod cuda;
 pub mod document;
 pub mod exit;
+mod layout;
 pub mod present;
 pub mod resolve;
 #[cfg(test)]

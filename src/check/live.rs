@@ -2,12 +2,11 @@
 //! paths lead now (probes, carriers, the live address index), giving `vanished`, `drifted`,
 //! `freed`, `reused`, `reshaped` and `stale`.
 
+use std::cell::OnceCell;
 use std::collections::BTreeSet;
 
+use super::context::{Ctx, Subject, persistent, same_storage, shift_siblings, shifted};
 use super::finding::{Finding, FindingKind};
-use std::cell::OnceCell;
-
-use super::verify::{Ctx, Subject, persistent, same_storage, shift_siblings, shifted};
 use crate::document::format::{Addr, AllocState, Contents, Live, Tensor};
 use crate::document::index::AddressIndex;
 use crate::document::load::Tables;

@@ -2,6 +2,7 @@
 //! allowlist that silences some of them, and the diff of two documents.
 
 pub mod allow;
+mod context;
 pub mod diff;
 pub mod finding;
 mod live;

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use super::signature::{NodeSignature, ParamLayout, WordRole, param_layouts};
-use super::walked::{RangeSet, WalkedGraph, WalkedNode};
+use super::walked::{RangeSet, WalkedGraph, WalkedNode, slots};
 use crate::document::format::{
     Addr, Allocation, AllocationId, Digest, Frame, Graph, GraphId, IgnoredReason, IgnoredWord,
     Manifest, Node, Owner, Pool, PoolId, PoolKind, Producer, Registration, SleepPolicy, Tensor,
@@ -402,12 +402,12 @@ impl NodeResolver<'_> {
             .layouts_of
             .entry(n.name.clone())
             .or_insert_with(|| param_layouts(&n.name));
-        let sig = NodeSignature::new(layouts, &n.words);
+        let sig = NodeSignature::new(layouts, &slots(&n.words));
         let mut touches = Vec::with_capacity(n.words.len());
         let mut ignored = Vec::new();
         for w in n.words {
             let tensor = self.views.tensor_at(w.addr);
-            let reason = match sig.role(&w) {
+            let reason = match sig.role(w.param, w.offset) {
                 WordRole::SetAside(reason) => Some(reason),
                 // A word inside a by-value struct (offset > 0) into free memory that names
                 // no tensor is stale bytes, unless a graph pool holds it: the graph's own

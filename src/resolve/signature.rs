@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 
-use super::walked::RawWord;
 use crate::document::format::IgnoredReason;
 
 /// What the kernel signature says about a parameter's words.
@@ -108,11 +107,15 @@ pub(crate) enum WordRole {
 }
 
 impl<'a> NodeSignature<'a> {
-    /// `layouts` are the kernel's, from [`param_layouts`]; `words` the node's.
-    pub(crate) fn new(layouts: &'a [ParamLayout], words: &[RawWord]) -> NodeSignature<'a> {
+    /// `layouts` are the kernel's, from [`param_layouts`]; `words` the node's address
+    /// words as `(parameter index, byte offset)`.
+    pub(crate) fn new(layouts: &'a [ParamLayout], words: &[(u32, u32)]) -> NodeSignature<'a> {
         // A word past the parameters the signature names: the name was not parsed right,
         // so nothing is known of any parameter.
-        let layouts = if words.iter().any(|w| w.param as usize >= layouts.len()) {
+        let layouts = if words
+            .iter()
+            .any(|&(param, _)| param as usize >= layouts.len())
+        {
             &[]
         } else {
             layouts
@@ -122,8 +125,8 @@ impl<'a> NodeSignature<'a> {
             if *l == ParamLayout::ElementwiseClosure {
                 let offsets: Vec<u32> = words
                     .iter()
-                    .filter(|w| w.param == p as u32)
-                    .map(|w| w.offset)
+                    .filter(|&&(param, _)| param == p as u32)
+                    .map(|&(_, offset)| offset)
                     .collect();
                 data_start.insert(p as u32, closure_data_offset(&offsets));
             }
@@ -134,26 +137,27 @@ impl<'a> NodeSignature<'a> {
         }
     }
 
-    pub(crate) fn role(&self, w: &RawWord) -> WordRole {
+    /// What the word at `param`, byte `offset` is.
+    pub(crate) fn role(&self, param: u32, offset: u32) -> WordRole {
         let layout = self
             .layouts
-            .get(w.param as usize)
+            .get(param as usize)
             .copied()
             .unwrap_or(ParamLayout::Opaque);
         match layout {
             ParamLayout::Opaque => WordRole::Unknown,
             ParamLayout::PointerArray => WordRole::Operand,
-            ParamLayout::TensorInfo if w.offset > 0 => WordRole::SetAside(IgnoredReason::IndexSlot),
+            ParamLayout::TensorInfo if offset > 0 => WordRole::SetAside(IgnoredReason::IndexSlot),
             ParamLayout::TensorInfo => WordRole::Unknown,
             ParamLayout::OffsetCalculator => WordRole::SetAside(IgnoredReason::IndexSlot),
             ParamLayout::ElementwiseClosure => {
-                match self.data_start.get(&w.param).copied().flatten() {
-                    Some(start) if w.offset < start => WordRole::SetAside(IgnoredReason::IndexSlot),
+                match self.data_start.get(&param).copied().flatten() {
+                    Some(start) if offset < start => WordRole::SetAside(IgnoredReason::IndexSlot),
                     Some(_) => WordRole::Operand,
                     None => WordRole::Unknown,
                 }
             }
-            ParamLayout::PhiloxState if w.offset == 0 || w.offset == 8 => {
+            ParamLayout::PhiloxState if offset == 0 || offset == 8 => {
                 WordRole::SetAside(IgnoredReason::RngState)
             }
             ParamLayout::PhiloxState => WordRole::Unknown,

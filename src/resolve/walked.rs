@@ -84,11 +84,14 @@ impl WalkedGraph {
             let layouts = layouts_of
                 .entry(n.name.as_str())
                 .or_insert_with(|| param_layouts(&n.name));
-            let sig = NodeSignature::new(layouts, &n.words);
+            let sig = NodeSignature::new(layouts, &slots(&n.words));
             out.extend(
                 n.words
                     .iter()
-                    .filter(|w| !known(w.addr.0) && !matches!(sig.role(w), WordRole::SetAside(_)))
+                    .filter(|w| {
+                        !known(w.addr.0)
+                            && !matches!(sig.role(w.param, w.offset), WordRole::SetAside(_))
+                    })
                     .map(|w| w.addr),
             );
         }
@@ -148,4 +151,9 @@ impl RangeSet {
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
+}
+
+/// A node's words as `(parameter index, byte offset)`, what the signature rules read.
+pub(crate) fn slots(words: &[RawWord]) -> Vec<(u32, u32)> {
+    words.iter().map(|w| (w.param, w.offset)).collect()
 }

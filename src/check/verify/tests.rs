@@ -634,7 +634,8 @@ fn an_expert_reusing_a_siblings_block_is_still_reused() {
 
 #[test]
 fn shift_siblings_differ_in_exactly_one_index() {
-    let shift_siblings = |a: &str, b: &str| super::shift_siblings(&path(a), &path(b));
+    let shift_siblings =
+        |a: &str, b: &str| crate::check::context::shift_siblings(&path(a), &path(b));
     assert!(shift_siblings("m.ys[2]", "m.ys[1]"));
     assert!(shift_siblings("m.experts[3].w", "m.experts[2].w"));
     assert!(!shift_siblings("m.ys[2]", "m.ys[2]"));
