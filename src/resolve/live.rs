@@ -11,7 +11,7 @@ use super::facts::{OwnerSpec, PoolBinding, Segment, SegmentMap};
 use super::manifest::{BuildError, TensorSpec};
 use crate::document::format::{
     Addr, AllocState, Allocation, AllocationId, Digest, Event, Live, Manifest, Owner, Probe,
-    Producer, Tensor, TensorId,
+    Producer, TensorId,
 };
 use crate::document::load::check_live;
 use crate::document::owner_path::OwnerPath;
@@ -62,23 +62,7 @@ pub fn build_live(spec: LiveSpec, manifest: &Manifest) -> Result<Live, BuildErro
         first_path.entry(o.tensor).or_default().push(&o.path);
     }
     for (i, t) in spec.tensors.iter().enumerate() {
-        let mut tensor = Tensor {
-            id: TensorId(i as u32),
-            storage_base: t.storage_base,
-            storage_nbytes: t.storage_nbytes,
-            offset: t.offset,
-            nbytes: t.nbytes,
-            shape: t.shape.clone(),
-            stride: t.stride.clone(),
-            dtype: t.dtype.clone(),
-            itemsize: t.itemsize,
-            device: t.device.clone(),
-            allocation: None,
-            pool: t.pool,
-            digest: t.digest.clone(),
-            reference_digest: None,
-            alloc_site: t.alloc_site.clone(),
-        };
+        let mut tensor = t.clone().into_tensor(TensorId(i as u32));
         let base = t.storage_base.0;
         if t.device.starts_with("cuda")
             && let Some((si, s)) = segments.at(base)
@@ -180,5 +164,133 @@ impl Allocations {
             });
             id
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::document::format::{Contents, PoolId, Registration};
+    use crate::resolve::facts::{Block, BlockState};
+    use crate::testkit::{BASE, manifest, producer};
+
+    fn spec_of(m: &Manifest) -> LiveSpec {
+        LiveSpec {
+            producer: producer(),
+            event: Event {
+                name: "wake".into(),
+                contents: Contents::Preserved,
+            },
+            tensors: m
+                .tensors
+                .iter()
+                .map(|t| TensorSpec {
+                    storage_base: t.storage_base,
+                    storage_nbytes: t.storage_nbytes,
+                    offset: t.offset,
+                    nbytes: t.nbytes,
+                    shape: t.shape.clone(),
+                    stride: t.stride.clone(),
+                    dtype: t.dtype.clone(),
+                    itemsize: t.itemsize,
+                    device: "cuda:0".into(),
+                    pool: None,
+                    digest: None,
+                    alloc_site: vec![],
+                })
+                .collect(),
+            owners: m
+                .owners
+                .iter()
+                .map(|o| OwnerSpec {
+                    path: o.path.to_string(),
+                    tensor: o.tensor.0 as usize,
+                    registration: o.registration,
+                    holder: None,
+                })
+                .collect(),
+            segments: vec![],
+            pool_bindings: vec![],
+            reference_digests: BTreeMap::new(),
+        }
+    }
+
+    /// Probes follow the allocator's blocks: handed out is `active`, cached is `free`, no
+    /// segment is `unmapped` unless a live storage (CPU memory) holds the address; tensors
+    /// and probes in a segment share its allocation and the bound pool.
+    #[test]
+    fn probes_and_allocations_follow_the_segments() {
+        let m = manifest();
+        let mut spec = spec_of(&m);
+        // Slots 0..2 in one segment of allocator pool [0, 1], bound to the weights pool;
+        // slot 1's block is cached; slots 3 and 4 in no segment.
+        spec.segments = vec![Segment {
+            base: Addr(BASE),
+            size: 0x3000,
+            pool: [0, 1],
+            blocks: [
+                (0u64, BlockState::ActiveAllocated),
+                (1, BlockState::Inactive),
+            ]
+            .into_iter()
+            .chain([(2, BlockState::ActiveAllocated)])
+            .map(|(slot, state)| Block {
+                addr: Addr(BASE + slot * 0x1000),
+                size: 0x1000,
+                state,
+            })
+            .collect(),
+        }];
+        let weights = m.pools[0].id;
+        spec.pool_bindings = vec![PoolBinding {
+            key: [0, 1],
+            pool: weights,
+        }];
+        spec.reference_digests =
+            BTreeMap::from([("model.scale_alias".to_string(), Digest("sum64:01".into()))]);
+        let live = build_live(spec, &m).unwrap();
+        assert_eq!(live.allocations.len(), 1);
+        assert_eq!(live.allocations[0].pool, Some(weights));
+        assert!(
+            live.tensors
+                .iter()
+                .all(|t| t.allocation == Some(AllocationId(0)))
+        );
+        assert_eq!(
+            live.tensors[1].reference_digest,
+            Some(Digest("sum64:01".into())),
+            "the digest of any of a tensor's paths"
+        );
+        let state = |slot: u64| {
+            live.probes
+                .iter()
+                .find(|p| p.addr.0 >= BASE + slot * 0x1000 && p.addr.0 < BASE + (slot + 1) * 0x1000)
+                .map(|p| p.state)
+        };
+        assert_eq!(state(0), Some(AllocState::Active));
+        assert_eq!(state(1), Some(AllocState::Free));
+        assert_eq!(state(3), Some(AllocState::Unmapped));
+        assert_eq!(
+            live.probes.len(),
+            5,
+            "one probe per distinct captured address"
+        );
+        assert_eq!(live.owners[2].registration, Registration::ObjectAttribute);
+    }
+
+    #[test]
+    fn a_binding_to_a_pool_the_manifest_lacks_is_an_error() {
+        let m = manifest();
+        let mut spec = spec_of(&m);
+        spec.pool_bindings = vec![PoolBinding {
+            key: [0, 1],
+            pool: PoolId(99),
+        }];
+        let e = build_live(spec, &m).unwrap_err().to_string();
+        assert!(e.contains("pool_bindings[0].pool"), "{e}");
+        let mut spec = spec_of(&m);
+        spec.owners[0].tensor = 42;
+        let e = build_live(spec, &m).unwrap_err().to_string();
+        assert!(e.contains("owners[0].tensor"), "{e}");
     }
 }

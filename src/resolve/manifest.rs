@@ -38,6 +38,29 @@ pub struct TensorSpec {
     pub alloc_site: Vec<Frame>,
 }
 
+impl TensorSpec {
+    /// The document's tensor record of this view, not yet placed in an allocation.
+    pub fn into_tensor(self, id: TensorId) -> Tensor {
+        Tensor {
+            id,
+            storage_base: self.storage_base,
+            storage_nbytes: self.storage_nbytes,
+            offset: self.offset,
+            nbytes: self.nbytes,
+            shape: self.shape,
+            stride: self.stride,
+            dtype: self.dtype,
+            itemsize: self.itemsize,
+            device: self.device,
+            allocation: None,
+            pool: self.pool,
+            digest: self.digest,
+            reference_digest: None,
+            alloc_site: self.alloc_site,
+        }
+    }
+}
+
 /// Why a manifest could not be built.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -153,23 +176,7 @@ impl ManifestBuilder {
             return Ok(id);
         }
         let id = TensorId(self.tensors.len() as u32);
-        self.tensors.push(Tensor {
-            id,
-            storage_base: spec.storage_base,
-            storage_nbytes: spec.storage_nbytes,
-            offset: spec.offset,
-            nbytes: spec.nbytes,
-            shape: spec.shape,
-            stride: spec.stride,
-            dtype: spec.dtype,
-            itemsize: spec.itemsize,
-            device: spec.device,
-            allocation: None,
-            pool: spec.pool,
-            digest: spec.digest,
-            reference_digest: None,
-            alloc_site: spec.alloc_site,
-        });
+        self.tensors.push(spec.into_tensor(id));
         self.views.insert(key, id);
         Ok(id)
     }
