@@ -16,9 +16,9 @@ cargo build --workspace --all-targets --all-features --locked
 step "Rust tests (insta: --check --unreferenced=reject)"
 CI=true cargo insta test --workspace --all-features --check --unreferenced=reject
 
-step "Python package (maturin wheel of python/, installed for the Python tests)"
+step "Python package (maturin release wheel of python/, as pip install . builds it, installed for the Python tests)"
 rm -rf target/wheels-ci
-"$PY" -m maturin build --quiet --locked -i "$PY" -o target/wheels-ci
+"$PY" -m maturin build --release --quiet --locked -i "$PY" -o target/wheels-ci
 "$PY" -m pip install --quiet --disable-pip-version-check \
     --force-reinstall --no-deps target/wheels-ci/graphcheck-*.whl
 
