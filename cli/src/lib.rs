@@ -13,7 +13,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use graphcheck::check::allow::Allowlist;
-use graphcheck::document::load::{load_document, load_manifest, write_atomic};
+use graphcheck::document::load::{load_document, load_manifest};
+use graphcheck::document::write::{refuse_inputs, write_atomic};
 use graphcheck::exit;
 use graphcheck::present::explain::Query;
 use graphcheck::present::normalize::normalized;
@@ -26,7 +27,8 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found
   1  verify: findings; diff: the documents differ; explain: nothing matched
-  2  bad input or usage: unreadable or invalid document or allowlist, bad flag";
+  2  bad input or usage: unreadable or invalid document or allowlist, bad flag, an
+     --output that is one of the inputs";
 
 /// Verify that captured CUDA graphs still read the tensors they were captured with.
 #[derive(Parser)]
@@ -54,7 +56,9 @@ enum Command {
         deny_unused_allow: bool,
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
-        /// Write the report to FILE (atomically) instead of stdout.
+        /// Write the report to FILE instead of stdout: a regular file is replaced
+        /// atomically (through a symlink, its target), a device or FIFO written in place;
+        /// an input is refused.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does.
@@ -174,6 +178,17 @@ fn run(cli: Cli) -> Result<i32> {
             output,
             normalized,
         } => {
+            // Before anything is read or written: an output that is an input would be lost.
+            if let Some(out) = &output {
+                let mut inputs = vec![("manifest", manifest.as_path())];
+                if let Some(l) = &live {
+                    inputs.push(("live snapshot", l.as_path()));
+                }
+                if let Some(a) = &allow {
+                    inputs.push(("allowlist", a.as_path()));
+                }
+                refuse_inputs(out, &inputs)?;
+            }
             let allow = match &allow {
                 Some(p) => Allowlist::load(p)?,
                 None => Allowlist::default(),

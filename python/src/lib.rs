@@ -410,7 +410,7 @@ fn check_path(path: &str) -> PyResult<String> {
 #[pyfunction]
 fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
     detached(py, || {
-        graphcheck::document::load::write_atomic(&path, &data)
+        graphcheck::document::write::write_atomic(&path, &data)
             .map_err(|e| format!("failed to write {}: {e}", path.display()))
     })
 }
