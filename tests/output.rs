@@ -1,6 +1,7 @@
 //! Integration tests of the `graphcheck` binary's way with the user's files: `--output`
 //! never harms what its path names (regular files replaced atomically, links followed,
-//! devices, FIFOs and standard output written in place, directories and inputs refused).
+//! devices, FIFOs and standard output written in place, directories and inputs refused),
+//! and `explain` refuses malformed targets.
 
 #![cfg(unix)]
 
@@ -298,4 +299,32 @@ fn an_output_that_is_an_input_is_refused() {
         std::fs::read(&a).unwrap(),
         std::fs::read(root().join(ALLOW)).unwrap()
     );
+}
+
+/// Regression: a malformed address was taken as an owner path ("no such owner path",
+/// exit 1), an empty target listed unrelated paths, and `--kernel ''` matched every node.
+/// Each is now a usage error (exit 2) that says what is wrong.
+#[test]
+fn malformed_explain_targets_are_usage_errors() {
+    let long = format!("0x{}", "7".repeat(20));
+    for (target, says) in [
+        ("0x", "no hexadecimal digits"),
+        ("0xZZ", "'Z' is not a hexadecimal digit"),
+        (long.as_str(), "20 hexadecimal digits"),
+        ("0X7f2c2520b400", "lowercase `0x`"),
+        ("", "the target is empty"),
+    ] {
+        let out = run(&["explain", MANIFEST, target]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{target:?}: {err}");
+        assert!(err.contains(says), "{target:?}: {err}");
+        assert!(!text(&out.stdout).contains("owner path"), "{target:?}");
+    }
+    let out = run(&["explain", MANIFEST, "--kernel", ""]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("would match every node"), "{err}");
+    // A well-formed address still explains (exit 0 or 1, never 2).
+    let out = run(&["explain", MANIFEST, "0x7f2c00000000"]);
+    assert_ne!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }

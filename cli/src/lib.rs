@@ -16,7 +16,7 @@ use graphcheck::check::allow::Allowlist;
 use graphcheck::document::load::{load_document, load_manifest};
 use graphcheck::document::write::{refuse_inputs, write_atomic};
 use graphcheck::exit;
-use graphcheck::present::explain::Query;
+use graphcheck::present::explain::{Query, QueryError};
 use graphcheck::present::normalize::normalized;
 use graphcheck::present::text::summary;
 
@@ -27,8 +27,8 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found
   1  verify: findings; diff: the documents differ; explain: nothing matched
-  2  bad input or usage: unreadable or invalid document or allowlist, bad flag, an
-     --output that is one of the inputs";
+  2  bad input or usage: unreadable or invalid document or allowlist, bad flag or
+     explain target, an --output that is one of the inputs";
 
 /// Verify that captured CUDA graphs still read the tensors they were captured with.
 #[derive(Parser)]
@@ -69,12 +69,17 @@ enum Command {
     #[command(after_help = EXIT_CODES)]
     Explain {
         manifest: PathBuf,
-        /// A device address (0x…) or an owner path (model.layers[0].mlp.w).
-        #[arg(required_unless_present = "kernel", conflicts_with = "kernel")]
-        target: Option<String>,
-        /// Explain every node whose name contains PATTERN.
-        #[arg(long, value_name = "PATTERN")]
-        kernel: Option<String>,
+        /// A device address (0x and 1 to 16 hexadecimal digits) or an owner path
+        /// (model.layers[0].mlp.w).
+        #[arg(
+            required_unless_present = "kernel",
+            conflicts_with = "kernel",
+            value_parser = target_query
+        )]
+        target: Option<Query>,
+        /// Explain every node whose name contains PATTERN (not empty).
+        #[arg(long, value_name = "PATTERN", value_parser = kernel_query)]
+        kernel: Option<Query>,
         /// Print Graphviz DOT instead of text.
         #[arg(long)]
         dot: bool,
@@ -99,6 +104,17 @@ enum Command {
     },
     /// Print the JSON Schema of format v1 (manifest and live snapshot).
     Schema,
+}
+
+/// `explain`'s target, checked while parsing the command line: a malformed address or an
+/// empty target is a usage error, never an owner path that matches nothing.
+fn target_query(s: &str) -> Result<Query, QueryError> {
+    Query::parse(s)
+}
+
+/// `explain --kernel`'s pattern: an empty one is a usage error (it would match every node).
+fn kernel_query(s: &str) -> Result<Query, QueryError> {
+    Query::kernel(s)
 }
 
 /// Runs the `graphcheck` command line over `args` (the first is the program name, as in
@@ -221,11 +237,9 @@ fn run(cli: Cli) -> Result<i32> {
             normalized,
         } => {
             let m = load_manifest(&manifest)?;
-            let query = match (kernel, target) {
-                (Some(k), _) => Query::Kernel(k),
-                (None, Some(t)) => Query::parse(&t),
-                (None, None) => unreachable!("clap requires one of them"),
-            };
+            let query = kernel
+                .or(target)
+                .expect("clap requires a target or --kernel");
             let (found, text) = ops::explain_text(&m, &query, dot, normalized);
             emit(&text)?;
             Ok(if found { exit::OK } else { exit::FINDINGS })

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import graphcheck
 from conftest import REPO, rust_binary
 from graphcheck.cli import main
 
@@ -137,3 +138,14 @@ def test_python_dash_m_and_exit_codes():
     assert done.returncode == 0, done.stdout + done.stderr
     done = subprocess.run([sys.executable, "-m", "graphcheck", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("graphcheck ")
+
+
+def test_explain_refuses_malformed_targets():
+    """Regression: `graphcheck.explain` searched a malformed address as an owner path, and an
+    empty kernel pattern matched every node; both are errors that say what is wrong."""
+    m = FIXTURES / "synthetic/marlin_workspace_rebuilt/manifest.json"
+    for target, says in [("0xZZ", "not a hexadecimal digit"), ("0x", "no hexadecimal digits"), ("", "target is empty")]:
+        with pytest.raises(graphcheck.GraphcheckError, match=says):
+            graphcheck.explain(m, target)
+    with pytest.raises(graphcheck.GraphcheckError, match="every node"):
+        graphcheck.explain(m, kernel="")
