@@ -1,10 +1,11 @@
 //! Integration tests of the `graphcheck` binary's way with the user's files: `--output`
 //! never harms what its path names (regular files replaced atomically, links followed,
 //! devices, FIFOs and standard output written in place, directories and inputs refused),
-//! and `explain` refuses malformed targets.
+//! `-` reads a document from standard input, and `explain` refuses malformed targets.
 
 #![cfg(unix)]
 
+use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -29,6 +30,21 @@ fn graphcheck() -> Command {
 
 fn run(args: &[&str]) -> Output {
     graphcheck().args(args).output().expect("graphcheck runs")
+}
+
+/// Runs with `input` on standard input.
+fn run_with_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = graphcheck()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("graphcheck runs");
+    // A graphcheck that stops reading early (an error) closes the pipe: not the test's
+    // failure, which the caller's assertions name.
+    let _ = child.stdin.take().unwrap().write_all(input);
+    child.wait_with_output().unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -249,8 +265,8 @@ fn a_socket_is_never_replaced() {
 }
 
 /// Regression: `--output` naming the input manifest silently overwrote it. An output that
-/// is the manifest, the live snapshot or the allowlist (by name or through a link) is
-/// refused with exit 2 before anything is written.
+/// is the manifest, the live snapshot or the allowlist (by name, through a link, or as the
+/// file behind `-`) is refused with exit 2 before anything is written.
 #[test]
 fn an_output_that_is_an_input_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -286,6 +302,18 @@ fn an_output_that_is_an_input_is_refused() {
             "{err}"
         );
     }
+    // The manifest read from standard input is the file behind it.
+    let child = graphcheck()
+        .args(["verify", "-", "--output"])
+        .arg(&m)
+        .stdin(std::fs::File::open(&m).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("manifest read from standard input"), "{err}");
     // Nothing was written.
     assert_eq!(
         std::fs::read(&m).unwrap(),
@@ -299,6 +327,85 @@ fn an_output_that_is_an_input_is_refused() {
         std::fs::read(&a).unwrap(),
         std::fs::read(root().join(ALLOW)).unwrap()
     );
+}
+
+/// Regression: `-` was taken as a file name. It reads the document from standard input,
+/// in every command that takes one, with the same result as the file.
+#[test]
+fn a_dash_reads_a_document_from_standard_input() {
+    let m = std::fs::read(root().join(MANIFEST)).unwrap();
+    let l = std::fs::read(root().join(LIVE)).unwrap();
+    let cases: [(&[&str], &[&str], &[u8]); 6] = [
+        (&["show", "-"], &["show", MANIFEST], &m),
+        (
+            &["show", "-", "--normalized"],
+            &["show", LIVE, "--normalized"],
+            &l,
+        ),
+        (
+            &["verify", "-", LIVE, "--format", "json"],
+            &["verify", MANIFEST, LIVE, "--format", "json"],
+            &m,
+        ),
+        (
+            &["verify", MANIFEST, "-", "--format", "json"],
+            &["verify", MANIFEST, LIVE, "--format", "json"],
+            &l,
+        ),
+        (
+            &["explain", "-", "--kernel", "marlin"],
+            &["explain", MANIFEST, "--kernel", "marlin"],
+            &m,
+        ),
+        (
+            &["diff", MANIFEST, "-", "--format", "json"],
+            &["diff", MANIFEST, LIVE, "--format", "json"],
+            &l,
+        ),
+    ];
+    for (with_dash, with_file, input) in cases {
+        let got = run_with_stdin(with_dash, input);
+        let want = run(with_file);
+        assert_eq!(
+            got.status.code(),
+            want.status.code(),
+            "{with_dash:?}: {}",
+            text(&got.stderr)
+        );
+        assert_eq!(text(&got.stdout), text(&want.stdout), "{with_dash:?}");
+    }
+    // Errors name it.
+    let out = run_with_stdin(&["show", "-"], b"{\"format_version\": 1");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).starts_with("error: <stdin>:"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The table of a diff names it too.
+    let out = run_with_stdin(&["diff", MANIFEST, "-"], &l);
+    assert!(
+        text(&out.stdout).contains("<stdin>"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// Regression: standard input can be read once, so two `-` are a usage error (exit 2),
+/// reported before anything is read.
+#[test]
+fn two_dashes_are_a_usage_error() {
+    for args in [&["verify", "-", "-"][..], &["diff", "-", "-"]] {
+        // Nothing is written to its standard input: it must not wait for it.
+        let out = graphcheck()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("can be read only once"), "{err}");
+    }
 }
 
 /// Regression: a malformed address was taken as an owner path ("no such owner path",
