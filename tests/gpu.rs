@@ -165,7 +165,7 @@ fn save(name: &str, m: &Manifest) {
         let mut bytes = serde_json::to_vec_pretty(m).unwrap();
         bytes.push(b'\n');
         let path = std::path::Path::new(&dir).join(format!("{name}.json"));
-        graphcheck::document::load::write_atomic(&path, &bytes).unwrap();
+        graphcheck::document::write::write_atomic(&path, &bytes).unwrap();
         eprintln!("wrote {}", path.display());
     }
 }

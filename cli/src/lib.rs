@@ -6,16 +6,17 @@
 pub mod ops;
 
 use std::ffi::OsString;
-use std::io::{IsTerminal, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use graphcheck::check::allow::Allowlist;
-use graphcheck::document::load::{load_document, load_manifest, write_atomic};
+use graphcheck::document::load::Source;
+use graphcheck::document::write::{refuse_inputs, write_atomic};
 use graphcheck::exit;
-use graphcheck::present::explain::Query;
+use graphcheck::present::explain::{Query, QueryError};
 use graphcheck::present::normalize::normalized;
 use graphcheck::present::text::summary;
 
@@ -24,11 +25,23 @@ pub use ops::Format;
 /// The exit codes, as `--help` lists them (the constants are [`graphcheck::exit`]).
 pub const EXIT_CODES: &str = "\
 Exit codes:
-  0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found
+  0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found;
+     show, schema: printed
   1  verify: findings; diff: the documents differ; explain: nothing matched
-  2  bad input or usage: unreadable or invalid document or allowlist, bad flag";
+  2  bad input or usage: an unreadable or invalid document or allowlist, a bad flag or
+     explain target, an --output that is one of the inputs";
 
-/// Verify that captured CUDA graphs still read the tensors they were captured with.
+/// How a document path reads standard input.
+const STDIN: &str = "-";
+
+/// Standard input as a file, to compare with `--output`.
+const STDIN_FILE: &str = "/dev/stdin";
+
+/// What error messages and `diff` call a document read from standard input.
+const STDIN_NAME: &str = "<stdin>";
+
+// The tagline is the crate's description (`about` without a value), so `--help`, the
+// package metadata and the README say the same thing.
 #[derive(Parser)]
 #[command(name = "graphcheck", version, about, after_help = EXIT_CODES)]
 struct Cli {
@@ -42,9 +55,9 @@ enum Command {
     /// snapshot (every finding kind).
     #[command(after_help = EXIT_CODES)]
     Verify {
-        /// The manifest recorded at capture.
+        /// The manifest recorded at capture (`-`: standard input).
         manifest: PathBuf,
-        /// The live snapshot taken after sleep/wake or reload.
+        /// The live snapshot taken after sleep/wake or reload (`-`: standard input).
         live: Option<PathBuf>,
         /// An allowlist (TOML: [[allow]] path, kinds, reason).
         #[arg(long, value_name = "FILE")]
@@ -54,7 +67,9 @@ enum Command {
         deny_unused_allow: bool,
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
-        /// Write the report to FILE (atomically) instead of stdout.
+        /// Write the report to FILE instead of stdout: a regular file is replaced
+        /// atomically (through a symlink, its target), a device or FIFO written in place;
+        /// an input is refused.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does.
@@ -64,13 +79,19 @@ enum Command {
     /// Trace an address, an owner path or a kernel through the ownership graph.
     #[command(after_help = EXIT_CODES)]
     Explain {
+        /// The manifest to search (`-`: standard input).
         manifest: PathBuf,
-        /// A device address (0x…) or an owner path (model.layers[0].mlp.w).
-        #[arg(required_unless_present = "kernel", conflicts_with = "kernel")]
-        target: Option<String>,
-        /// Explain every node whose name contains PATTERN.
-        #[arg(long, value_name = "PATTERN")]
-        kernel: Option<String>,
+        /// A device address (0x and 1 to 16 hexadecimal digits) or an owner path
+        /// (model.layers[0].mlp.w).
+        #[arg(
+            required_unless_present = "kernel",
+            conflicts_with = "kernel",
+            value_parser = target_query
+        )]
+        target: Option<Query>,
+        /// Explain every node whose name contains PATTERN (not empty).
+        #[arg(long, value_name = "PATTERN", value_parser = kernel_query)]
+        kernel: Option<Query>,
         /// Print Graphviz DOT instead of text.
         #[arg(long)]
         dot: bool,
@@ -79,7 +100,9 @@ enum Command {
         normalized: bool,
     },
     /// Summarize a manifest or live snapshot.
+    #[command(after_help = EXIT_CODES)]
     Show {
+        /// The manifest or live snapshot (`-`: standard input).
         document: PathBuf,
         /// The stable text snapshot tests store: symbolic addresses, sorted, complete.
         #[arg(long)]
@@ -88,13 +111,27 @@ enum Command {
     /// Compare two documents by owner path (tensor set, registration, layout, digests).
     #[command(after_help = EXIT_CODES)]
     Diff {
+        /// The first document, manifest or live snapshot (`-`: standard input).
         a: PathBuf,
+        /// The second document, compared against the first (`-`: standard input).
         b: PathBuf,
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
     /// Print the JSON Schema of format v1 (manifest and live snapshot).
+    #[command(after_help = EXIT_CODES)]
     Schema,
+}
+
+/// `explain`'s target, checked while parsing the command line: a malformed address or an
+/// empty target is a usage error, never an owner path that matches nothing.
+fn target_query(s: &str) -> Result<Query, QueryError> {
+    Query::parse(s)
+}
+
+/// `explain --kernel`'s pattern: an empty one is a usage error (it would match every node).
+fn kernel_query(s: &str) -> Result<Query, QueryError> {
+    Query::kernel(s)
 }
 
 /// Runs the `graphcheck` command line over `args` (the first is the program name, as in
@@ -149,12 +186,66 @@ fn emit(text: &str) -> Result<()> {
 }
 
 /// Progress for big inputs, on a terminal only, so CI logs and pipes stay clean.
-fn progress(path: &Path, what: &str) -> Option<Instant> {
-    let big = std::fs::metadata(path).is_ok_and(|m| m.len() > 16 << 20);
+fn progress(manifest: &Path, live: Option<&Path>) -> Option<Instant> {
+    let big = std::fs::metadata(manifest).is_ok_and(|m| m.len() > 16 << 20);
     (big && std::io::stderr().is_terminal()).then(|| {
-        eprintln!("graphcheck: loading {what} {} …", path.display());
+        eprintln!("{}", loading_line(manifest, live));
         Instant::now()
     })
+}
+
+/// The progress line: it names the live snapshot only when one was given.
+fn loading_line(manifest: &Path, live: Option<&Path>) -> String {
+    match live {
+        Some(l) => format!(
+            "graphcheck: loading manifest {} and live snapshot {} …",
+            manifest.display(),
+            l.display()
+        ),
+        None => format!("graphcheck: loading manifest {} …", manifest.display()),
+    }
+}
+
+/// The documents named on the command line, as the loaders take them: `-` is standard
+/// input, read here. Standard input can be read once, so two `-` are a usage error, found
+/// before anything is read.
+fn sources<const N: usize>(paths: [&Path; N]) -> Result<[Source; N]> {
+    let from_stdin = paths.iter().filter(|p| is_stdin(p)).count();
+    if from_stdin > 1 {
+        bail!("standard input (`-`) can be read only once, but `-` names {from_stdin} documents");
+    }
+    let mut stdin = match from_stdin {
+        0 => None,
+        _ => {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .lock()
+                .read_to_end(&mut bytes)
+                .context("failed to read standard input")?;
+            Some(bytes)
+        }
+    };
+    Ok(paths.map(|p| match stdin.take_if(|_| is_stdin(p)) {
+        Some(bytes) => Source::Text {
+            bytes,
+            name: PathBuf::from(STDIN_NAME),
+        },
+        None => ops::source(p),
+    }))
+}
+
+fn is_stdin(p: &Path) -> bool {
+    p.as_os_str() == STDIN
+}
+
+/// The file an input path reads, for comparing it with `--output`: standard input's file
+/// where the input is `-` (a shell's `< manifest.json`).
+fn input_file(p: &Path) -> &Path {
+    if is_stdin(p) {
+        Path::new(STDIN_FILE)
+    } else {
+        p
+    }
 }
 
 fn done(t: Option<Instant>) {
@@ -174,17 +265,39 @@ fn run(cli: Cli) -> Result<i32> {
             output,
             normalized,
         } => {
+            // Before anything is read or written: an output that is an input would be lost.
+            if let Some(out) = &output {
+                let mut inputs = vec![("manifest", input_file(&manifest))];
+                if let Some(l) = &live {
+                    inputs.push(("live snapshot", input_file(l)));
+                }
+                if let Some(a) = &allow {
+                    inputs.push(("allowlist", a.as_path()));
+                }
+                refuse_inputs(out, &inputs).map_err(|mut e| {
+                    if e.input == Path::new(STDIN_FILE) {
+                        e.role.push_str(" read from");
+                        e.input = PathBuf::from("standard input");
+                    }
+                    e
+                })?;
+            }
             let allow = match &allow {
                 Some(p) => Allowlist::load(p)?,
                 None => Allowlist::default(),
             }
             .deny_unused(deny_unused_allow);
-            let t = progress(&manifest, "manifest and live snapshot");
-            let v = ops::verify(
-                &ops::source(&manifest),
-                live.as_deref().map(ops::source).as_ref(),
-                &allow,
-            )?;
+            let t = progress(&manifest, live.as_deref());
+            let v = match &live {
+                Some(l) => {
+                    let [m, l] = sources([&manifest, l])?;
+                    ops::verify(&m, Some(&l), &allow)?
+                }
+                None => {
+                    let [m] = sources([&manifest])?;
+                    ops::verify(&m, None, &allow)?
+                }
+            };
             done(t);
             let text = v.render(format, normalized);
             match output {
@@ -205,12 +318,11 @@ fn run(cli: Cli) -> Result<i32> {
             dot,
             normalized,
         } => {
-            let m = load_manifest(&manifest)?;
-            let query = match (kernel, target) {
-                (Some(k), _) => Query::Kernel(k),
-                (None, Some(t)) => Query::parse(&t),
-                (None, None) => unreachable!("clap requires one of them"),
-            };
+            let [m] = sources([&manifest])?;
+            let (m, _) = m.manifest_checked()?;
+            let query = kernel
+                .or(target)
+                .expect("clap requires a target or --kernel");
             let (found, text) = ops::explain_text(&m, &query, dot, normalized);
             emit(&text)?;
             Ok(if found { exit::OK } else { exit::FINDINGS })
@@ -219,18 +331,69 @@ fn run(cli: Cli) -> Result<i32> {
             document,
             normalized: norm,
         } => {
-            let d = load_document(&document)?;
+            let [d] = sources([&document])?;
+            let d = d.document()?;
             emit(&if norm { normalized(&d) } else { summary(&d) })?;
             Ok(exit::OK)
         }
         Command::Diff { a, b, format } => {
-            let (same, text) = ops::diff(&ops::source(&a), &ops::source(&b), format)?;
+            let [a, b] = sources([&a, &b])?;
+            let (same, text) = ops::diff(&a, &b, format)?;
             emit(&text)?;
             Ok(if same { exit::OK } else { exit::FINDINGS })
         }
         Command::Schema => {
             emit(&ops::schema_text())?;
             Ok(exit::OK)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: the progress line named a live snapshot when none was given.
+    #[test]
+    fn the_progress_line_names_only_what_was_given() {
+        let m = Path::new("m.json");
+        assert_eq!(
+            loading_line(m, None),
+            "graphcheck: loading manifest m.json …"
+        );
+        assert_eq!(
+            loading_line(m, Some(Path::new("l.json"))),
+            "graphcheck: loading manifest m.json and live snapshot l.json …"
+        );
+    }
+
+    /// Regression: the tagline was "The graphcheck command line"; positional arguments of
+    /// explain, show and diff had no help; show and schema did not list the exit codes.
+    #[test]
+    fn help_has_a_tagline_argument_help_and_exit_codes_everywhere() {
+        let mut cli = Cli::command();
+        let about = cli.get_about().map(ToString::to_string);
+        assert_eq!(about.as_deref(), Some(env!("CARGO_PKG_DESCRIPTION")));
+        assert!(
+            env!("CARGO_PKG_DESCRIPTION").contains("CUDA graph"),
+            "the tagline says what graphcheck does"
+        );
+        assert!(cli.render_help().to_string().contains("Exit codes:"));
+        // clap's own `help` subcommand is not ours to document.
+        for sub in cli.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+            let name = sub.get_name().to_string();
+            for arg in sub.get_positionals() {
+                assert!(
+                    arg.get_help().is_some(),
+                    "{name} {} has no help",
+                    arg.get_id()
+                );
+            }
+            let help = sub.render_long_help().to_string();
+            assert!(
+                help.contains(EXIT_CODES),
+                "{name} --help lists no exit codes"
+            );
         }
     }
 }

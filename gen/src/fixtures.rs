@@ -73,7 +73,7 @@ pub fn write(out: &Path, files: &Files) -> anyhow::Result<()> {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("failed to create {}", dir.display()))?;
         }
-        graphcheck::document::load::write_atomic(&path, bytes)
+        graphcheck::document::write::write_atomic(&path, bytes)
             .with_context(|| format!("failed to write {}", path.display()))?;
     }
     Ok(())

@@ -293,8 +293,10 @@ fn explain(
 ) -> PyResult<(bool, String)> {
     let src = source(manifest, Some("<manifest>"))?;
     let query = match (kernel, target) {
-        (Some(k), None) => Query::Kernel(k),
-        (None, Some(t)) => Query::parse(&t),
+        (Some(k), None) => {
+            Query::kernel(&k).map_err(|e| GraphcheckError::new_err(e.to_string()))?
+        }
+        (None, Some(t)) => Query::parse(&t).map_err(|e| GraphcheckError::new_err(e.to_string()))?,
         _ => {
             return Err(GraphcheckError::new_err(
                 "explain takes a target (address or owner path) or kernel, exactly one",
@@ -410,7 +412,7 @@ fn check_path(path: &str) -> PyResult<String> {
 #[pyfunction]
 fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
     detached(py, || {
-        graphcheck::document::load::write_atomic(&path, &data)
+        graphcheck::document::write::write_atomic(&path, &data)
             .map_err(|e| format!("failed to write {}: {e}", path.display()))
     })
 }

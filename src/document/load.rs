@@ -555,33 +555,6 @@ pub fn check_live(l: &Live) -> Result<Tables, Invalid> {
     Ok(t)
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced,
-/// then renamed over `path`. A reader sees the old file or the new one, never a part.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".graphcheck-")
-        .suffix(".tmp")
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    // A temporary file is private (0600); the result gets the mode of the file it replaces,
-    // or the usual mode of a new file.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(mode))?;
-    }
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
-}
-
 /// Whether `addr` lies in `[base, base + size)`.
 pub fn in_range(addr: Addr, base: Addr, size: u64) -> bool {
     base <= addr && addr.0 - base.0 < size
@@ -648,24 +621,5 @@ mod tests {
         assert!(e.contains("`kind` is `live`, expected a `manifest`"), "{e}");
         let e = err(b"{\"format_version\": 1, \"kind\": \"manifest\"} trailing");
         assert!(e.contains("missing field"), "{e}");
-    }
-
-    #[test]
-    fn write_atomic_replaces_whole_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("out.json");
-        write_atomic(&p, b"first").unwrap();
-        write_atomic(&p, b"second").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"second");
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-            assert_eq!(mode(&p), 0o644);
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
-            write_atomic(&p, b"third").unwrap();
-            assert_eq!(mode(&p), 0o640);
-        }
     }
 }

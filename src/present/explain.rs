@@ -21,13 +21,63 @@ pub enum Query {
 }
 
 impl Query {
-    /// `0x…` is an address; anything else an owner path.
-    pub fn parse(s: &str) -> Query {
-        match s.strip_prefix("0x").and_then(|_| Addr::parse(s)) {
-            Some(a) => Query::Address(a),
-            None => Query::Owner(s.to_string()),
+    /// An explain target: `0x` and hexadecimal digits is an address; anything else an owner
+    /// path. A target that starts like an address but is not one is an error, never an
+    /// owner path: no owner path starts with `0x`, so it could only match nothing.
+    pub fn parse(s: &str) -> Result<Query, QueryError> {
+        let t = s.trim();
+        if t.is_empty() {
+            return Err(QueryError::Empty);
+        }
+        let bad = |why: String| QueryError::Address {
+            target: t.to_string(),
+            why,
+        };
+        if let Some(hex) = t.strip_prefix("0X") {
+            return Err(bad(format!(
+                "write the prefix as a lowercase `0x` (0x{hex})"
+            )));
+        }
+        let Some(hex) = t.strip_prefix("0x") else {
+            return Ok(Query::Owner(s.to_string()));
+        };
+        if hex.is_empty() {
+            return Err(bad("no hexadecimal digits follow `0x`".into()));
+        }
+        if let Some(c) = hex.chars().find(|c| !c.is_ascii_hexdigit()) {
+            return Err(bad(format!("{c:?} is not a hexadecimal digit")));
+        }
+        if hex.len() > 16 {
+            return Err(bad(format!(
+                "{} hexadecimal digits, but an address has at most 16",
+                hex.len()
+            )));
+        }
+        let a = u64::from_str_radix(hex, 16).expect("1 to 16 hexadecimal digits fit in a u64");
+        Ok(Query::Address(Addr(a)))
+    }
+
+    /// Every node whose name contains `pattern`; an empty pattern is an error, since it
+    /// would match every node.
+    pub fn kernel(pattern: &str) -> Result<Query, QueryError> {
+        if pattern.is_empty() {
+            Err(QueryError::EmptyKernel)
+        } else {
+            Ok(Query::Kernel(pattern.to_string()))
         }
     }
+}
+
+/// Why a string is not something to explain.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryError {
+    #[error("the target is empty: give an address (0x…), an owner path, or --kernel PATTERN")]
+    Empty,
+    #[error("`{target}` is not an address: {why}")]
+    Address { target: String, why: String },
+    #[error("the kernel pattern is empty, which would match every node")]
+    EmptyKernel,
 }
 
 /// The result: text for people, DOT for graphviz; `found` is false when nothing matched.
@@ -116,6 +166,24 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
                     .position(|t| t.id == o.tensor)
                     .expect("checked manifest");
                 let _ = writeln!(text, "owner {p} ({})", o.registration);
+                let t = &m.tensors[ti];
+                match t
+                    .allocation
+                    .and_then(|a| og.allocation_index(a))
+                    .map(|ai| &m.allocations[ai])
+                {
+                    Some(al) => {
+                        let _ = writeln!(
+                            text,
+                            "  in allocation {}+{} ({} bytes in){}",
+                            fmt.addr(al.base),
+                            al.size,
+                            t.data_ptr().0 - al.base.0,
+                            pool_suffix(m, al.pool)
+                        );
+                    }
+                    None => text.push_str("  in no allocation of the manifest\n"),
+                }
                 tensor_text(&og, ti, fmt, &mut text);
                 keep.extend(og.neighbourhood(ti));
                 true
@@ -360,9 +428,9 @@ mod tests {
     fn queries_parse_and_explain_what_they_name() {
         assert_eq!(
             Query::parse("0x7f2c00001000"),
-            Query::Address(Addr(0x7f2c_0000_1000))
+            Ok(Query::Address(Addr(0x7f2c_0000_1000)))
         );
-        assert_eq!(Query::parse("model.w"), Query::Owner("model.w".into()));
+        assert_eq!(Query::parse("model.w"), Ok(Query::Owner("model.w".into())));
         let m = manifest();
         let e = explain(&m, &Query::Owner("model.scale_alias".into()), &RawAddrs);
         assert!(e.found);
@@ -394,5 +462,54 @@ mod tests {
         assert!(!explain(&m, &Query::Owner("model.nope".into()), &RawAddrs).found);
         assert!(!explain(&m, &Query::Address(Addr(0x10)), &RawAddrs).found);
         assert!(!explain(&m, &Query::Kernel("gemm".into()), &RawAddrs).found);
+    }
+
+    /// Regression: a malformed address is an error naming what is wrong, never an owner
+    /// path; so are an empty target and an empty kernel pattern (which matched every node).
+    #[test]
+    fn malformed_targets_are_errors_not_owner_paths() {
+        let why = |s: &str| match Query::parse(s) {
+            Err(QueryError::Address { why, .. }) => why,
+            other => panic!("{s:?} gave {other:?}"),
+        };
+        assert_eq!(why("0x"), "no hexadecimal digits follow `0x`");
+        assert_eq!(why("0xZZ"), "'Z' is not a hexadecimal digit");
+        assert_eq!(
+            why("0x7f2c000010000000000a"),
+            "20 hexadecimal digits, but an address has at most 16"
+        );
+        assert_eq!(
+            why("0X7F2C00001000"),
+            "write the prefix as a lowercase `0x` (0x7F2C00001000)"
+        );
+        assert_eq!(Query::parse(""), Err(QueryError::Empty));
+        assert_eq!(Query::parse("  "), Err(QueryError::Empty));
+        assert_eq!(Query::kernel(""), Err(QueryError::EmptyKernel));
+        assert_eq!(Query::kernel("gemm"), Ok(Query::Kernel("gemm".into())));
+        // Sixteen digits, leading zeros included, are an address.
+        assert_eq!(
+            Query::parse("0x0000000000000010"),
+            Ok(Query::Address(Addr(0x10)))
+        );
+    }
+
+    /// Regression: an owner-path query shows the allocation of the tensor (base, size,
+    /// pool), as an address query does.
+    #[test]
+    fn owner_queries_show_the_allocation() {
+        let m = manifest();
+        let e = explain(&m, &Query::Owner("model.w".into()), &RawAddrs);
+        assert!(e.found);
+        let t = m.tensors.iter().find(|t| {
+            m.owners
+                .iter()
+                .any(|o| o.path == "model.w" && o.tensor == t.id)
+        });
+        let al = t
+            .and_then(|t| t.allocation)
+            .and_then(|a| m.allocations.iter().find(|x| x.id == a))
+            .expect("the test manifest's model.w lies in an allocation");
+        let line = format!("  in allocation {}+{} (", al.base, al.size);
+        assert!(e.text.contains(&line), "no {line:?} in\n{}", e.text);
     }
 }

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import graphcheck
 from conftest import REPO, rust_binary
 from graphcheck.cli import main
 
@@ -137,3 +138,30 @@ def test_python_dash_m_and_exit_codes():
     assert done.returncode == 0, done.stdout + done.stderr
     done = subprocess.run([sys.executable, "-m", "graphcheck", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("graphcheck ")
+
+
+def test_standard_input_and_an_output_that_is_an_input(tmp_path):
+    """Regression: `-` reads a document from standard input, and an `--output` that is an
+    input is refused (exit 2, nothing written), in the console script as in the binary."""
+    m = FIXTURES / "synthetic/marlin_workspace_rebuilt/manifest.json"
+    data = m.read_bytes()
+    copy = tmp_path / "m.json"
+    copy.write_bytes(data)
+    by_file = subprocess.run([str(rust_binary()), "show", str(m)], capture_output=True)
+    for face in ([str(rust_binary())], [sys.executable, "-m", "graphcheck"]):
+        done = subprocess.run([*face, "show", "-"], input=data, capture_output=True)
+        assert (done.returncode, done.stdout) == (0, by_file.stdout), done.stderr
+        done = subprocess.run([*face, "verify", str(copy), "--output", str(copy)], capture_output=True)
+        assert done.returncode == 2 and b"refusing to overwrite an input" in done.stderr, done.stderr
+        assert copy.read_bytes() == data
+
+
+def test_explain_refuses_malformed_targets():
+    """Regression: `graphcheck.explain` searched a malformed address as an owner path, and an
+    empty kernel pattern matched every node; both are errors that say what is wrong."""
+    m = FIXTURES / "synthetic/marlin_workspace_rebuilt/manifest.json"
+    for target, says in [("0xZZ", "not a hexadecimal digit"), ("0x", "no hexadecimal digits"), ("", "target is empty")]:
+        with pytest.raises(graphcheck.GraphcheckError, match=says):
+            graphcheck.explain(m, target)
+    with pytest.raises(graphcheck.GraphcheckError, match="every node"):
+        graphcheck.explain(m, kernel="")
