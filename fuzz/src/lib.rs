@@ -54,6 +54,9 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// One case of a target: makes an input, runs it, returns it with the outcome.
+type Case<'a> = dyn FnMut(&mut SmallRng) -> (Vec<u8>, Outcome) + 'a;
+
 /// The targets, by name.
 pub const TARGETS: &[&str] = &["load", "allow", "owner_path", "explain", "signature", "cli"];
 
@@ -64,7 +67,7 @@ pub fn run(target: &str, budget: Budget, seed: u64, binary: &Path) -> Result<Cou
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut counts = Counts::default();
     let start = Instant::now();
-    let mut case: Box<dyn FnMut(&mut SmallRng) -> (Vec<u8>, Outcome)> = match target {
+    let mut case: Box<Case<'_>> = match target {
         "load" => Box::new(|r| targets::load(r, &corpus)),
         "allow" => Box::new(|r| targets::allow(r, &corpus)),
         "owner_path" => Box::new(|r| targets::owner_path(r, &corpus)),

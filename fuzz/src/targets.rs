@@ -425,13 +425,22 @@ pub fn explain(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
             (t, false)
         }
     };
+    let input = target.clone().into_bytes();
     let query = if !must_find && rng.random_bool(0.2) {
         Query::Kernel(target.clone())
     } else {
-        Query::parse(&target)
+        match Query::parse(&target) {
+            Ok(q) => q,
+            Err(e) if must_find => {
+                return (
+                    input,
+                    Outcome::Failed(format!("a captured target is refused: {e}")),
+                );
+            }
+            Err(_) => return (input, Outcome::Rejected),
+        }
     };
     let e = graphcheck::present::explain::explain(m, &query, &RawAddrs);
-    let input = target.into_bytes();
     if must_find && !e.found {
         return (
             input,
