@@ -16,8 +16,38 @@ pub fn json_schema() -> serde_json::Value {
             {"$ref": "#/$defs/Manifest"},
             {"$ref": "#/$defs/Live"}
         ],
-        "$defs": merge_defs(manifest, live),
+        "$defs": bounded(merge_defs(manifest, live)),
     })
+}
+
+/// The schema with the range of every fixed-width integer stated (`maximum` beside
+/// schemars' `format`, which validators treat as a note): the loader refuses 2^64 for a
+/// u64, and so must the schema.
+fn bounded(mut v: serde_json::Value) -> serde_json::Value {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(o) => {
+                let bounds: Option<(serde_json::Value, serde_json::Value)> =
+                    match o.get("format").and_then(|f| f.as_str()) {
+                        Some("uint32") => Some((0.into(), u32::MAX.into())),
+                        Some("uint64") => Some((0.into(), u64::MAX.into())),
+                        Some("int64") => Some((i64::MIN.into(), i64::MAX.into())),
+                        _ => None,
+                    };
+                if let Some((min, max)) = bounds
+                    && o.get("type").and_then(|t| t.as_str()) == Some("integer")
+                {
+                    o.insert("minimum".into(), min);
+                    o.insert("maximum".into(), max);
+                }
+                o.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
 }
 
 fn merge_defs(manifest: schemars::Schema, live: schemars::Schema) -> serde_json::Value {
