@@ -405,6 +405,27 @@ fn readme_transcripts_are_what_graphcheck_prints() {
     assert!(ran >= 1, "the README shows no transcript");
 }
 
+/// Every allowlist the README shows (```toml blocks) is one graphcheck reads.
+#[test]
+fn readme_allowlists_parse() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let blocks: Vec<&str> = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert!(
+        blocks.len() >= 3,
+        "{} allowlists in the README",
+        blocks.len()
+    );
+    for b in blocks {
+        let list = graphcheck::check::allow::Allowlist::parse(b)
+            .unwrap_or_else(|e| panic!("README.md allowlist:\n{b}\n{e}"));
+        assert_eq!(list.entries.len(), 1, "{b}");
+    }
+}
+
 /// Regression: `diff` did not report a pool's sleep policy changing.
 #[test]
 fn diff_names_a_pool_whose_sleep_policy_changed() {
