@@ -161,6 +161,20 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
         ],
     );
 
+    // A record written as an array of its fields: serde's derive reads that, the schema
+    // does not.
+    let mut as_array = manifest.clone();
+    let pool = as_array["pools"][1].clone();
+    as_array["pools"][1] =
+        serde_json::json!([pool["id"], pool["name"], pool["kind"], pool["sleep"]]);
+    add(
+        "record_as_array.json",
+        "manifest",
+        false,
+        pretty(&as_array),
+        &["`pools[1]`", "expected an object, found an array"],
+    );
+
     // An integer past 64 bits, which serde_json reads as a float.
     let size = format!("\"size\": {}", base.manifest.allocations[0].size);
     assert!(
@@ -313,7 +327,7 @@ mod tests {
     fn bad_inputs_fail_with_the_promised_words() {
         let files = corpus();
         let index = index(&files);
-        assert_eq!(index.bad.len(), 18);
+        assert_eq!(index.bad.len(), 19);
         let (manifest_file, manifest) = base_manifest(&files, &index);
         for bad in &index.bad {
             let bytes = &files[&bad.file];

@@ -13,6 +13,7 @@ use crate::document::format::{
     PoolId, Tensor, TensorId,
 };
 use crate::document::ids::IdIndex;
+use crate::document::objects::Objects;
 use crate::document::pair::PairError;
 use crate::document::schema;
 
@@ -287,7 +288,7 @@ fn header(bytes: &[u8], path: &Path) -> Result<DocKind, LoadError> {
         path,
         bytes,
         None,
-        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes)),
+        serde_path_to_error::deserialize(Objects(&mut serde_json::Deserializer::from_slice(bytes))),
     )?;
     check_version(h.format_version.as_ref(), path)?;
     match h.kind.as_ref().and_then(|k| k.as_str()) {
@@ -325,12 +326,18 @@ fn parse_typed<T: for<'de> Deserialize<'de>>(
     expected: DocKind,
 ) -> Result<T, LoadError> {
     // The fast path tracks no JSON path; only a failed parse is repeated with tracking, so
-    // that its error can say where.
-    if let Ok(v) = serde_json::from_slice::<T>(bytes) {
+    // that its error can say where. Both read records from JSON objects only (`Objects`).
+    let fast = || -> Result<T, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let v = T::deserialize(Objects(&mut de))?;
+        de.end()?;
+        Ok(v)
+    };
+    if let Ok(v) = fast() {
         return Ok(v);
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+    match serde_path_to_error::deserialize::<_, T>(Objects(&mut de)) {
         Ok(v) => {
             de.end().map_err(|e| LoadError::Json {
                 path: path.to_path_buf(),
@@ -379,24 +386,33 @@ fn describe(
         // error; in text that is JSON, it is a value of the wrong type.
         Category::Syntax if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => {
             wrong_type(bytes, expected, at)
+                .unwrap_or_else(|| format!("a value of the wrong type: {m}"))
         }
         Category::Syntax => format!("not valid JSON: {m}"),
-        Category::Data => out_of_range(&m, bytes, e.line(), e.column()).unwrap_or(m),
+        // serde's "invalid type: sequence, expected struct Pool" names Rust types; the
+        // schema's words name JSON ones.
+        Category::Data => out_of_range(&m, bytes, e.line(), e.column())
+            .or_else(|| {
+                m.starts_with("invalid type: ")
+                    .then(|| wrong_type(bytes, expected, at))
+                    .flatten()
+            })
+            .unwrap_or(m),
         Category::Io => m,
     }
 }
 
-/// "expected X, found Y" for a value of the wrong type at `at`.
-fn wrong_type(bytes: &[u8], expected: Option<DocKind>, at: &[schema::Step]) -> String {
+/// "expected X, found Y" for a value of the wrong type at `at`, where the schema says
+/// what belongs there.
+fn wrong_type(bytes: &[u8], expected: Option<DocKind>, at: &[schema::Step]) -> Option<String> {
+    let want = schema::expected_at(expected?, at)?;
     let found = serde_json::from_slice::<serde_json::Value>(bytes)
         .ok()
         .and_then(|v| schema::value_at(&v, at).map(schema::describe_value));
-    match (expected.and_then(|k| schema::expected_at(k, at)), found) {
-        (Some(want), Some(found)) => format!("expected {want}, found {found}"),
-        (Some(want), None) => format!("expected {want}"),
-        (None, Some(found)) => format!("a value of the wrong type: {found}"),
-        (None, None) => "a value of the wrong type".into(),
-    }
+    Some(match found {
+        Some(found) => format!("expected {want}, found {found}"),
+        None => format!("expected {want}"),
+    })
 }
 
 /// serde_json reads an integer too large for 64 bits as a float, and then says "invalid

@@ -1,11 +1,12 @@
 //! The document: the versioned on-disk format of manifests and live snapshots, its loader
-//! and schema, whether a live snapshot belongs with a manifest (pair), owner paths, and the
+//! (which reads records from JSON objects only, as the schema says) and schema, whether a live snapshot belongs with a manifest (pair), owner paths, and the
 //! indexes built over a loaded document (ids, addresses, the ownership graph).
 
 pub mod format;
 pub mod ids;
 pub mod index;
 pub mod load;
+pub mod objects;
 pub mod owner_path;
 pub mod ownership;
 pub mod pair;
