@@ -1,6 +1,7 @@
 //! The document: the versioned on-disk format of manifests and live snapshots, its loader
-//! (which reads records from JSON objects only, as the schema says) and schema, whether a live snapshot belongs with a manifest (pair), owner paths, and the
-//! indexes built over a loaded document (ids, addresses, the ownership graph).
+//! (which reads records from JSON objects only, as the schema says) and schema, whether a
+//! live snapshot belongs with a manifest (pair), owner paths, and the indexes built over a
+//! loaded document (ids, addresses, the ownership graph).
 
 pub mod format;
 pub mod ids;
