@@ -168,10 +168,17 @@ pub fn live(m: &Manifest, contents: Contents) -> Live {
     l.allocations = m.allocations.clone();
     l.tensors = m.tensors.clone();
     l.owners = m.owners.clone();
-    l.probes = [0u64, 1, 2, 3, 4]
+    // One probe per distinct captured address, in document order, as `build_live` writes
+    // them (a live snapshot missing one is refused).
+    let mut seen = std::collections::BTreeSet::new();
+    l.probes = m
+        .graphs
         .iter()
-        .map(|&s| Probe {
-            addr: Addr(BASE + s * 0x1000),
+        .flat_map(|g| &g.nodes)
+        .flat_map(|n| &n.touches)
+        .filter(|t| seen.insert(t.addr))
+        .map(|t| Probe {
+            addr: t.addr,
             state: AllocState::Active,
             pool: None,
             allocation: None,

@@ -235,20 +235,62 @@ fn snapshots_per_scenario() {
             );
         }
         for (i, q) in s["explain"].as_array().into_iter().flatten().enumerate() {
-            let q = q.as_str().unwrap();
-            let mut argv = vec!["explain", manifest.as_str()];
-            argv.extend(q.split_whitespace().collect::<Vec<_>>().iter().copied());
-            if q.starts_with("--kernel ") {
-                argv.truncate(2);
-                argv.push("--kernel");
-                argv.push(q.trim_start_matches("--kernel ").trim());
-            }
+            let args = explain_argv(&manifest, q.as_str().unwrap());
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
             insta::assert_snapshot!(
                 format!("explain_{i}"),
                 transcript(&argv, &graphcheck(&argv))
             );
         }
     }
+}
+
+/// The argv of `graphcheck explain MANIFEST QUERY` for an index's query.
+fn explain_argv(manifest: &str, query: &str) -> Vec<String> {
+    let mut argv = vec!["explain".to_string(), manifest.to_string()];
+    match query.strip_prefix("--kernel ") {
+        Some(pattern) => argv.extend(["--kernel".to_string(), pattern.trim().to_string()]),
+        None => argv.extend(query.split_whitespace().map(String::from)),
+    }
+    argv
+}
+
+/// Regression: `gpu_corpus_clean_inplace` asked `--kernel Mul` of a manifest without such a
+/// kernel, and its snapshot stored the miss. Every query of both indexes finds something
+/// (exit 0), unless the scenario lists it in `explain_misses` (then exit 1).
+#[test]
+fn every_explain_query_finds_something_unless_marked_a_miss() {
+    let mut failures = Vec::new();
+    let mut asked = 0;
+    for s in scenarios() {
+        let name = s["name"].as_str().unwrap();
+        let manifest = rel(s["manifest"].as_str().unwrap());
+        let misses: Vec<&str> = s["explain_misses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|q| q.as_str().unwrap())
+            .collect();
+        let queries = s["explain"].as_array().into_iter().flatten();
+        for (q, want) in queries
+            .map(|q| (q.as_str().unwrap(), 0))
+            .chain(misses.iter().map(|&q| (q, 1)))
+        {
+            asked += 1;
+            let args = explain_argv(&manifest, q);
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = graphcheck(&argv);
+            if out.status.code() != Some(want) {
+                failures.push(format!(
+                    "{name}: explain {q:?} exited {:?}, expected {want}\n{}",
+                    out.status.code(),
+                    text(&out.stdout)
+                ));
+            }
+        }
+    }
+    assert!(asked > 40, "{asked} queries");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Regression: an allowlist entry that allowed nothing warns (exit 0) unless
@@ -335,6 +377,92 @@ fn bad_inputs_exit_2_naming_file_and_json_path() {
         let _guard = settings(&stem, &root().join(&file)).bind_to_scope();
         insta::assert_snapshot!("bad_input", transcript(&args, &out));
     }
+}
+
+/// Regression: the README's example error was not the one graphcheck prints. Every
+/// ```text block of the README that starts with `$ graphcheck …` is run, and its output
+/// (stdout, then stderr) must be the rest of the block, byte for byte.
+#[test]
+fn readme_transcripts_are_what_graphcheck_prints() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let mut ran = 0;
+    for block in readme.split("```text\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        let Some(command) = block
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("$ graphcheck "))
+        else {
+            continue;
+        };
+        let want = block.split_once('\n').map_or("", |(_, rest)| rest);
+        let args: Vec<&str> = command.split_whitespace().collect();
+        let out = graphcheck(&args);
+        let got = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(got, want, "README.md: `graphcheck {command}`");
+        ran += 1;
+    }
+    assert!(ran >= 1, "the README shows no transcript");
+}
+
+/// Every allowlist the README shows (```toml blocks) is one graphcheck reads.
+#[test]
+fn readme_allowlists_parse() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let blocks: Vec<&str> = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert!(
+        blocks.len() >= 3,
+        "{} allowlists in the README",
+        blocks.len()
+    );
+    for b in blocks {
+        let list = graphcheck::check::allow::Allowlist::parse(b)
+            .unwrap_or_else(|e| panic!("README.md allowlist:\n{b}\n{e}"));
+        assert_eq!(list.entries.len(), 1, "{b}");
+    }
+}
+
+/// Regression: `diff` did not report a pool's sleep policy changing.
+#[test]
+fn diff_names_a_pool_whose_sleep_policy_changed() {
+    let manifest = "fixtures/synthetic/kv_pool_metadata/manifest.json";
+    let mut doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join(manifest)).unwrap()).unwrap();
+    let kv = doc["pools"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|p| p["name"] == "kv_cache")
+        .expect("a kv_cache pool");
+    assert_eq!(kv["sleep"], "discarded");
+    kv["sleep"] = "restored".into();
+    let dir = tempfile_dir("diff-pool");
+    let changed = dir.join("restored.json");
+    std::fs::write(&changed, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let changed = changed.to_string_lossy().to_string();
+    let out = graphcheck(&["diff", manifest, &changed, "--format", "markdown"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("| `pool kv_cache` | sleep | discarded | restored |"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = graphcheck(&["diff", manifest, &changed, "--format", "json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["same"], false);
+    assert_eq!(r["pools"][0]["change"], "sleep");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A fresh folder under the system's temporary folder, for this process and `what`.
+fn tempfile_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("graphcheck-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 #[test]

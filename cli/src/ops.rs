@@ -60,6 +60,7 @@ pub fn verify(
         });
         (m, l)
     });
+    let names = (manifest.name(), live.map(Source::name));
     let (manifest, tables) = m?;
     let live = l.transpose()?;
     let report = graphcheck::check::verify::verify_checked(
@@ -67,7 +68,8 @@ pub fn verify(
         &tables,
         live.as_ref().map(|(l, t)| (l, t)),
         allow,
-    );
+    )
+    .map_err(|e| e.in_files(names.0, names.1.unwrap_or(Path::new("live"))))?;
     Ok(Verified {
         manifest,
         tables,

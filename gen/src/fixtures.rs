@@ -50,6 +50,7 @@ pub fn corpus_of(all: &[Scenario]) -> Files {
             live,
             allow,
             explain: s.explain.clone(),
+            explain_misses: Vec::new(),
             expect: s.expect.clone(),
         });
     }

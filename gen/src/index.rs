@@ -12,6 +12,8 @@ pub const INDEX_VERSION: u32 = 1;
 pub struct Index {
     pub format_version: u32,
     pub scenarios: Vec<ScenarioEntry>,
+    /// (The GPU corpus's index has none.)
+    #[serde(default)]
     pub bad: Vec<BadEntry>,
 }
 
@@ -29,8 +31,12 @@ pub struct ScenarioEntry {
     /// The allowlist `verify` is given, if any.
     pub allow: Option<String>,
     /// Queries to snapshot `explain` with: owner paths, hex addresses, or
-    /// `--kernel PATTERN`.
+    /// `--kernel PATTERN`. Each must find something (exit 0), unless listed in
+    /// `explain_misses`.
     pub explain: Vec<String>,
+    /// Queries of `explain` that must find nothing (exit 1): a miss kept on purpose.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explain_misses: Vec<String>,
     pub expect: Expect,
 }
 
@@ -80,10 +86,17 @@ pub use graphcheck::check::finding::FindingKind as Kind;
 pub struct BadEntry {
     /// Relative to `fixtures/`.
     pub file: String,
-    /// What the file is given to the CLI as: `manifest`, `live` or `allow`.
+    /// What the file is given to the CLI as: `manifest`, `live` (verified against the
+    /// first scenario's manifest, which the bad inputs are cut from) or `allow`.
     #[serde(rename = "as")]
     pub as_: String,
     /// Substrings the CLI's stderr must contain: the file's name, and the JSON path or
     /// line of the fault where there is one.
     pub error_contains: Vec<String>,
+    /// The document validates against the JSON Schema: it is bad only in ways a schema
+    /// cannot see (an id no record has, two records with one id, a document of the other
+    /// kind, a live snapshot that does not belong with the manifest). Every other bad
+    /// document the schema rejects, as the loader does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub schema_valid: bool,
 }

@@ -1,13 +1,14 @@
 //! Diff two documents (manifests or live snapshots) by owner path: which paths exist in
-//! one alone, and where registration, layout or contents differ. Addresses are not
-//! compared: the two usually come from different processes (a fresh load against a reload
-//! of the same weights, where every tensor must match).
+//! one alone, and where registration, layout or contents differ; and, by name, pools whose
+//! kind or sleep policy differ. Addresses are not compared: the two usually come from
+//! different processes (a fresh load against a reload of the same weights, where every
+//! tensor must match).
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::document::format::{Document, Tensor};
+use crate::document::format::{Document, Pool, Tensor};
 
 /// What differs at one owner path.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -22,6 +23,10 @@ pub enum Change {
     Layout,
     Digest,
     Pool,
+    /// A pool's kind (`weights`, `kv_cache`, …).
+    Kind,
+    /// A pool's sleep policy (`untouched`, `restored`, `discarded`).
+    Sleep,
 }
 
 /// One difference.
@@ -44,6 +49,11 @@ pub struct DiffReport {
     pub differences: Vec<Difference>,
     /// Graphs (by name) in one manifest alone, or with other node counts.
     pub graphs: Vec<Difference>,
+    /// Pools (by name) in both documents whose kind or sleep policy differ: what sleep
+    /// does to every tensor in them changed. (Pools in one document alone are not listed:
+    /// a graph pool's name carries the process's pool id; a tensor that changed pools is
+    /// a `pool` difference at its owner path.)
+    pub pools: Vec<Difference>,
 }
 
 fn pool_name(d: &Document, t: &Tensor) -> Option<String> {
@@ -174,19 +184,58 @@ pub fn diff(a: &Document, b: &Document) -> DiffReport {
             }
         }
     }
+    let pools = pool_changes(a, b);
     DiffReport {
         format_version: 1,
-        same: differences.is_empty() && graphs.is_empty(),
+        same: differences.is_empty() && graphs.is_empty() && pools.is_empty(),
         compared,
         differences,
         graphs,
+        pools,
     }
+}
+
+/// An enum value as the format spells it (`kv_cache`, `discarded`).
+fn words(v: &impl Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// Pools of the same name whose kind or sleep policy differ, in name order.
+fn pool_changes(a: &Document, b: &Document) -> Vec<Difference> {
+    fn by_name(d: &Document) -> BTreeMap<&str, &Pool> {
+        d.pools().iter().map(|p| (p.name.as_str(), p)).collect()
+    }
+    let (pa, pb) = (by_name(a), by_name(b));
+    let mut out = Vec::new();
+    for (name, x) in &pa {
+        let Some(y) = pb.get(name) else { continue };
+        if x.kind != y.kind {
+            out.push(Difference {
+                path: name.to_string(),
+                change: Change::Kind,
+                a: Some(words(&x.kind)),
+                b: Some(words(&y.kind)),
+            });
+        }
+        if x.sleep != y.sleep {
+            out.push(Difference {
+                path: name.to_string(),
+                change: Change::Sleep,
+                a: Some(words(&x.sleep)),
+                b: Some(words(&y.sleep)),
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::{Contents, Digest, Registration};
+    use crate::document::format::{Contents, Digest, PoolKind, Registration, SleepPolicy};
     use crate::testkit::{live, manifest};
 
     #[test]
@@ -227,5 +276,37 @@ mod tests {
             ]
         );
         assert!(!r.same);
+    }
+
+    /// Regression: a pool whose sleep policy changed (`discarded` → `restored`), or whose
+    /// kind did, was no difference.
+    #[test]
+    fn a_pool_whose_kind_or_sleep_policy_changed_is_named() {
+        let m = manifest();
+        let mut b = m.clone();
+        let kv = b.pools.iter_mut().find(|p| p.name == "kv_cache").unwrap();
+        assert_eq!(kv.sleep, SleepPolicy::Discarded);
+        kv.sleep = SleepPolicy::Restored;
+        kv.kind = PoolKind::Other;
+        let r = diff(&Document::Manifest(m), &Document::Manifest(b));
+        assert!(!r.same);
+        assert!(r.differences.is_empty() && r.graphs.is_empty(), "{r:?}");
+        let got: Vec<(&str, &Change, Option<&str>, Option<&str>)> = r
+            .pools
+            .iter()
+            .map(|d| (d.path.as_str(), &d.change, d.a.as_deref(), d.b.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("kv_cache", &Change::Kind, Some("kv_cache"), Some("other")),
+                (
+                    "kv_cache",
+                    &Change::Sleep,
+                    Some("discarded"),
+                    Some("restored")
+                ),
+            ]
+        );
     }
 }

@@ -15,8 +15,10 @@ use crate::document::format::{
 };
 use crate::document::index::AddressIndex;
 use crate::document::load::{Tables, check_live, check_manifest};
+use crate::document::pair::{PairError, check_pair};
 
-/// Why verify could not run: an inconsistent document handed in memory.
+/// Why verify could not run: an inconsistent document handed in memory, or two documents
+/// that do not belong together.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerifyError {
@@ -24,6 +26,8 @@ pub enum VerifyError {
     Manifest(crate::document::load::Invalid),
     #[error("invalid live snapshot at `{}`: {}", .0.json_path, .0.message)]
     Live(crate::document::load::Invalid),
+    #[error("the live snapshot cannot be verified against the manifest: {0}")]
+    Pair(PairError),
 }
 
 /// Verifies a manifest, alone or against a live snapshot, under an allowlist. Checks both
@@ -33,17 +37,21 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
     let lt = live
         .map(|l| check_live(l).map_err(VerifyError::Live))
         .transpose()?;
-    Ok(verify_checked(m, &mt, live.zip(lt.as_ref()), allow))
+    verify_checked(m, &mt, live.zip(lt.as_ref()), allow).map_err(VerifyError::Pair)
 }
 
 /// [`verify`] for documents already checked (the loaders in [`crate::document::load`] return their
-/// [`Tables`]); the tables must be those of these documents.
+/// [`Tables`]); the tables must be those of these documents. A live snapshot that does not
+/// belong with the manifest ([`check_pair`]) is an error: verified, it would lose findings.
 pub fn verify_checked(
     m: &Manifest,
     mt: &Tables,
     live: Option<(&Live, &Tables)>,
     allow: &Allowlist,
-) -> Report {
+) -> Result<Report, PairError> {
+    if let Some((l, _)) = live {
+        check_pair(m, l)?;
+    }
     let (touches_of, bare) = TouchIndex::new(m, mt);
     let ctx = Ctx {
         m,
@@ -101,7 +109,7 @@ pub fn verify_checked(
     for f in &findings {
         *summary.entry(f.kind).or_insert(0) += 1;
     }
-    Report {
+    Ok(Report {
         format_version: REPORT_VERSION,
         ok: findings.iter().all(|f| f.severity == Severity::Warning),
         checked,
@@ -115,7 +123,7 @@ pub fn verify_checked(
             .iter()
             .map(|g| g.unread.len() + g.nodes.iter().filter(|n| n.opaque.is_some()).count())
             .sum(),
-    }
+    })
 }
 
 fn capture_checks(ctx: &Ctx<'_>, s: &Subject<'_>, out: &mut Vec<Finding>) {

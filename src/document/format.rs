@@ -92,16 +92,24 @@ impl<'de> Deserialize<'de> for Addr {
                 f.write_str("a device address as a \"0x\"-prefixed hexadecimal string")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Addr, E> {
-                match v.strip_prefix("0x") {
-                    Some(hex) if !hex.is_empty() && hex.len() <= 16 => u64::from_str_radix(hex, 16)
-                        .map(Addr)
-                        .map_err(|_| E::invalid_value(serde::de::Unexpected::Str(v), &self)),
-                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
-                }
+                v.strip_prefix("0x")
+                    .and_then(hex_digits)
+                    .map(Addr)
+                    .ok_or_else(|| E::invalid_value(serde::de::Unexpected::Str(v), &self))
             }
         }
         d.deserialize_str(V)
     }
+}
+
+/// The value of 1 to 16 hexadecimal digits and nothing else: exactly the schema's
+/// `[0-9a-fA-F]{1,16}`. (`u64::from_str_radix` alone also takes a leading `+`, which the
+/// schema rejects.)
+fn hex_digits(hex: &str) -> Option<u64> {
+    if hex.is_empty() || hex.len() > 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
 }
 
 impl JsonSchema for Addr {
@@ -644,8 +652,12 @@ pub struct Event {
 #[non_exhaustive]
 pub struct Manifest {
     /// Always [`FORMAT_VERSION`].
+    // The schema says so, as the loader does: a document of another version is not a
+    // valid v1 document, whatever its body.
+    #[schemars(extend("const" = FORMAT_VERSION))]
     pub format_version: u32,
     /// Always `manifest`.
+    #[schemars(extend("const" = "manifest"))]
     pub kind: DocKind,
     pub producer: Producer,
     #[serde(default)]
@@ -678,8 +690,12 @@ impl Manifest {
 #[non_exhaustive]
 pub struct Live {
     /// Always [`FORMAT_VERSION`].
+    // The schema says so, as the loader does: a document of another version is not a
+    // valid v1 document, whatever its body.
+    #[schemars(extend("const" = FORMAT_VERSION))]
     pub format_version: u32,
     /// Always `live`.
+    #[schemars(extend("const" = "live"))]
     pub kind: DocKind,
     pub producer: Producer,
     pub event: Event,

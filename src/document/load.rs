@@ -13,6 +13,9 @@ use crate::document::format::{
     PoolId, Tensor, TensorId,
 };
 use crate::document::ids::IdIndex;
+use crate::document::objects::Objects;
+use crate::document::pair::PairError;
+use crate::document::schema;
 
 /// Why a document could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -32,11 +35,8 @@ pub enum LoadError {
         column: usize,
         message: String,
     },
-    #[error(
-        "{}: `format_version` is {found}, but this graphcheck reads version {FORMAT_VERSION} \
-         (re-record it, or use a graphcheck of that version)",
-        path.display()
-    )]
+    /// `found` is the value as JSON text: `2`, `"1"`, `null`.
+    #[error("{}: {}", path.display(), version_message(found))]
     Version { path: PathBuf, found: String },
     #[error("{}: `kind` is `{found}`, expected a `{expected}` document", path.display())]
     Kind {
@@ -50,6 +50,40 @@ pub enum LoadError {
         json_path: String,
         message: String,
     },
+    /// Two documents, each valid, that do not belong together.
+    #[error("{} cannot be verified against {}: {why}", live.display(), manifest.display())]
+    Pair {
+        manifest: PathBuf,
+        live: PathBuf,
+        why: PairError,
+    },
+}
+
+/// What a `format_version` other than 1 is told: a number names the version this build
+/// reads; anything else is not a version at all.
+fn version_message(found: &str) -> String {
+    let integer = found.strip_prefix('-').unwrap_or(found);
+    if !integer.is_empty() && integer.bytes().all(|b| b.is_ascii_digit()) {
+        format!(
+            "`format_version` is {found}, but this graphcheck reads version {FORMAT_VERSION} \
+             (re-record it, or use a graphcheck of that version)"
+        )
+    } else if found.starts_with('"') {
+        format!("`format_version` must be the number {FORMAT_VERSION}, not the string {found}")
+    } else {
+        format!("`format_version` must be the number {FORMAT_VERSION}, not {found}")
+    }
+}
+
+impl PairError {
+    /// The error naming both files.
+    pub fn in_files(self, manifest: &Path, live: &Path) -> LoadError {
+        LoadError::Pair {
+            manifest: manifest.to_path_buf(),
+            live: live.to_path_buf(),
+            why: self,
+        }
+    }
 }
 
 /// Where in the document, in words.
@@ -105,8 +139,7 @@ impl Source {
     /// [`crate::check::verify::verify_checked`]).
     pub fn manifest_checked(&self) -> Result<(Manifest, Tables), LoadError> {
         let path = self.name();
-        let m: Manifest = self.with_bytes(|b| parse_typed(b, path, DocKind::Manifest))?;
-        expect_kind(m.kind, DocKind::Manifest, path)?;
+        let m: Manifest = self.with_bytes(|b| parse_body(b, path))?;
         let t = check_manifest(&m).map_err(|e| e.in_file(path))?;
         Ok((m, t))
     }
@@ -114,8 +147,7 @@ impl Source {
     /// Parses and checks a live snapshot, keeping the lookups checking built.
     pub fn live_checked(&self) -> Result<(Live, Tables), LoadError> {
         let path = self.name();
-        let l: Live = self.with_bytes(|b| parse_typed(b, path, DocKind::Live))?;
-        expect_kind(l.kind, DocKind::Live, path)?;
+        let l: Live = self.with_bytes(|b| parse_body(b, path))?;
         let t = check_live(&l).map_err(|e| e.in_file(path))?;
         Ok((l, t))
     }
@@ -173,18 +205,57 @@ fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
 
 /// Parses and checks a manifest held in memory; `path` only names it in errors.
 pub fn parse_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, LoadError> {
-    let m: Manifest = parse_typed(bytes, path, DocKind::Manifest)?;
-    expect_kind(m.kind, DocKind::Manifest, path)?;
+    let m: Manifest = parse_body(bytes, path)?;
     check_manifest(&m).map_err(|e| e.in_file(path))?;
     Ok(m)
 }
 
 /// Parses and checks a live snapshot held in memory; `path` only names it in errors.
 pub fn parse_live(bytes: &[u8], path: &Path) -> Result<Live, LoadError> {
-    let l: Live = parse_typed(bytes, path, DocKind::Live)?;
-    expect_kind(l.kind, DocKind::Live, path)?;
+    let l: Live = parse_body(bytes, path)?;
     check_live(&l).map_err(|e| e.in_file(path))?;
     Ok(l)
+}
+
+/// The two documents, to the loader: what kind each is, and where its header is.
+trait Body: for<'de> Deserialize<'de> {
+    const KIND: DocKind;
+    fn version(&self) -> u32;
+    fn kind(&self) -> DocKind;
+}
+
+impl Body for Manifest {
+    const KIND: DocKind = DocKind::Manifest;
+    fn version(&self) -> u32 {
+        self.format_version
+    }
+    fn kind(&self) -> DocKind {
+        self.kind
+    }
+}
+
+impl Body for Live {
+    const KIND: DocKind = DocKind::Live;
+    fn version(&self) -> u32 {
+        self.format_version
+    }
+    fn kind(&self) -> DocKind {
+        self.kind
+    }
+}
+
+/// Parses a document of kind `T` and checks its version and kind before anything reads its
+/// body: a document of another version may parse as v1 and mean something else.
+fn parse_body<T: Body>(bytes: &[u8], path: &Path) -> Result<T, LoadError> {
+    let doc: T = parse_typed(bytes, path, T::KIND)?;
+    if doc.version() != FORMAT_VERSION {
+        return Err(LoadError::Version {
+            path: path.to_path_buf(),
+            found: doc.version().to_string(),
+        });
+    }
+    expect_kind(doc.kind(), T::KIND, path)?;
+    Ok(doc)
 }
 
 fn expect_kind(found: DocKind, expected: DocKind, path: &Path) -> Result<(), LoadError> {
@@ -201,15 +272,23 @@ fn expect_kind(found: DocKind, expected: DocKind, path: &Path) -> Result<(), Loa
 
 #[derive(Deserialize)]
 struct Header {
+    // Absent is `None`; `null` is a value of the wrong type, and said so.
+    #[serde(default, deserialize_with = "present")]
     format_version: Option<serde_json::Value>,
     kind: Option<serde_json::Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
 }
 
 /// Reads only `format_version` and `kind`, skipping the rest.
 fn header(bytes: &[u8], path: &Path) -> Result<DocKind, LoadError> {
     let h: Header = json_error(
         path,
-        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes)),
+        bytes,
+        None,
+        serde_path_to_error::deserialize(Objects(&mut serde_json::Deserializer::from_slice(bytes))),
     )?;
     check_version(h.format_version.as_ref(), path)?;
     match h.kind.as_ref().and_then(|k| k.as_str()) {
@@ -247,19 +326,25 @@ fn parse_typed<T: for<'de> Deserialize<'de>>(
     expected: DocKind,
 ) -> Result<T, LoadError> {
     // The fast path tracks no JSON path; only a failed parse is repeated with tracking, so
-    // that its error can say where.
-    if let Ok(v) = serde_json::from_slice::<T>(bytes) {
+    // that its error can say where. Both read records from JSON objects only (`Objects`).
+    let fast = || -> Result<T, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let v = T::deserialize(Objects(&mut de))?;
+        de.end()?;
+        Ok(v)
+    };
+    if let Ok(v) = fast() {
         return Ok(v);
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+    match serde_path_to_error::deserialize::<_, T>(Objects(&mut de)) {
         Ok(v) => {
             de.end().map_err(|e| LoadError::Json {
                 path: path.to_path_buf(),
                 json_path: ".".into(),
                 line: e.line(),
                 column: e.column(),
-                message: describe(&e),
+                message: describe(&e, bytes, None, &[]),
             })?;
             Ok(v)
         }
@@ -276,19 +361,108 @@ fn parse_typed<T: for<'de> Deserialize<'de>>(
                     expect_kind(found, expected, path)?;
                 }
             }
-            json_error(path, Err(e))
+            json_error(path, bytes, Some(expected), Err(e))
         }
     }
 }
 
-/// serde_json's message, saying first whether the text is not JSON at all or cut short.
-fn describe(e: &serde_json::Error) -> String {
+/// serde_json's error in words for a person: whether the text is not JSON at all, cut
+/// short, or JSON with a value of the wrong type or size at `at` (what the schema of an
+/// `expected` document wants there).
+fn describe(
+    e: &serde_json::Error,
+    bytes: &[u8],
+    expected: Option<DocKind>,
+    at: &[schema::Step],
+) -> String {
+    use serde_json::error::Category;
     let m = strip_position(e.to_string());
     match e.classify() {
-        serde_json::error::Category::Syntax => format!("not valid JSON: {m}"),
-        serde_json::error::Category::Eof => format!("truncated JSON: {m}"),
-        _ => m,
+        Category::Eof => match m.strip_prefix("EOF while parsing ") {
+            Some(what) => format!("the document ends early, in the middle of {what}"),
+            None => format!("the document ends early ({m})"),
+        },
+        // serde_json reports a number or a list where a name is due (an enum) as a syntax
+        // error; in text that is JSON, it is a value of the wrong type.
+        Category::Syntax if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => {
+            wrong_type(bytes, expected, at)
+                .unwrap_or_else(|| format!("a value of the wrong type: {m}"))
+        }
+        Category::Syntax => format!("not valid JSON: {m}"),
+        // serde's "invalid type: sequence, expected struct Pool" names Rust types; the
+        // schema's words name JSON ones.
+        Category::Data => out_of_range(&m, bytes, e.line(), e.column())
+            .or_else(|| {
+                m.starts_with("invalid type: ")
+                    .then(|| wrong_type(bytes, expected, at))
+                    .flatten()
+            })
+            .unwrap_or(m),
+        Category::Io => m,
     }
+}
+
+/// "expected X, found Y" for a value of the wrong type at `at`, where the schema says
+/// what belongs there.
+fn wrong_type(bytes: &[u8], expected: Option<DocKind>, at: &[schema::Step]) -> Option<String> {
+    let want = schema::expected_at(expected?, at)?;
+    let found = serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| schema::value_at(&v, at).map(schema::describe_value));
+    Some(match found {
+        Some(found) => format!("expected {want}, found {found}"),
+        None => format!("expected {want}"),
+    })
+}
+
+/// serde_json reads an integer too large for 64 bits as a float, and then says "invalid
+/// type: floating point `1.8446744073709552e+19`, expected u64": say the number is out of
+/// range, as written.
+fn out_of_range(message: &str, bytes: &[u8], line: usize, column: usize) -> Option<String> {
+    let rest = message.strip_prefix("invalid type: floating point `")?;
+    let (number, expected) = rest.split_once("`, expected ")?;
+    let v: f64 = number.parse().ok()?;
+    let (what, range) = match expected {
+        "u64" => ("an unsigned 64-bit", 0.0..18_446_744_073_709_551_616.0),
+        "u32" => ("an unsigned 32-bit", 0.0..4_294_967_296.0),
+        "i64" => (
+            "a signed 64-bit",
+            -9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0,
+        ),
+        _ => return None,
+    };
+    if range.contains(&v) {
+        return None;
+    }
+    let written = number_ending_at(bytes, line, column)
+        .filter(|w| w.parse::<f64>().ok() == Some(v))
+        .unwrap_or(number);
+    Some(format!(
+        "the number {written} is out of range for {what} value"
+    ))
+}
+
+/// The number literal that ends at serde_json's 1-based (line, column), as written.
+fn number_ending_at(bytes: &[u8], line: usize, column: usize) -> Option<&str> {
+    let line_start = if line <= 1 {
+        0
+    } else {
+        bytes
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'\n')
+            .nth(line - 2)?
+            .0
+            + 1
+    };
+    let end = (line_start + column).min(bytes.len());
+    let start = bytes[..end]
+        .iter()
+        .rposition(|b| !(b.is_ascii_digit() || b"+-.eE".contains(b)))
+        .map_or(0, |i| i + 1);
+    std::str::from_utf8(&bytes[start..end])
+        .ok()
+        .filter(|s| !s.is_empty())
 }
 
 /// serde_json appends " at line L column C"; our errors lead with the position.
@@ -301,13 +475,29 @@ fn strip_position(mut message: String) -> String {
 
 fn json_error<T>(
     path: &Path,
+    bytes: &[u8],
+    expected: Option<DocKind>,
     r: Result<T, serde_path_to_error::Error<serde_json::Error>>,
 ) -> Result<T, LoadError> {
     r.map_err(|e| {
-        let json_path = e.path().to_string();
+        // The path up to where it broke: serde_path_to_error ends it with `?` where the
+        // parser was between a key and its value (a document cut short there).
+        let at: Vec<schema::Step> = e
+            .path()
+            .iter()
+            .map_while(|s| match s {
+                serde_path_to_error::Segment::Seq { index } => Some(schema::Step::Index(*index)),
+                serde_path_to_error::Segment::Map { key } => Some(schema::Step::Key(key.clone())),
+                serde_path_to_error::Segment::Enum { variant } => {
+                    Some(schema::Step::Key(variant.clone()))
+                }
+                serde_path_to_error::Segment::Unknown => None,
+            })
+            .collect();
+        let json_path = schema::render_path(&at);
         let inner = e.into_inner();
         let (line, column) = (inner.line(), inner.column());
-        let message = describe(&inner);
+        let message = describe(&inner, bytes, expected, &at);
         LoadError::Json {
             path: path.to_path_buf(),
             json_path,
@@ -459,8 +649,27 @@ impl Tables {
     }
 }
 
+/// Checks the version and kind of a document built in memory (the loaders check them
+/// before anything else, with their own errors).
+fn check_header(version: u32, kind: DocKind, expected: DocKind) -> Result<(), Invalid> {
+    if version != FORMAT_VERSION {
+        return Err(Invalid::at(
+            "format_version",
+            version_message(&version.to_string()),
+        ));
+    }
+    if kind != expected {
+        return Err(Invalid::at(
+            "kind",
+            format!("`kind` is `{kind}`, expected a `{expected}` document"),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks every reference of a manifest.
 pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
+    check_header(m.format_version, m.kind, DocKind::Manifest)?;
     let t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
     let mut graph_ids = FxHashMap::default();
     let mut at = String::new();
@@ -533,6 +742,7 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
 
 /// Checks every reference of a live snapshot.
 pub fn check_live(l: &Live) -> Result<Tables, Invalid> {
+    check_header(l.format_version, l.kind, DocKind::Live)?;
     let t = Tables::build(&l.pools, &l.allocations, &l.tensors, &l.owners)?;
     for (i, p) in l.probes.iter().enumerate() {
         if let Some(pool) = p.pool
@@ -583,7 +793,7 @@ mod tests {
             "{e}"
         );
         let e = err(&bytes[..bytes.len() / 2]);
-        assert!(e.contains("truncated JSON: EOF while parsing"), "{e}");
+        assert!(e.contains("the document ends early"), "{e}");
         let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         v["format_version"] = 2.into();
         v["graphs"] = serde_json::json!({"renamed": true});
@@ -621,5 +831,127 @@ mod tests {
         assert!(e.contains("`kind` is `live`, expected a `manifest`"), "{e}");
         let e = err(b"{\"format_version\": 1, \"kind\": \"manifest\"} trailing");
         assert!(e.contains("missing field"), "{e}");
+    }
+
+    /// A v1 body under another `format_version`, as JSON text.
+    fn with_version(doc: &impl serde::Serialize, version: serde_json::Value) -> Vec<u8> {
+        let mut v = serde_json::to_value(doc).unwrap();
+        v["format_version"] = version;
+        serde_json::to_vec(&v).unwrap()
+    }
+
+    /// Regression: `format_version` was checked only when the body failed to parse, so a v1
+    /// body under version 2 (or 0, or 99) was read as v1 by every loader but `document()`.
+    #[test]
+    fn every_loader_refuses_another_version_whose_body_parses() {
+        let m = manifest();
+        let l = crate::testkit::live(&m, crate::document::format::Contents::Preserved);
+        let name = Path::new("doc.json");
+        for version in [2, 0, 99] {
+            let bytes = with_version(&m, version.into());
+            let text = || Source::Text {
+                bytes: bytes.clone(),
+                name: name.into(),
+            };
+            let errors = [
+                parse_manifest(&bytes, name).unwrap_err(),
+                text().manifest_checked().unwrap_err(),
+                text().document().unwrap_err(),
+            ];
+            for e in errors {
+                assert!(
+                    matches!(&e, LoadError::Version { found, .. } if *found == version.to_string()),
+                    "{e}"
+                );
+            }
+            let bytes = with_version(&l, version.into());
+            let text = Source::Text {
+                bytes: bytes.clone(),
+                name: name.into(),
+            };
+            for e in [
+                parse_live(&bytes, name).unwrap_err(),
+                text.live_checked().unwrap_err(),
+                text.document().unwrap_err(),
+            ] {
+                assert!(
+                    e.to_string().contains(&format!(
+                        "`format_version` is {version}, but this graphcheck reads version 1"
+                    )),
+                    "{e}"
+                );
+            }
+        }
+        // In memory too (`check::verify::verify` takes documents as values).
+        let mut v2 = m.clone();
+        v2.format_version = 2;
+        let e = check_manifest(&v2).unwrap_err();
+        assert_eq!(e.json_path, "format_version");
+    }
+
+    /// Regression: the errors a person reads. A version that is not a number said "is "1",
+    /// but this graphcheck reads version 1"; a cut document's path ended in `?`; an enum
+    /// given a number was "not valid JSON"; an integer past u64 was a "floating point".
+    #[test]
+    fn errors_say_what_is_wrong_in_words() {
+        let m = manifest();
+        let e = err(&with_version(&m, "1".into()));
+        assert!(
+            e.ends_with("m.json: `format_version` must be the number 1, not the string \"1\""),
+            "{e}"
+        );
+        let e = err(&with_version(&m, serde_json::Value::Null));
+        assert!(e.contains("must be the number 1, not null"), "{e}");
+
+        let text = serde_json::to_string_pretty(&m).unwrap();
+        // Cut just inside the second pool's object, and in the middle of its first key.
+        let second = text.match_indices("\"id\": 1,").next().unwrap().0;
+        for cut in [second, second + 3] {
+            let e = err(&text.as_bytes()[..cut]);
+            assert!(
+                e.contains("invalid document at `pools[1]`: the document ends early"),
+                "{e}"
+            );
+            assert!(!e.contains("?`"), "{e}");
+        }
+        let e = err(b"{");
+        assert!(
+            e.contains("at the top level: the document ends early, in the middle of an object"),
+            "{e}"
+        );
+
+        let mut v = serde_json::to_value(&m).unwrap();
+        v["pools"][1]["kind"] = 3.into();
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(
+            e.contains(
+                "at `pools[1].kind`: expected one of \"default\", \"graph\", \"weights\", \"kv_cache\", \"other\", found the number 3"
+            ),
+            "{e}"
+        );
+        assert!(!e.contains("not valid JSON"), "{e}");
+        let mut v = serde_json::to_value(&m).unwrap();
+        v["kind"] = serde_json::json!([]);
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(
+            e.contains("at `kind`: expected \"manifest\", found an array"),
+            "{e}"
+        );
+
+        let text = serde_json::to_string_pretty(&m).unwrap();
+        let size = format!("\"size\": {}", m.allocations[0].size);
+        let e = err(text
+            .replacen(&size, "\"size\": 18446744073709551616", 1)
+            .as_bytes());
+        assert!(
+            e.contains("at `allocations[0].size`: the number 18446744073709551616 is out of range for an unsigned 64-bit value"),
+            "{e}"
+        );
+        let e = err(text.replacen(&size, "\"size\": 1.5", 1).as_bytes());
+        assert!(
+            e.contains("expected an unsigned 64-bit integer, found the number 1.5"),
+            "{e}"
+        );
+        assert!(err(b"{\"a\": tru}").contains("not valid JSON"));
     }
 }

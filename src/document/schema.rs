@@ -1,7 +1,8 @@
 //! The JSON Schema of the format, generated from the types of [`super::format`]; committed
-//! as `schema/graphcheck-v1.schema.json`, which a test keeps equal to this.
+//! as `schema/graphcheck-v1.schema.json`, which a test keeps equal to this. The loader asks
+//! it what a value of the wrong type should have been.
 
-use super::format::{Live, Manifest};
+use super::format::{DocKind, Live, Manifest};
 
 /// The JSON Schema of both documents, as `graphcheck schema` prints it.
 pub fn json_schema() -> serde_json::Value {
@@ -15,8 +16,38 @@ pub fn json_schema() -> serde_json::Value {
             {"$ref": "#/$defs/Manifest"},
             {"$ref": "#/$defs/Live"}
         ],
-        "$defs": merge_defs(manifest, live),
+        "$defs": bounded(merge_defs(manifest, live)),
     })
+}
+
+/// The schema with the range of every fixed-width integer stated (`maximum` beside
+/// schemars' `format`, which validators treat as a note): the loader refuses 2^64 for a
+/// u64, and so must the schema.
+fn bounded(mut v: serde_json::Value) -> serde_json::Value {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(o) => {
+                let bounds: Option<(serde_json::Value, serde_json::Value)> =
+                    match o.get("format").and_then(|f| f.as_str()) {
+                        Some("uint32") => Some((0.into(), u32::MAX.into())),
+                        Some("uint64") => Some((0.into(), u64::MAX.into())),
+                        Some("int64") => Some((i64::MIN.into(), i64::MAX.into())),
+                        _ => None,
+                    };
+                if let Some((min, max)) = bounds
+                    && o.get("type").and_then(|t| t.as_str()) == Some("integer")
+                {
+                    o.insert("minimum".into(), min);
+                    o.insert("maximum".into(), max);
+                }
+                o.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
 }
 
 fn merge_defs(manifest: schemars::Schema, live: schemars::Schema) -> serde_json::Value {
@@ -33,4 +64,159 @@ fn merge_defs(manifest: schemars::Schema, live: schemars::Schema) -> serde_json:
         defs.insert(name.to_string(), value);
     }
     serde_json::Value::Object(defs)
+}
+
+/// One step of a JSON path: a key of an object, or an index into an array.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// A JSON path as error messages print it: `graphs[0].nodes[1].touches[0].tensor`; empty
+/// for the top level.
+pub fn render_path(path: &[Step]) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Step::Index(i) => {
+                out.push('[');
+                out.push_str(&i.to_string());
+                out.push(']');
+            }
+        }
+    }
+    out
+}
+
+/// The value at `path` in `doc`, where there is one.
+pub fn value_at<'a>(doc: &'a serde_json::Value, path: &[Step]) -> Option<&'a serde_json::Value> {
+    path.iter().try_fold(doc, |v, step| match step {
+        Step::Key(k) => v.get(k.as_str()),
+        Step::Index(i) => v.get(*i),
+    })
+}
+
+/// A JSON value in words: `the number 3`, `the string "x"`, `an object`.
+pub fn describe_value(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("`{b}`"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) if s.chars().count() > 40 => {
+            let cut: String = s.chars().take(40).collect();
+            format!("the string {}…", serde_json::Value::String(cut))
+        }
+        Value::String(_) => format!("the string {v}"),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+/// What the schema of a `kind` document wants at `path`, in words (`one of "default",
+/// "graph"`, `an unsigned 64-bit integer`), where the schema says.
+pub fn expected_at(kind: DocKind, path: &[Step]) -> Option<String> {
+    let root = json_schema();
+    let defs = root.get("$defs")?;
+    let mut node = defs.get(match kind {
+        DocKind::Manifest => "Manifest",
+        DocKind::Live => "Live",
+    })?;
+    for step in path {
+        let (n, _) = resolve(defs, node)?;
+        node = match step {
+            Step::Key(k) => n
+                .get("properties")
+                .and_then(|p| p.get(k.as_str()))
+                .or_else(|| n.get("additionalProperties").filter(|a| a.is_object()))?,
+            Step::Index(_) => n.get("items")?,
+        };
+    }
+    expected(defs, node)
+}
+
+/// Follows `$ref`s, and an `anyOf` of one schema and `null` (an optional field) to the
+/// schema; says whether `null` was allowed on the way.
+fn resolve<'a>(
+    defs: &'a serde_json::Value,
+    mut node: &'a serde_json::Value,
+) -> Option<(&'a serde_json::Value, bool)> {
+    let mut nullable = false;
+    for _ in 0..16 {
+        if let Some(r) = node.get("$ref").and_then(|r| r.as_str()) {
+            node = defs.get(r.strip_prefix("#/$defs/")?)?;
+        } else if let Some([a, b]) = node
+            .get("anyOf")
+            .and_then(|a| a.as_array())
+            .map(Vec::as_slice)
+            && (a.get("type") == Some(&"null".into()) || b.get("type") == Some(&"null".into()))
+        {
+            nullable = true;
+            node = if a.get("type") == Some(&"null".into()) {
+                b
+            } else {
+                a
+            };
+        } else {
+            return Some((node, nullable));
+        }
+    }
+    None
+}
+
+fn expected(defs: &serde_json::Value, node: &serde_json::Value) -> Option<String> {
+    // A `const` beside a `$ref` (the documents' `kind`) is the one value allowed.
+    if let Some(c) = node.get("const") {
+        return Some(format!("{c}"));
+    }
+    let (node, nullable) = resolve(defs, node)?;
+    let what = if let Some(c) = node.get("const") {
+        format!("{c}")
+    } else if let Some(options) = node.get("oneOf").and_then(|o| o.as_array()) {
+        let consts: Option<Vec<String>> = options
+            .iter()
+            .map(|o| o.get("const").map(|c| c.to_string()))
+            .collect();
+        format!("one of {}", consts?.join(", "))
+    } else {
+        let types: Vec<String> = match node.get("type")? {
+            serde_json::Value::Array(ts) => ts
+                .iter()
+                .filter_map(|t| t.as_str())
+                .map(|t| type_words(t, node))
+                .collect(),
+            t => vec![type_words(t.as_str()?, node)],
+        };
+        types.join(" or ")
+    };
+    Some(if nullable {
+        format!("{what} or null")
+    } else {
+        what
+    })
+}
+
+fn type_words(t: &str, node: &serde_json::Value) -> String {
+    match (t, node.get("format").and_then(|f| f.as_str())) {
+        ("integer", Some("uint64")) => "an unsigned 64-bit integer".into(),
+        ("integer", Some("uint32")) => "an unsigned 32-bit integer".into(),
+        ("integer", Some("int64")) => "a signed 64-bit integer".into(),
+        ("integer", _) => "an integer".into(),
+        ("string", _) => match node.get("pattern").and_then(|p| p.as_str()) {
+            Some(p) => format!("a string matching `{p}`"),
+            None => "a string".into(),
+        },
+        ("array", _) => "an array".into(),
+        ("object", _) => "an object".into(),
+        ("boolean", _) => "`true` or `false`".into(),
+        ("null", _) => "null".into(),
+        (other, _) => format!("a {other}"),
+    }
 }

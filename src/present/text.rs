@@ -132,7 +132,7 @@ pub fn diff_text(r: &DiffReport, a: &Path, b: &Path, markdown: bool) -> String {
     } else {
         format!(
             "{} difference(s) between {} (A) and {} (B); {} owner paths in both\n",
-            r.differences.len() + r.graphs.len(),
+            r.differences.len() + r.graphs.len() + r.pools.len(),
             a.display(),
             b.display(),
             r.compared
@@ -142,6 +142,7 @@ pub fn diff_text(r: &DiffReport, a: &Path, b: &Path, markdown: bool) -> String {
         .graphs
         .iter()
         .map(|d| (format!("graph {}", d.path), d))
+        .chain(r.pools.iter().map(|d| (format!("pool {}", d.path), d)))
         .chain(r.differences.iter().map(|d| (d.path.clone(), d)))
         .map(|(p, d)| {
             [

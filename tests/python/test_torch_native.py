@@ -29,10 +29,28 @@ def test_bad_fixtures_raise_graphcheck_error_with_file_and_json_path(bad):
     with pytest.raises(graphcheck.GraphcheckError) as raised:
         if bad["as"] == "allow":
             graphcheck.verify(MARLIN / "manifest.json", allow=path)
+        elif bad["as"] == "live":
+            # Verified against the manifest the bad inputs are cut from (the first scenario's):
+            # some are valid alone and refused only as a pair.
+            graphcheck.verify(FIXTURES / INDEX["scenarios"][0]["manifest"], path)
         else:
             graphcheck.load(path, expect=bad["as"])
     for part in bad["error_contains"]:
         assert part in str(raised.value)
+
+
+def test_a_dict_of_another_version_is_refused_before_its_body_is_read():
+    """Regression: a v1 body under format_version 2 was verified from a dict as if it were v1."""
+    manifest = json.loads((MARLIN / "manifest.json").read_text())
+    live = json.loads((MARLIN / "live.json").read_text())
+    graphcheck.verify(manifest, live)
+    for doc, version in ((manifest, 2), (manifest, 0), (live, 99)):
+        doc = dict(doc, format_version=version)
+        args = (doc, live) if doc["kind"] == "manifest" else (manifest, doc)
+        with pytest.raises(graphcheck.GraphcheckError, match=f"`format_version` is {version}, but"):
+            graphcheck.verify(*args)
+    with pytest.raises(graphcheck.GraphcheckError, match="must be the number 1, not the string"):
+        graphcheck.verify(dict(manifest, format_version="1"))
 
 
 def test_text_and_dicts_name_themselves_in_errors():

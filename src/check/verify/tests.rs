@@ -90,6 +90,14 @@ fn reused_names_the_new_owner_and_unmapped_is_freed() {
     l.probes[2].state = AllocState::Unmapped;
     let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
     assert!(kinds(&r).contains(&(FindingKind::Freed, "model.meta".into())));
+
+    // Regression: without that probe the `freed` finding went missing without a word; the
+    // pair is refused instead.
+    let freed = l.probes.remove(2).addr;
+    match verify(&m, Some(&l), &Allowlist::default()) {
+        Err(VerifyError::Pair(PairError::MissingProbe { addr, .. })) => assert_eq!(addr, freed),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

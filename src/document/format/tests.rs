@@ -23,6 +23,12 @@ fn addr_rejects_numbers_and_bad_hex() {
         "\"0x\"",
         "\"0xzz\"",
         "\"0x10000000000000000\"",
+        // Regression: `from_str_radix` takes a sign, the schema's pattern does not.
+        "\"0x+7f3400000000\"",
+        "\"0x-1\"",
+        "\"0X10\"",
+        "\" 0x10\"",
+        "\"0x10 \"",
     ] {
         assert!(serde_json::from_str::<Addr>(bad).is_err(), "{bad} parsed");
     }
