@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from . import _native
@@ -194,10 +194,32 @@ class Allowed:
     reason: str
 
 
+class _Rendered:
+    """The table and Markdown of a report, already rendered: what a :class:`Report` holds
+    in place of the native handle once pickled or copied (the handle stays in its
+    process)."""
+
+    __slots__ = ("_table", "_markdown")
+
+    def __init__(self, table: str, markdown: str):
+        self._table, self._markdown = table, markdown
+
+    def table(self) -> str:
+        return self._table
+
+    def markdown(self) -> str:
+        return self._markdown
+
+
 @dataclass(frozen=True)
 class Report:
     """What :func:`verify` found. ``str(report)`` is the table the CLI prints. ``ok``: no
-    finding of severity ``"error"``; ``findings`` holds the warnings too."""
+    finding of severity ``"error"``; ``findings`` holds the warnings too.
+
+    The fields come from the report's JSON, rendered once; :attr:`table` and
+    :attr:`markdown` are rendered when first read (at tens of thousands of findings the
+    table takes seconds), and kept. Until then the report holds the verified documents
+    on the Rust side; pickling or copying a report renders both and holds the text."""
 
     ok: bool
     findings: tuple[Finding, ...]
@@ -207,21 +229,21 @@ class Report:
     subjects: int
     graphs: int
     json: str = field(repr=False)
-    table: str = field(repr=False)
-    markdown: str = field(repr=False)
+    #: The native handle (``_native.Verified``) or a :class:`_Rendered`: where
+    #: :attr:`table` and :attr:`markdown` come from.
+    _texts: Any = field(repr=False, compare=False)
     #: Nodes whose addresses the walk could not read: what they hold was not checked.
     unread_nodes: int = 0
     #: The graphs some finding names, sorted (the core's ``Report::recapture``).
     _recapture: tuple[str, ...] = field(default=(), repr=False)
 
     @classmethod
-    def _from_native(
-        cls, ok: bool, text: str, table: str, markdown: str, recapture: list
-    ) -> "Report":
+    def _from_native(cls, verified: "_native.Verified") -> "Report":
+        text = verified.json()
         r = json.loads(text)
         return cls(
-            ok=ok,
-            _recapture=tuple(recapture),
+            ok=verified.ok,
+            _recapture=tuple(verified.recapture()),
             findings=tuple(Finding.from_json(f) for f in r["findings"]),
             allowed=tuple(
                 Allowed(Finding.from_json(a["finding"]), a["allowed_by"], a["reason"])
@@ -233,9 +255,26 @@ class Report:
             graphs=r["graphs"],
             unread_nodes=r.get("unread_nodes", 0),
             json=text,
-            table=table,
-            markdown=markdown,
+            _texts=verified,
         )
+
+    @property
+    def table(self) -> str:
+        """The table ``graphcheck verify`` prints (rendered at the first read)."""
+        return self._texts.table()
+
+    @property
+    def markdown(self) -> str:
+        """The Markdown of ``graphcheck verify --format markdown`` (rendered at the first
+        read)."""
+        return self._texts.markdown()
+
+    def __reduce__(self):
+        # The native handle cannot leave its process: a pickled (or copied) report carries
+        # its table and Markdown as text instead.
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["_texts"] = _Rendered(self.table, self.markdown)
+        return (_rebuild_report, (values,))
 
     def __bool__(self) -> bool:
         return self.ok
@@ -262,6 +301,11 @@ class Report:
         return list(self._recapture)
 
 
+def _rebuild_report(values: dict) -> Report:
+    """A :class:`Report` from its fields (unpickling)."""
+    return Report(**values)
+
+
 def verify(
     manifest: Document,
     live: Optional[Document] = None,
@@ -275,15 +319,17 @@ def verify(
 
     An allowlist entry that allowed nothing is an ``unused_allow`` finding of severity
     ``"warning"``: shown, but the report stays ``ok``. ``deny_unused_allow=True`` makes it
-    an error, as ``graphcheck verify --deny-unused-allow`` does."""
-    out = _native.verify(
+    an error, as ``graphcheck verify --deny-unused-allow`` does.
+
+    The table and Markdown are rendered when first read (:class:`Report`)."""
+    verified = _native.verify(
         _source(manifest),
         None if live is None else _source(live),
         normalized=normalized,
         deny_unused_allow=bool(deny_unused_allow),
         **_allow_args(allow),
     )
-    return Report._from_native(*out)
+    return Report._from_native(verified)
 
 
 class VerificationFailed(GraphcheckError, AssertionError):
