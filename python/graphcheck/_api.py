@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from . import _native
+from . import _args, _native
 from ._native import GraphcheckError
 
 #: The version of the core this package was built from.
@@ -25,20 +25,27 @@ EXIT_FINDINGS: int = _native.EXIT_FINDINGS
 EXIT_BAD_INPUT: int = _native.EXIT_BAD_INPUT
 
 Document = Union[str, bytes, "os.PathLike[str]", Mapping[str, Any]]
-#: An allowlist: a TOML file's path, or entries as dicts (``path`` or ``kernel``, ``reason``, optional
-#: ``kinds``).
+#: An allowlist: a TOML file's path, or a list of entries as dicts with the keys of a TOML
+#: entry (``path`` or ``kernel``/``kernels``, ``reason``, optional ``kinds``). ``kinds`` and
+#: ``kernels`` are lists, as in TOML: a single string is an error naming ``allow[i].kinds``.
 Allow = Union[str, "os.PathLike[str]", Sequence[Mapping[str, Any]]]
 
 
-def _source(doc: Document) -> Union[str, bytes, "os.PathLike[str]"]:
-    """What ``_native`` takes: a mapping becomes JSON text; paths and text pass through."""
+def _source(doc: Document, name: str = "document") -> Union[str, bytes, "os.PathLike[str]"]:
+    """What ``_native`` takes: a mapping becomes JSON text (an unserialisable value is an
+    error naming its JSON path under ``name``); paths and text pass through, and the native
+    module turns a path or text it cannot encode into a ``GraphcheckError`` too."""
     if isinstance(doc, Mapping):
-        return json.dumps(doc)
+        return _args.to_json(name, doc)
     if isinstance(doc, (str, bytes)) or hasattr(doc, "__fspath__"):
         return doc
     raise GraphcheckError(
         f"expected a document (path, JSON text or dict), got {type(doc).__name__}"
     )
+
+
+#: The keys of an allowlist entry whose value is a list of strings.
+_ALLOW_LISTS = {"kinds": "finding kinds", "kernels": "kernel-name patterns"}
 
 
 def _allow_args(allow: Optional[Allow]) -> dict:
@@ -47,17 +54,34 @@ def _allow_args(allow: Optional[Allow]) -> dict:
     if allow is None:
         return {}
     if isinstance(allow, (str, os.PathLike)):
-        return {"allow": os.fspath(allow)}
-    try:
-        return {"allow_entries": json.dumps([dict(entry) for entry in allow])}
-    except (TypeError, ValueError) as e:
-        raise GraphcheckError(f"allow: a list of entries (dicts) as in a TOML allowlist: {e}") from None
+        return {"allow": _args.path("allow", allow)}
+    if isinstance(allow, Mapping):
+        raise GraphcheckError(
+            "allow is a list of entries (dicts) or an allowlist file, not a single dict: "
+            "write allow=[{...}]"
+        )
+    if isinstance(allow, bytes) or not isinstance(allow, Iterable):
+        raise GraphcheckError(
+            f"allow is an allowlist file (str or os.PathLike) or a list of entries (dicts), "
+            f"not {_args.show(allow)}"
+        )
+    entries = []
+    for i, entry in enumerate(allow):
+        entry = _args.mapping(f"allow[{i}]", entry, "an entry (a dict)")
+        # The core would read a string here as a type error; say what to write instead.
+        for key, what in _ALLOW_LISTS.items():
+            if key in entry:
+                _args.strings(f"allow[{i}].{key}", entry[key], what)
+        entries.append(entry)
+    return {"allow_entries": _args.to_json("allow", entries)}
 
 
 def load(doc: Document, expect: Optional[str] = None) -> dict:
     """Loads and checks a manifest or live snapshot; returns it as a dict.
 
     ``expect`` (``"manifest"`` or ``"live"``) makes the other kind an error."""
+    if expect is not None:
+        _args.choice("expect", expect, ("manifest", "live"))
     _, text = _native.load(_source(doc), expect)
     return json.loads(text)
 
@@ -80,7 +104,9 @@ def schema() -> dict:
 def build_manifest(spec: Union[Mapping[str, Any], str]) -> dict:
     """Builds a manifest from a build spec (producer, pools, pool_ranges, allocations,
     tensors, owners, and graphs as walkers read them); see ``graphcheck::resolve::spec`` (``src/resolve/spec.rs``)."""
-    text = json.dumps(spec) if isinstance(spec, Mapping) else spec
+    text = _args.to_json("spec", spec) if isinstance(spec, Mapping) else spec
+    if not isinstance(text, (str, bytes)):
+        raise GraphcheckError(f"spec is a dict or JSON text, not {_args.show(spec)}")
     return json.loads(_native.build_manifest(text))
 
 
@@ -95,7 +121,11 @@ def explain(
     """Traces an address (``"0x…"``), an owner path, or with ``kernel`` every node whose
     name contains it. Returns the text (DOT with ``dot=True``); raises
     :class:`GraphcheckError` when nothing matched."""
-    found, text = _native.explain(_source(manifest), target, kernel, dot, normalized)
+    target = _args.optional_text("target", target)
+    kernel = _args.optional_text("kernel", kernel)
+    dot = _args.flag("dot", dot)
+    normalized = _args.flag("normalized", normalized)
+    found, text = _native.explain(_source(manifest, "manifest"), target, kernel, dot, normalized)
     if not found:
         raise GraphcheckError(text.strip() or f"nothing matches {target or kernel!r}")
     return text
@@ -116,8 +146,10 @@ class DiffResult:
 
 
 def diff(a: Document, b: Document, *, format: str = "table") -> DiffResult:
-    """Compares two documents by owner path (tensor set, registration, layout, digests)."""
-    same, text = _native.diff(_source(a), _source(b), format)
+    """Compares two documents by owner path (tensor set, registration, layout, digests).
+    ``format`` is ``"table"``, ``"markdown"`` or ``"json"``."""
+    format = _args.choice("format", format, ("table", "markdown", "json"))
+    same, text = _native.diff(_source(a, "a"), _source(b, "b"), format)
     return DiffResult(same, text)
 
 
@@ -321,12 +353,13 @@ def verify(
     ``"warning"``: shown, but the report stays ``ok``. ``deny_unused_allow=True`` makes it
     an error, as ``graphcheck verify --deny-unused-allow`` does.
 
-    The table and Markdown are rendered when first read (:class:`Report`)."""
+    The table and Markdown are rendered when first read (:class:`Report`); every wrong
+    argument is a :class:`GraphcheckError` naming it."""
     verified = _native.verify(
-        _source(manifest),
-        None if live is None else _source(live),
-        normalized=normalized,
-        deny_unused_allow=bool(deny_unused_allow),
+        _source(manifest, "manifest"),
+        None if live is None else _source(live, "live"),
+        normalized=_args.flag("normalized", normalized),
+        deny_unused_allow=_args.flag("deny_unused_allow", deny_unused_allow),
         **_allow_args(allow),
     )
     return Report._from_native(verified)

@@ -6,7 +6,8 @@
 //! data until asked (`Walked`, a walked graph; `Verified`, a verify's report, rendered per
 //! format on demand); the Python package (`python/graphcheck/`) builds objects from them.
 //! Every error the core reports is raised as `graphcheck.GraphcheckError` with the core's
-//! message (file and JSON path included); nothing here panics on bad input.
+//! message (file and JSON path included), and so is a document argument of the wrong type or
+//! one that cannot be encoded (a lone surrogate); nothing here panics on bad input.
 
 use std::path::PathBuf;
 
@@ -40,32 +41,64 @@ create_exception!(
 /// messages (default `<string>`). Loading is the core's ([`Source`]), the same as the
 /// command line's.
 fn source(obj: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<Source> {
-    let name = || PathBuf::from(name.unwrap_or("<string>"));
+    let label = name.unwrap_or("<string>");
+    let is_text = |s: &str| s.trim_start().starts_with('{');
     if let Ok(s) = obj.cast::<PyString>() {
-        let s = s.to_cow()?;
-        return Ok(if s.trim_start().starts_with('{') {
-            Source::Text {
-                bytes: s.as_bytes().to_vec(),
-                name: name(),
-            }
-        } else {
-            Source::Path(PathBuf::from(s.as_ref()))
-        });
+        return match s.to_cow() {
+            Ok(text) if is_text(&text) => Ok(Source::Text {
+                bytes: text.as_bytes().to_vec(),
+                name: PathBuf::from(label),
+            }),
+            Ok(text) => Ok(Source::Path(PathBuf::from(text.as_ref()))),
+            // Not UTF-8: the string holds a surrogate. JSON text cannot; a path can hold the
+            // surrogate escapes of `os.fsdecode` (a file name that is not UTF-8), which the
+            // file-system encoding turns back into the name's bytes.
+            Err(e) if is_text(&s.to_string_lossy()) => Err(GraphcheckError::new_err(format!(
+                "{label}: JSON text that is not valid Unicode: {e}"
+            ))),
+            Err(_) => path_arg(obj, label).map(Source::Path),
+        };
     }
     if let Ok(b) = obj.cast::<PyBytes>() {
         return Ok(Source::Text {
             bytes: b.as_bytes().to_vec(),
-            name: name(),
+            name: PathBuf::from(label),
         });
     }
-    obj.extract::<PathBuf>().map(Source::Path).map_err(|_| {
-        GraphcheckError::new_err(format!(
-            "expected a path or JSON text (str, bytes or os.PathLike), got {}",
-            obj.get_type()
-                .name()
-                .map_or_else(|_| "?".to_string(), |n| n.to_string())
-        ))
+    if obj.hasattr("__fspath__").unwrap_or(false) {
+        return path_arg(obj, label).map(Source::Path);
+    }
+    Err(GraphcheckError::new_err(format!(
+        "expected a path or JSON text (str, bytes or os.PathLike), got {}",
+        type_name(obj)
+    )))
+}
+
+/// A path argument (`str` or `os.PathLike`), encoded as the file system encodes names; a
+/// string it cannot encode (a lone surrogate) or any other type is a `GraphcheckError`
+/// naming `what`, not the `UnicodeEncodeError` or `TypeError` of the conversion.
+fn path_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
+    obj.extract::<PathBuf>().map_err(|e| {
+        let py = obj.py();
+        if obj.cast::<PyString>().is_ok() || obj.hasattr("__fspath__").unwrap_or(false) {
+            GraphcheckError::new_err(format!(
+                "{what}: a path the file system cannot encode: {}",
+                e.value(py)
+            ))
+        } else {
+            GraphcheckError::new_err(format!(
+                "{what}: expected a path (str or os.PathLike), got {}",
+                type_name(obj)
+            ))
+        }
     })
+}
+
+/// The name of `obj`'s type, for messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".to_string(), |n| n.to_string())
 }
 
 /// Runs `f` with the GIL released. A panic inside it (a bug in graphcheck) becomes a
@@ -232,13 +265,14 @@ fn verify(
     py: Python<'_>,
     manifest: &Bound<'_, PyAny>,
     live: Option<&Bound<'_, PyAny>>,
-    allow: Option<PathBuf>,
+    allow: Option<&Bound<'_, PyAny>>,
     allow_entries: Option<String>,
     normalized: bool,
     deny_unused_allow: bool,
 ) -> PyResult<Verified> {
     let m_src = source(manifest, Some("<manifest>"))?;
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
+    let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
     let verified = detached(py, move || -> Result<_, NativeError> {
         let allow = match (allow, allow_entries) {
             (Some(_), Some(_)) => return Err("give allow or allow_entries, not both".into()),
