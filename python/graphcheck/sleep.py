@@ -65,8 +65,12 @@ class Allocation(NamedTuple):
 
 
 def _torch():
-    import torch
-
+    """torch, imported at first use: ``import graphcheck.sleep`` works without it, and any
+    call that needs it says so."""
+    try:
+        import torch
+    except ImportError as e:
+        raise GraphcheckError(f"graphcheck.sleep needs PyTorch: {e}") from e
     return torch
 
 

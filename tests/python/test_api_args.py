@@ -5,6 +5,8 @@ function with each wrong value in each parameter; the named cases are the issue'
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -296,3 +298,52 @@ def test_an_instrument_name_that_does_not_format_fails_at_once(torch):
     with pytest.raises(graphcheck.GraphcheckError, match=r"name is a format string .* 'bs\{batch\}'"):
         gt.instrument(None, name="bs{batch}")
     assert not gt.instrumented()
+
+
+# -- without torch ------------------------------------------------------------------------
+
+#: Each public function that needs torch, called in a process where `import torch` fails.
+NO_TORCH = """
+import sys
+sys.modules["torch"] = None  # `import torch` raises ModuleNotFoundError
+import graphcheck, graphcheck.torch as gt, graphcheck.sleep as gs
+calls = {
+    "sleep_pool": lambda: gt.sleep_pool("weights").__enter__(),
+    "sleep": lambda: gt.sleep(1),
+    "wake": lambda: gt.wake(),
+    "sleep_allocator": lambda: gt.sleep_allocator(),
+    "SleepAllocator": lambda: gs.SleepAllocator(),
+    "graphcheck.sleep.sleep_pool": lambda: gs.sleep_pool("kv_cache").__enter__(),
+    "walk": lambda: gt.walk(object()),
+    "walk_roots": lambda: gt.walk_roots({"model": object()}),
+    "digest": lambda: gt.digest(object()),
+    "tensor_spec": lambda: gt.tensor_spec(object()),
+    "snapshot": lambda: gt.snapshot(object(), sys.argv[1]),
+    "Recorder.manifest": lambda: gt.Recorder(object()).manifest(),
+    "graph": lambda: gt.graph(object(), model=object(), name="g").__enter__(),
+    "instrument": lambda: gt.instrument(None),
+}
+for name, call in calls.items():
+    try:
+        call()
+        print(f"{name}: no error")
+    except graphcheck.GraphcheckError as e:
+        print(f"{name}: GraphcheckError: {e}" if "PyTorch" in str(e) else f"{name}: other message: {e}")
+    except BaseException as e:
+        print(f"{name}: {type(e).__name__}: {e}")
+"""
+
+
+def test_without_torch_every_torch_function_says_torch_is_needed():
+    # Regression: gt.sleep_pool without torch raised a bare ModuleNotFoundError.
+    env = dict(os.environ)
+    env.pop("GRAPHCHECK_DIR", None)
+    package = pathlib.Path(graphcheck.__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package), env.get("PYTHONPATH", "")) if p)
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, M], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 14, r.stdout
+    wrong = [line for line in lines if ": GraphcheckError: " not in line]
+    assert not wrong, "\n".join(wrong)
+    assert all("needs PyTorch" in line for line in lines), r.stdout
