@@ -11,7 +11,9 @@ import bisect
 import os
 from typing import Any, Iterable, Mapping, Optional
 
+from . import _args
 from ._api import __version__
+from ._native import GraphcheckError
 from ._registry import _torch
 
 
@@ -36,7 +38,15 @@ def _producer(overrides: Optional[Mapping[str, Any]] = None) -> dict:
 def _pool_key(pool_id) -> tuple:
     """A torch pool id (``(a, b)``, a ``MemPool``, a graph pool handle) as a tuple."""
     pid = getattr(pool_id, "id", pool_id)
-    return tuple(int(x) for x in pid)
+    try:
+        if isinstance(pid, (str, bytes)):
+            raise TypeError
+        return tuple(int(x) for x in pid)
+    except (TypeError, ValueError):
+        raise GraphcheckError(
+            "a torch pool is a MemPool, a graph pool handle (torch.cuda.graph_pool_handle()) "
+            f"or its id, a pair of integers; not {_args.show(pool_id)}"
+        ) from None
 
 
 def _memory_segments() -> list:

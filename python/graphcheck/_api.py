@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence, Union
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from . import _native
+from . import _args, _native
 from ._native import GraphcheckError
 
 #: The version of the core this package was built from.
@@ -25,20 +25,27 @@ EXIT_FINDINGS: int = _native.EXIT_FINDINGS
 EXIT_BAD_INPUT: int = _native.EXIT_BAD_INPUT
 
 Document = Union[str, bytes, "os.PathLike[str]", Mapping[str, Any]]
-#: An allowlist: a TOML file's path, or entries as dicts (``path`` or ``kernel``, ``reason``, optional
-#: ``kinds``).
+#: An allowlist: a TOML file's path, or a list of entries as dicts with the keys of a TOML
+#: entry (``path`` or ``kernel``/``kernels``, ``reason``, optional ``kinds``). ``kinds`` and
+#: ``kernels`` are lists, as in TOML: a single string is an error naming ``allow[i].kinds``.
 Allow = Union[str, "os.PathLike[str]", Sequence[Mapping[str, Any]]]
 
 
-def _source(doc: Document) -> Union[str, bytes, "os.PathLike[str]"]:
-    """What ``_native`` takes: a mapping becomes JSON text; paths and text pass through."""
+def _source(doc: Document, name: str = "document") -> Union[str, bytes, "os.PathLike[str]"]:
+    """What ``_native`` takes: a mapping becomes JSON text (an unserialisable value is an
+    error naming its JSON path under ``name``); paths and text pass through, and the native
+    module turns a path or text it cannot encode into a ``GraphcheckError`` too."""
     if isinstance(doc, Mapping):
-        return json.dumps(doc)
+        return _args.to_json(name, doc)
     if isinstance(doc, (str, bytes)) or hasattr(doc, "__fspath__"):
         return doc
     raise GraphcheckError(
         f"expected a document (path, JSON text or dict), got {type(doc).__name__}"
     )
+
+
+#: The keys of an allowlist entry whose value is a list of strings.
+_ALLOW_LISTS = {"kinds": "finding kinds", "kernels": "kernel-name patterns"}
 
 
 def _allow_args(allow: Optional[Allow]) -> dict:
@@ -47,17 +54,34 @@ def _allow_args(allow: Optional[Allow]) -> dict:
     if allow is None:
         return {}
     if isinstance(allow, (str, os.PathLike)):
-        return {"allow": os.fspath(allow)}
-    try:
-        return {"allow_entries": json.dumps([dict(entry) for entry in allow])}
-    except (TypeError, ValueError) as e:
-        raise GraphcheckError(f"allow: a list of entries (dicts) as in a TOML allowlist: {e}") from None
+        return {"allow": _args.path("allow", allow)}
+    if isinstance(allow, Mapping):
+        raise GraphcheckError(
+            "allow is a list of entries (dicts) or an allowlist file, not a single dict: "
+            "write allow=[{...}]"
+        )
+    if isinstance(allow, bytes) or not isinstance(allow, Iterable):
+        raise GraphcheckError(
+            f"allow is an allowlist file (str or os.PathLike) or a list of entries (dicts), "
+            f"not {_args.show(allow)}"
+        )
+    entries = []
+    for i, entry in enumerate(allow):
+        entry = _args.mapping(f"allow[{i}]", entry, "an entry (a dict)")
+        # The core would read a string here as a type error; say what to write instead.
+        for key, what in _ALLOW_LISTS.items():
+            if key in entry:
+                _args.strings(f"allow[{i}].{key}", entry[key], what)
+        entries.append(entry)
+    return {"allow_entries": _args.to_json("allow", entries)}
 
 
 def load(doc: Document, expect: Optional[str] = None) -> dict:
     """Loads and checks a manifest or live snapshot; returns it as a dict.
 
     ``expect`` (``"manifest"`` or ``"live"``) makes the other kind an error."""
+    if expect is not None:
+        _args.choice("expect", expect, ("manifest", "live"))
     _, text = _native.load(_source(doc), expect)
     return json.loads(text)
 
@@ -80,7 +104,9 @@ def schema() -> dict:
 def build_manifest(spec: Union[Mapping[str, Any], str]) -> dict:
     """Builds a manifest from a build spec (producer, pools, pool_ranges, allocations,
     tensors, owners, and graphs as walkers read them); see ``graphcheck::resolve::spec`` (``src/resolve/spec.rs``)."""
-    text = json.dumps(spec) if isinstance(spec, Mapping) else spec
+    text = _args.to_json("spec", spec) if isinstance(spec, Mapping) else spec
+    if not isinstance(text, (str, bytes)):
+        raise GraphcheckError(f"spec is a dict or JSON text, not {_args.show(spec)}")
     return json.loads(_native.build_manifest(text))
 
 
@@ -95,7 +121,11 @@ def explain(
     """Traces an address (``"0x…"``), an owner path, or with ``kernel`` every node whose
     name contains it. Returns the text (DOT with ``dot=True``); raises
     :class:`GraphcheckError` when nothing matched."""
-    found, text = _native.explain(_source(manifest), target, kernel, dot, normalized)
+    target = _args.optional_text("target", target)
+    kernel = _args.optional_text("kernel", kernel)
+    dot = _args.flag("dot", dot)
+    normalized = _args.flag("normalized", normalized)
+    found, text = _native.explain(_source(manifest, "manifest"), target, kernel, dot, normalized)
     if not found:
         raise GraphcheckError(text.strip() or f"nothing matches {target or kernel!r}")
     return text
@@ -116,8 +146,10 @@ class DiffResult:
 
 
 def diff(a: Document, b: Document, *, format: str = "table") -> DiffResult:
-    """Compares two documents by owner path (tensor set, registration, layout, digests)."""
-    same, text = _native.diff(_source(a), _source(b), format)
+    """Compares two documents by owner path (tensor set, registration, layout, digests).
+    ``format`` is ``"table"``, ``"markdown"`` or ``"json"``."""
+    format = _args.choice("format", format, ("table", "markdown", "json"))
+    same, text = _native.diff(_source(a, "a"), _source(b, "b"), format)
     return DiffResult(same, text)
 
 
@@ -194,10 +226,32 @@ class Allowed:
     reason: str
 
 
+class _Rendered:
+    """The table and Markdown of a report, already rendered: what a :class:`Report` holds
+    in place of the native handle once pickled or copied (the handle stays in its
+    process)."""
+
+    __slots__ = ("_table", "_markdown")
+
+    def __init__(self, table: str, markdown: str):
+        self._table, self._markdown = table, markdown
+
+    def table(self) -> str:
+        return self._table
+
+    def markdown(self) -> str:
+        return self._markdown
+
+
 @dataclass(frozen=True)
 class Report:
     """What :func:`verify` found. ``str(report)`` is the table the CLI prints. ``ok``: no
-    finding of severity ``"error"``; ``findings`` holds the warnings too."""
+    finding of severity ``"error"``; ``findings`` holds the warnings too.
+
+    The fields come from the report's JSON, rendered once; :attr:`table` and
+    :attr:`markdown` are rendered when first read (at tens of thousands of findings the
+    table takes seconds), and kept. Until then the report holds the verified documents
+    on the Rust side; pickling or copying a report renders both and holds the text."""
 
     ok: bool
     findings: tuple[Finding, ...]
@@ -207,21 +261,21 @@ class Report:
     subjects: int
     graphs: int
     json: str = field(repr=False)
-    table: str = field(repr=False)
-    markdown: str = field(repr=False)
+    #: The native handle (``_native.Verified``) or a :class:`_Rendered`: where
+    #: :attr:`table` and :attr:`markdown` come from.
+    _texts: Any = field(repr=False, compare=False)
     #: Nodes whose addresses the walk could not read: what they hold was not checked.
     unread_nodes: int = 0
     #: The graphs some finding names, sorted (the core's ``Report::recapture``).
     _recapture: tuple[str, ...] = field(default=(), repr=False)
 
     @classmethod
-    def _from_native(
-        cls, ok: bool, text: str, table: str, markdown: str, recapture: list
-    ) -> "Report":
+    def _from_native(cls, verified: "_native.Verified") -> "Report":
+        text = verified.json()
         r = json.loads(text)
         return cls(
-            ok=ok,
-            _recapture=tuple(recapture),
+            ok=verified.ok,
+            _recapture=tuple(verified.recapture()),
             findings=tuple(Finding.from_json(f) for f in r["findings"]),
             allowed=tuple(
                 Allowed(Finding.from_json(a["finding"]), a["allowed_by"], a["reason"])
@@ -233,9 +287,26 @@ class Report:
             graphs=r["graphs"],
             unread_nodes=r.get("unread_nodes", 0),
             json=text,
-            table=table,
-            markdown=markdown,
+            _texts=verified,
         )
+
+    @property
+    def table(self) -> str:
+        """The table ``graphcheck verify`` prints (rendered at the first read)."""
+        return self._texts.table()
+
+    @property
+    def markdown(self) -> str:
+        """The Markdown of ``graphcheck verify --format markdown`` (rendered at the first
+        read)."""
+        return self._texts.markdown()
+
+    def __reduce__(self):
+        # The native handle cannot leave its process: a pickled (or copied) report carries
+        # its table and Markdown as text instead.
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["_texts"] = _Rendered(self.table, self.markdown)
+        return (_rebuild_report, (values,))
 
     def __bool__(self) -> bool:
         return self.ok
@@ -262,6 +333,11 @@ class Report:
         return list(self._recapture)
 
 
+def _rebuild_report(values: dict) -> Report:
+    """A :class:`Report` from its fields (unpickling)."""
+    return Report(**values)
+
+
 def verify(
     manifest: Document,
     live: Optional[Document] = None,
@@ -275,15 +351,18 @@ def verify(
 
     An allowlist entry that allowed nothing is an ``unused_allow`` finding of severity
     ``"warning"``: shown, but the report stays ``ok``. ``deny_unused_allow=True`` makes it
-    an error, as ``graphcheck verify --deny-unused-allow`` does."""
-    out = _native.verify(
-        _source(manifest),
-        None if live is None else _source(live),
-        normalized=normalized,
-        deny_unused_allow=bool(deny_unused_allow),
+    an error, as ``graphcheck verify --deny-unused-allow`` does.
+
+    The table and Markdown are rendered when first read (:class:`Report`); every wrong
+    argument is a :class:`GraphcheckError` naming it."""
+    verified = _native.verify(
+        _source(manifest, "manifest"),
+        None if live is None else _source(live, "live"),
+        normalized=_args.flag("normalized", normalized),
+        deny_unused_allow=_args.flag("deny_unused_allow", deny_unused_allow),
         **_allow_args(allow),
     )
-    return Report._from_native(*out)
+    return Report._from_native(verified)
 
 
 class VerificationFailed(GraphcheckError, AssertionError):

@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import Callable, Iterable, Optional, Union
 
-from . import _native
+from . import _args, _native
 from ._native import GraphcheckError
 from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
 from ._registry import _torch
@@ -171,9 +171,8 @@ class Instrumentation:
         recorder_args: dict,
         write_every: int = 1,
     ):
-        if write_every < 1:
-            raise GraphcheckError(f"write_every must be at least 1, not {write_every}")
-        self.directory = None if directory is None else os.fspath(directory)
+        write_every = _args.integer("write_every", write_every, minimum=1)
+        self.directory = None if directory is None else _args.path("directory", directory)
         #: Rewrite the manifest after every this many captures (and at exit): rebuilding it
         #: costs more as graphs accumulate, and an engine may capture dozens.
         self.write_every = write_every
@@ -263,7 +262,7 @@ class Instrumentation:
     def write(self, path=None) -> str:
         """Writes the manifest atomically (to ``path``, or :meth:`manifest_path`); returns
         the path."""
-        target = os.fspath(path) if path is not None else self.manifest_path()
+        target = _args.path("path", path) if path is not None else self.manifest_path()
         if target is None:
             raise GraphcheckError("instrument() has no directory: pass write() a path")
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
@@ -360,14 +359,32 @@ def instrument(
     instead. ``write_every=N`` rewrites the file after every N captures instead of every
     one (an engine capturing dozens of graphs pays the rebuild N times less); what is left
     is written when the instrumentation stops and at interpreter exit. Returns the
-    :class:`Instrumentation`; :func:`uninstrument` restores torch."""
+    :class:`Instrumentation`; :func:`uninstrument` restores torch. Every wrong argument is
+    a :class:`GraphcheckError` naming it, raised before torch is patched."""
     if directory is None:
         directory = os.environ.get(ENV_DIR) or None
+    root = _args.text("root", root)
+    _native.check_path(root)
+    name = _args.callable_or_text("name", name)
+    if isinstance(name, str):
+        try:  # a name that does not format would fail at every capture instead
+            name.format(index=0, pid=0)
+        except (KeyError, IndexError, ValueError) as e:
+            raise GraphcheckError(
+                f"name is a format string with {{index}} and {{pid}}, or a callable: "
+                f"{name!r} does not format ({type(e).__name__}: {e})"
+            ) from None
+    strict = _args.flag("strict", strict)
     ins = Instrumentation(
         directory,
         name=name,
         strict=strict,
-        recorder_args=dict(digests=digests, runtime_state=runtime_state, max_depth=max_depth),
+        recorder_args=dict(
+            digests=digests,
+            # A list, so that a forked child's recorder gets the same globs again.
+            runtime_state=_args.strings("runtime_state", runtime_state, "owner-path globs"),
+            max_depth=max_depth,
+        ),
         write_every=write_every,
     )
     atexit.register(ins.flush)
@@ -387,6 +404,11 @@ def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
     """Stops one instrumentation (or, without an argument, all of them) and, when none is
     left, restores ``torch.cuda.CUDAGraph``. Graphs made meanwhile keep working (they are
     instances of the subclass, which keeps instantiating them)."""
+    if instrumentation is not None and not isinstance(instrumentation, Instrumentation):
+        raise GraphcheckError(
+            f"uninstrument takes what instrument() returned (an Instrumentation) or nothing, "
+            f"not {_args.show(instrumentation)}"
+        )
     with _LOCK:
         stopping = list(_ACTIVE) if instrumentation is None else [instrumentation]
     for ins in stopping:
@@ -411,7 +433,7 @@ def register_model(model, root: str = "model") -> None:
     """Names an object whose tensors instrumented captures read (the engine's model, a
     draft model, a KV-cache manager) under ``root``, held weakly. Live instrumentations
     walk it from their next manifest on; one started later takes it too."""
-    _native.check_path(root)
+    _native.check_path(_args.text("root", root))
     with _LOCK:
         if _ACTIVE:
             for ins in _ACTIVE:

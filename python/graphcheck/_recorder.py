@@ -10,11 +10,11 @@ import json
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
-from . import _allocator, _native
+from . import _allocator, _args, _native
 from . import sleep as _sleep_module
 from ._allocator import _AllocSites, _pool_key, _pool_segments, _producer
 from ._native import GraphcheckError
-from ._registry import Registry, _attr, _key, _torch
+from ._registry import Registry, _attr, _digests_arg, _key, _torch
 from ._walk import DEFAULT_MAX_DEPTH, walk_roots
 
 
@@ -89,14 +89,19 @@ class Recorder:
         digests: Union[bool, str] = False,
         producer: Optional[Mapping[str, Any]] = None,
     ):
+        root = _args.text("root", root)
+        _native.check_path(root)
         self.model = model
         self.root = root
         # (root name, object or weak reference): model first, then add_root's.
         self._roots: list = [] if model is None else [(root, model)]
-        self.max_depth = max_depth
-        self.runtime_state = tuple(runtime_state)
+        self.max_depth = _args.integer("max_depth", max_depth, minimum=0)
+        self.runtime_state = tuple(
+            _args.strings("runtime_state", runtime_state, "owner-path globs")
+        )
+        digests = _digests_arg("digests", digests)
         self.digests = ("sha256" if digests is True else digests) or None
-        self.producer = dict(producer or {})
+        self.producer = dict(_args.optional_mapping("producer", producer) or {})
         self.registry: Optional[Registry] = None
         #: Walks of the roots so far (the first graph's, and every one a later graph's
         #: unexplained address asked for).
@@ -130,7 +135,8 @@ class Recorder:
         """Adds a root to walk beside the model (a draft model, a KV-cache manager), or the
         first root of a recorder made with ``model=None``. ``weak`` holds it by weak
         reference (a root that dies is left out). The next manifest walks again."""
-        _native.check_path(root)
+        _native.check_path(_args.text("root", root))
+        weak = _args.flag("weak", weak)
         if any(r == root for r, _ in self._roots):
             raise GraphcheckError(f"root {root!r} is already recorded")
         ref = obj
@@ -259,6 +265,8 @@ class Recorder:
         """Declares a pool; returns its id. ``torch_pool`` (a ``MemPool``, graph pool
         handle or pool id) takes its ranges from the CUDA allocator's segments; ``ranges``
         gives ``(base, size)`` pairs directly."""
+        name = _args.text("name", name)
+        ranges = _ranges_arg(ranges)
         if kind not in _POOL_KINDS:
             raise GraphcheckError(f"pool kind is one of {_POOL_KINDS}, not {kind!r}")
         if sleep not in _SLEEP:
@@ -290,6 +298,8 @@ class Recorder:
             self.add_pool(tag, kind=kind, sleep=policy, torch_pool=pool)
 
     def _pool_id(self, pool) -> Optional[int]:
+        if isinstance(pool, bool):
+            raise GraphcheckError(f"pool is a pool id, name or torch pool, not {pool!r}")
         if pool is None or isinstance(pool, int):
             return pool
         if isinstance(pool, str):
@@ -318,21 +328,27 @@ class Recorder:
         The roots are walked again when the graph reads an address nothing the recorder
         knows explains (class docstring); where that walk fails, the graph stays added and
         :class:`GraphcheckError` says so."""
+        name = _args.text("name", name)
+        extras = [
+            ("inputs", _tensors_arg("inputs", inputs)),
+            ("outputs", _tensors_arg("outputs", outputs)),
+        ]
         entry = {"name": name, "pool": self._pool_id(pool)}
         if isinstance(walked, _native.Walked):
             entry["walked_index"] = len(self._walked)
             self._walked.append(walked)
             native = walked
         else:
-            entry["walked"] = json.loads(walked) if isinstance(walked, (str, bytes)) else dict(walked)
+            entry["walked"] = _walked_arg(walked)
+            text = _args.to_json("walked", entry["walked"])
             try:
-                native = _native.Walked.from_json(json.dumps(entry["walked"]))
+                native = _native.Walked.from_json(text)
             except GraphcheckError:  # reported, with its JSON path, by the build
                 native = None
         self._graphs.append(entry)
         base = _key("graphs", name)
-        for hop, tensors in (("inputs", inputs), ("outputs", outputs)):
-            for k, t in (tensors or {}).items():
+        for hop, tensors in extras:
+            for k, t in tensors.items():
                 self._add_extra(_key(_attr(base, hop), k), t, "graph_input")
         try:
             self._keep_current(native)
@@ -348,7 +364,14 @@ class Recorder:
     def record(self, cuda_graph, name: str, *, pool=None, inputs=None, outputs=None) -> None:
         """Walks a captured ``torch.cuda.CUDAGraph`` (made with ``keep_graph=True``) and
         adds it."""
-        walked = _walk_graph(cuda_graph.raw_cuda_graph())
+        name = _args.text("name", name)
+        raw = getattr(cuda_graph, "raw_cuda_graph", None)
+        if raw is None:
+            raise GraphcheckError(
+                "cuda_graph is a torch.cuda.CUDAGraph (keep_graph=True), "
+                f"not {_args.show(cuda_graph)}"
+            )
+        walked = _walk_graph(raw())
         self.add_graph(name, walked, pool=pool, inputs=inputs, outputs=outputs)
 
     def build_spec(self) -> dict:
@@ -395,6 +418,7 @@ class Recorder:
 
     def write(self, path) -> None:
         """Writes the manifest to ``path`` atomically."""
+        path = _args.path("path", path)
         _native.write_atomic(path, self.manifest_json().encode())
 
 
@@ -418,8 +442,23 @@ def graph(
 
     The graph is instantiated whether or not recording succeeds: a recording failure
     raises :class:`GraphcheckError` (its cause chained) after the graph is ready to
-    replay. An empty capture (torch only warns) is recorded as a graph with no node."""
+    replay. An empty capture (torch only warns) is recorded as a graph with no node. A
+    wrong argument is a :class:`GraphcheckError` before anything is captured."""
     torch = _torch()
+    name = _args.text("name", name)
+    _tensors_arg("inputs", inputs)
+    _tensors_arg("outputs", outputs)
+    if recorder is not None and not isinstance(recorder, Recorder):
+        raise GraphcheckError(
+            f"recorder is a graphcheck.torch.Recorder, not {_args.show(recorder)}"
+        )
+    # Duck-typed: under instrument() torch.cuda.CUDAGraph is a subclass, and a graph made
+    # before is an instance of the class it replaced.
+    if not hasattr(cuda_graph, "raw_cuda_graph"):
+        raise GraphcheckError(
+            "cuda_graph is a torch.cuda.CUDAGraph (made with keep_graph=True), "
+            f"not {_args.show(cuda_graph)}"
+        )
     if recorder is None:
         if model is None:
             raise GraphcheckError("graph() needs a model or a recorder")
@@ -450,3 +489,45 @@ def _fatal(e: BaseException) -> bool:
     other failure of a recording (``pyo3_runtime.PanicException`` included, a
     ``BaseException``) is graphcheck's and never the engine's."""
     return isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+def _tensors_arg(name: str, tensors) -> Mapping:
+    """``inputs``/``outputs``: ``None`` or a mapping of name to tensor."""
+    if tensors is None:
+        return {}
+    _args.mapping(name, tensors, "a mapping of name to tensor")
+    Tensor = _torch().Tensor
+    for k, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise GraphcheckError(f"{name}[{k!r}] is a torch.Tensor, not {_args.show(t)}")
+    return tensors
+
+
+def _walked_arg(walked) -> dict:
+    """A walked graph handed over as JSON text or a dict, as a dict."""
+    if isinstance(walked, (str, bytes)):
+        try:
+            value = json.loads(walked)
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+            raise GraphcheckError(f"walked: not valid JSON: {e}") from None
+        return _args.mapping("walked", value, "a walked graph (a JSON object)")
+    if isinstance(walked, Mapping):
+        return dict(walked)
+    raise GraphcheckError(
+        f"walked is a walked graph (_native.Walked, JSON text or dict), not {_args.show(walked)}"
+    )
+
+
+def _ranges_arg(ranges) -> list:
+    """``(base, size)`` pairs of non-negative integers."""
+    if isinstance(ranges, (str, bytes, Mapping)) or not _args.iterable(ranges):
+        raise GraphcheckError(f"ranges is a list of (base, size) pairs, not {_args.show(ranges)}")
+    out = []
+    for i, pair in enumerate(ranges):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise GraphcheckError(f"ranges[{i}] is a (base, size) pair, not {_args.show(pair)}")
+        out.append((
+            _args.integer(f"ranges[{i}] base", pair[0], minimum=0),
+            _args.integer(f"ranges[{i}] size", pair[1], minimum=0),
+        ))
+    return out

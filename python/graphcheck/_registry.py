@@ -15,8 +15,9 @@ import hashlib
 import re
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+from . import _args
 from ._native import GraphcheckError
 
 
@@ -69,11 +70,18 @@ def _type_name(obj: Any) -> str:
 # -- tensors ------------------------------------------------------------------------------
 
 
+def _tensor_arg(name: str, t) -> Any:
+    """``t`` where it is a ``torch.Tensor``; else an error naming ``name``."""
+    if not isinstance(t, _torch().Tensor):
+        raise GraphcheckError(f"{name} is a torch.Tensor, not {_args.show(t)}")
+    return t
+
+
 def tensor_spec(t) -> dict:
     """The core's ``TensorSpec`` of a strided tensor view (what ``_native.build_manifest``
     reads for each tensor): storage base and size, byte offset, byte span, shape, stride,
     dtype (without ``torch.``), itemsize, device."""
-    return _spec_dict(_meta_and_key(t)[0])
+    return _spec_dict(_meta_and_key(_tensor_arg("t", t))[0])
 
 
 def _spec_dict(meta: tuple) -> dict:
@@ -147,10 +155,21 @@ def _flat_bytes(t):
     return x.contiguous().reshape(-1).view(torch.uint8)
 
 
+#: The content digest algorithms (:func:`digest`; :mod:`graphcheck.torch` says what each is).
+DIGEST_ALGORITHMS = ("sha256", "sum64")
+
+
+def _digests_arg(name: str, value: Union[bool, str, None]) -> Union[bool, str, None]:
+    """A ``digests=`` argument: ``True``/``False``/``None`` or an algorithm's name."""
+    if value is None or isinstance(value, bool):
+        return value
+    return _args.choice(name, value, DIGEST_ALGORITHMS)
+
+
 def digest(t, algorithm: str = "sha256") -> str:
     """The content digest of a view, ``<algorithm>:<hex>`` (see :mod:`graphcheck.torch`)."""
     torch = _torch()
-    x = _flat_bytes(t)
+    x = _flat_bytes(_tensor_arg("t", t))
     if algorithm == "sha256":
         host = x.cpu()
         data = ctypes.string_at(host.data_ptr(), host.numel()) if host.numel() else b""

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from . import _allocator, _native
+from . import _allocator, _args, _native
 from . import sleep as _sleep_module
 from ._allocator import _AllocSites, _pool_key, _producer
 from ._api import _source, load
 from ._native import GraphcheckError
-from ._walk import DEFAULT_MAX_DEPTH, walk, walk_roots
+from ._registry import _digests_arg
+from ._walk import DEFAULT_MAX_DEPTH, _root_pairs, walk, walk_roots
 
 
 # -- snapshot -----------------------------------------------------------------------------
@@ -58,11 +59,22 @@ def snapshot(
     CUDA probes (the sleep allocator's tags are mapped without asking). ``roots`` (root name → object) walks several roots instead of ``model``
     (the roots a :class:`Recorder` or :func:`instrument` recorded); ``model`` is then
     ``None`` or added as ``root``. Where PyTorch's memory history is on, CUDA tensors carry
-    their allocation site. Returns the snapshot as a dict, checked by the core."""
+    their allocation site. Returns the snapshot as a dict, checked by the core. Every
+    wrong argument is a :class:`GraphcheckError` naming it."""
+    event = _args.text("event", event)
+    contents = _args.choice("contents", contents, ("preserved", "updated"))
+    digests = _digests_arg("digests", digests)
+    root = _args.text("root", root)
+    pools = _args.optional_mapping("pools", pools)
+    producer = _args.optional_mapping("producer", producer)
+    if isinstance(reference, Mapping):  # owner path -> digest; any other object is a model
+        for path, value in reference.items():
+            _args.text("reference: an owner path", path)
+            _args.text(f"reference[{path!r}]", value)
     m_source = manifest
     m = load(manifest, expect="manifest")
     pairs = [] if model is None and roots else [(root, model)]
-    pairs.extend((roots or {}).items())
+    pairs.extend(_root_pairs("roots", roots) if roots is not None else [])
     registry = walk_roots(pairs, max_depth=max_depth, runtime_state=runtime_state)
     algorithm = _algorithm(digests, m)
     if reference is not None and algorithm is None:
@@ -75,7 +87,7 @@ def snapshot(
     alloc = _sleep_module._ALLOCATOR
     auto = {} if alloc is None else {k: n for k, n in alloc.pool_names().items() if n in pool_ids}
     for key, name in {**auto, **(pools or {})}.items():
-        if name not in pool_ids:
+        if not isinstance(name, str) or name not in pool_ids:
             raise GraphcheckError(f"pools: the manifest has no pool named {name!r}")
         bindings[_pool_key(key)] = pool_ids[name]
 

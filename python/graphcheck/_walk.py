@@ -13,7 +13,7 @@ import gc
 import types
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from . import _native
+from . import _args, _native
 from ._native import GraphcheckError
 from ._registry import Registry, _attr, _child, _key, _torch, _type_name
 
@@ -432,8 +432,11 @@ def walk(
 ) -> Registry:
     """The owner registry of ``model`` (an ``nn.Module``, or any object) under the root
     name ``root``. Owners whose path matches a ``runtime_state`` glob (``*`` within one
-    hop, ``**`` across) get the registration ``runtime_state``."""
-    return walk_roots([(root, model)], max_depth=max_depth, runtime_state=runtime_state)
+    hop, ``**`` across) get the registration ``runtime_state``: a list of globs (a single
+    string is an error, not a list of its letters)."""
+    return walk_roots(
+        [(_args.text("root", root), model)], max_depth=max_depth, runtime_state=runtime_state
+    )
 
 
 def walk_roots(
@@ -445,7 +448,9 @@ def walk_roots(
     """One owner registry over several roots (``{"model": model, "draft": draft}`` or
     ``(root, object)`` pairs), walked in order into one registry: an object two roots reach
     is listed under the first. :func:`walk` is the one-root case."""
-    pairs = list(roots.items()) if isinstance(roots, Mapping) else list(roots)
+    pairs = _root_pairs("roots", roots)
+    max_depth = _args.integer("max_depth", max_depth, minimum=0)
+    globs = _args.strings("runtime_state", runtime_state, "owner-path globs")
     names = [r for r, _ in pairs]
     if len(set(names)) != len(names):
         raise GraphcheckError(f"root names must differ: {names}")
@@ -459,7 +464,6 @@ def walk_roots(
                 walker.module_tree(model, root)
             else:
                 walker.value(model, root, "object_attribute", None, 0)
-    globs = list(runtime_state)
     if globs:
         paths = [o.path for o in registry.owners]
         hits = [False] * len(paths)
@@ -471,3 +475,24 @@ def walk_roots(
         ]
     return registry
 
+
+
+def _root_pairs(name: str, roots: Any) -> list:
+    """``(root name, object)`` pairs from a mapping or an iterable of pairs; a root name is
+    a string."""
+    if isinstance(roots, Mapping):
+        pairs = list(roots.items())
+    elif isinstance(roots, (str, bytes)) or not _args.iterable(roots):
+        raise GraphcheckError(
+            f"{name} is a mapping of root name to object, or (name, object) pairs, "
+            f"not {_args.show(roots)}"
+        )
+    else:
+        pairs = []
+        for i, pair in enumerate(roots):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise GraphcheckError(
+                    f"{name}[{i}] is a (root name, object) pair, not {_args.show(pair)}"
+                )
+            pairs.append(pair)
+    return [(_args.text(f"{name}: a root name", r), obj) for r, obj in pairs]

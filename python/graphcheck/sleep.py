@@ -30,7 +30,8 @@ import threading
 import warnings
 from typing import Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from . import _native
+from . import _args, _native
+from ._native import GraphcheckError
 
 __all__ = [
     "Allocation",
@@ -64,9 +65,20 @@ class Allocation(NamedTuple):
 
 
 def _torch():
-    import torch
-
+    """torch, imported at first use: ``import graphcheck.sleep`` works without it, and any
+    call that needs it says so."""
+    try:
+        import torch
+    except ImportError as e:
+        raise GraphcheckError(f"graphcheck.sleep needs PyTorch: {e}") from e
     return torch
+
+
+def _tags(name: str, value) -> list:
+    """Tags: a list of strings, or one tag as a string (a list of that tag)."""
+    if isinstance(value, str):
+        return [_args.text(name, value)]
+    return _args.strings(name, value, "tags")
 
 
 # Expandable segments do not work with a pluggable allocator's pool
@@ -124,7 +136,7 @@ class SleepAllocator:
                 f"the sleep allocator needs torch.cuda.MemPool and use_mem_pool; torch "
                 f"{torch.__version__} has not got them (tested with torch 2.11)"
             )
-        self.offload_tags = tuple(offload_tags)
+        self.offload_tags = tuple(_tags("offload_tags", offload_tags))
         self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(
             _native.__file__, _native.SLEEP_MALLOC_SYMBOL, _native.SLEEP_FREE_SYMBOL
         )
@@ -139,6 +151,7 @@ class SleepAllocator:
         that torch's caching never hands a block freed under one tag to another."""
         if not isinstance(tag, str) or not tag:
             raise SleepError(f"a tag is a non-empty string, not {tag!r}")
+        _args.text("tag", tag)
         with self._lock:
             pool = self._pools.get(tag)
             if pool is None:
@@ -167,6 +180,7 @@ class SleepAllocator:
     def release_pool(self, tag: str) -> None:
         """Drops ``tag``'s MemPool so that torch gives its memory back once no tensor uses
         it. Not while asleep: the pool's memory is unmapped then."""
+        _args.text("tag", tag)
         if self.level is not None:
             raise SleepError(f"asleep (level {self.level}): wake before releasing pool {tag!r}")
         with self._lock:
@@ -207,14 +221,15 @@ class SleepAllocator:
         ``offload_tags`` at level 1 (default: :attr:`offload_tags` among the tags in use);
         level 2 keeps nothing. Synchronizes the device first. Returns the bytes offloaded
         and discarded. Raises :class:`SleepError` (and changes nothing) when already
-        asleep, for an unknown tag or level, or offload tags at level 2."""
+        asleep, for an unknown tag or level, or offload tags at level 2. ``offload_tags`` is
+        a list of tags, or one tag as a string."""
+        level = _args.integer("level", level)
         if offload_tags is None:
             known = set(self.tags())
             offload_tags = [t for t in self.offload_tags if t in known] if level == 1 else []
-        if isinstance(offload_tags, str):
-            offload_tags = [offload_tags]
+        offload_tags = _tags("offload_tags", offload_tags)
         _torch().cuda.synchronize()
-        report = _native.sleep_sleep(int(level), list(offload_tags))
+        report = _native.sleep_sleep(level, offload_tags)
         self._freed_at_sleep = self.stats()["freed_while_asleep"]
         return report
 
@@ -222,10 +237,14 @@ class SleepAllocator:
         """Maps new memory at the same addresses for ``tags`` (all where ``None``),
         restores host copies and fills the rest with ``poison``. Raises
         :class:`SleepOutOfMemoryError` (still asleep, nothing mapped) when the device has
-        no room, :class:`SleepError` when not asleep or for an unknown tag."""
-        if isinstance(tags, str):
-            tags = [tags]
-        r = _native.sleep_wake(None if tags is None else list(tags), str(poison))
+        no room, :class:`SleepError` when not asleep or for an unknown tag. ``tags`` is a
+        list of tags, or one tag as a string; ``poison`` a name or a byte (an ``int``)."""
+        tags = None if tags is None else _tags("tags", tags)
+        if isinstance(poison, bool) or not isinstance(poison, (str, int)):
+            raise GraphcheckError(
+                f"poison is 'nan', 'zeros', 'none' or a byte (0 to 255), not {_args.show(poison)}"
+            )
+        r = _native.sleep_wake(tags, _args.text("poison", str(poison)))
         now = self.stats()["freed_while_asleep"]
         freed, self._freed_at_sleep = now - self._freed_at_sleep, now
         if freed:
@@ -257,7 +276,7 @@ class SleepAllocator:
         """``(free, total)`` device bytes, from the driver (``cuMemGetInfo``)."""
         if device is None:
             device = _torch().cuda.current_device()
-        return _native.sleep_mem_info(int(device))
+        return _native.sleep_mem_info(_args.integer("device", device, minimum=0))
 
     def release_host_cache(self) -> int:
         """Frees the pinned host buffers kept for the next sleep; returns the bytes."""
@@ -275,8 +294,10 @@ _ALLOCATOR_LOCK = threading.Lock()
 
 def allocator(offload_tags: Optional[Iterable[str]] = None) -> SleepAllocator:
     """The process's sleep allocator, made on first call. ``offload_tags`` sets the tags
-    level 1 keeps (on any call)."""
+    level 1 keeps (on any call): a list of tags, or one tag as a string."""
     global _ALLOCATOR
+    if offload_tags is not None:
+        offload_tags = _tags("offload_tags", offload_tags)
     with _ALLOCATOR_LOCK:
         if _ALLOCATOR is None:
             _ALLOCATOR = SleepAllocator(DEFAULT_OFFLOAD_TAGS if offload_tags is None else offload_tags)

@@ -2,10 +2,12 @@
 //!
 //! Every function takes documents as a path (`str` or `os.PathLike`) or as JSON text (a
 //! `str` whose first non-blank character is `{`, or `bytes`), does its work with the GIL
-//! released, and returns plain strings, booleans and tuples; the Python package
-//! (`python/graphcheck/`) builds objects from them. Every error the core reports is raised
-//! as `graphcheck.GraphcheckError` with the core's message (file and JSON path included);
-//! nothing here panics on bad input.
+//! released, and returns plain strings, booleans and tuples, or a handle that keeps Rust-side
+//! data until asked (`Walked`, a walked graph; `Verified`, a verify's report, rendered per
+//! format on demand); the Python package (`python/graphcheck/`) builds objects from them.
+//! Every error the core reports is raised as `graphcheck.GraphcheckError` with the core's
+//! message (file and JSON path included), and so is a document argument of the wrong type or
+//! one that cannot be encoded (a lone surrogate); nothing here panics on bad input.
 
 use std::path::PathBuf;
 
@@ -24,6 +26,7 @@ mod sleep;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyString};
 
 create_exception!(
@@ -38,32 +41,64 @@ create_exception!(
 /// messages (default `<string>`). Loading is the core's ([`Source`]), the same as the
 /// command line's.
 fn source(obj: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<Source> {
-    let name = || PathBuf::from(name.unwrap_or("<string>"));
+    let label = name.unwrap_or("<string>");
+    let is_text = |s: &str| s.trim_start().starts_with('{');
     if let Ok(s) = obj.cast::<PyString>() {
-        let s = s.to_cow()?;
-        return Ok(if s.trim_start().starts_with('{') {
-            Source::Text {
-                bytes: s.as_bytes().to_vec(),
-                name: name(),
-            }
-        } else {
-            Source::Path(PathBuf::from(s.as_ref()))
-        });
+        return match s.to_cow() {
+            Ok(text) if is_text(&text) => Ok(Source::Text {
+                bytes: text.as_bytes().to_vec(),
+                name: PathBuf::from(label),
+            }),
+            Ok(text) => Ok(Source::Path(PathBuf::from(text.as_ref()))),
+            // Not UTF-8: the string holds a surrogate. JSON text cannot; a path can hold the
+            // surrogate escapes of `os.fsdecode` (a file name that is not UTF-8), which the
+            // file-system encoding turns back into the name's bytes.
+            Err(e) if is_text(&s.to_string_lossy()) => Err(GraphcheckError::new_err(format!(
+                "{label}: JSON text that is not valid Unicode: {e}"
+            ))),
+            Err(_) => path_arg(obj, label).map(Source::Path),
+        };
     }
     if let Ok(b) = obj.cast::<PyBytes>() {
         return Ok(Source::Text {
             bytes: b.as_bytes().to_vec(),
-            name: name(),
+            name: PathBuf::from(label),
         });
     }
-    obj.extract::<PathBuf>().map(Source::Path).map_err(|_| {
-        GraphcheckError::new_err(format!(
-            "expected a path or JSON text (str, bytes or os.PathLike), got {}",
-            obj.get_type()
-                .name()
-                .map_or_else(|_| "?".to_string(), |n| n.to_string())
-        ))
+    if obj.hasattr("__fspath__").unwrap_or(false) {
+        return path_arg(obj, label).map(Source::Path);
+    }
+    Err(GraphcheckError::new_err(format!(
+        "expected a path or JSON text (str, bytes or os.PathLike), got {}",
+        type_name(obj)
+    )))
+}
+
+/// A path argument (`str` or `os.PathLike`), encoded as the file system encodes names; a
+/// string it cannot encode (a lone surrogate) or any other type is a `GraphcheckError`
+/// naming `what`, not the `UnicodeEncodeError` or `TypeError` of the conversion.
+fn path_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
+    obj.extract::<PathBuf>().map_err(|e| {
+        let py = obj.py();
+        if obj.cast::<PyString>().is_ok() || obj.hasattr("__fspath__").unwrap_or(false) {
+            GraphcheckError::new_err(format!(
+                "{what}: a path the file system cannot encode: {}",
+                e.value(py)
+            ))
+        } else {
+            GraphcheckError::new_err(format!(
+                "{what}: expected a path (str or os.PathLike), got {}",
+                type_name(obj)
+            ))
+        }
     })
+}
+
+/// The name of `obj`'s type, for messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".to_string(), |n| n.to_string())
 }
 
 /// Runs `f` with the GIL released. A panic inside it (a bug in graphcheck) becomes a
@@ -218,25 +253,27 @@ fn load(
     )
 }
 
-/// Runs verify; returns `(ok, report_json, table, markdown, recapture)`. `allow` is an allowlist
-/// file, `allow_entries` its entries as data (a JSON array of objects with the keys of a
-/// TOML entry); one of them at most. `normalized` prints addresses as
-/// symbolic ids, as `graphcheck verify --normalized` does. `deny_unused_allow` makes an
-/// allowlist entry that allowed nothing fail the run, as `--deny-unused-allow` does.
+/// Runs verify; returns a [`Verified`] handle, which renders the report in the format asked
+/// for when asked. `allow` is an allowlist file, `allow_entries` its entries as data (a JSON
+/// array of objects with the keys of a TOML entry); one of them at most. `normalized`
+/// prints addresses as symbolic ids, as `graphcheck verify --normalized` does.
+/// `deny_unused_allow` makes an allowlist entry that allowed nothing fail the run, as
+/// `--deny-unused-allow` does.
 #[pyfunction]
 #[pyo3(signature = (manifest, live=None, allow=None, allow_entries=None, normalized=false, deny_unused_allow=false))]
 fn verify(
     py: Python<'_>,
     manifest: &Bound<'_, PyAny>,
     live: Option<&Bound<'_, PyAny>>,
-    allow: Option<PathBuf>,
+    allow: Option<&Bound<'_, PyAny>>,
     allow_entries: Option<String>,
     normalized: bool,
     deny_unused_allow: bool,
-) -> PyResult<(bool, String, String, String, Vec<String>)> {
+) -> PyResult<Verified> {
     let m_src = source(manifest, Some("<manifest>"))?;
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
-    detached(py, move || -> Result<_, NativeError> {
+    let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
+    let verified = detached(py, move || -> Result<_, NativeError> {
         let allow = match (allow, allow_entries) {
             (Some(_), Some(_)) => return Err("give allow or allow_entries, not both".into()),
             (Some(p), None) => Allowlist::load(&p)?,
@@ -246,15 +283,96 @@ fn verify(
             (None, None) => Allowlist::default(),
         }
         .deny_unused(deny_unused_allow);
-        let v = ops::verify(&m_src, l_src.as_ref(), &allow)?;
-        Ok((
-            v.report.ok,
-            v.render(Format::Json, normalized),
-            v.render(Format::Table, normalized),
-            v.render(Format::Markdown, normalized),
-            v.report.recapture(),
-        ))
+        Ok(ops::verify(&m_src, l_src.as_ref(), &allow)?)
+    })?;
+    Ok(Verified {
+        verified,
+        normalized,
+        table: PyOnceLock::new(),
+        markdown: PyOnceLock::new(),
     })
+}
+
+/// A verify's documents and report, held on the Rust side, as `verify` returns them: each
+/// format is rendered when first asked for, so a caller who reads only the findings (the
+/// JSON) never pays for the table, which at tens of thousands of findings costs seconds.
+/// The table and the Markdown are kept once rendered.
+#[pyclass(frozen, module = "graphcheck._native")]
+struct Verified {
+    verified: ops::Verified,
+    normalized: bool,
+    table: PyOnceLock<Py<PyString>>,
+    markdown: PyOnceLock<Py<PyString>>,
+}
+
+impl Verified {
+    /// The report in `format`, rendered (with the GIL released) at the first call and kept.
+    fn kept(
+        &self,
+        py: Python<'_>,
+        cell: &PyOnceLock<Py<PyString>>,
+        format: Format,
+    ) -> PyResult<Py<PyString>> {
+        cell.get_or_try_init(py, || {
+            let text = detached(py, || {
+                Ok::<_, NativeError>(self.verified.render(format, self.normalized))
+            })?;
+            Ok::<_, PyErr>(PyString::new(py, &text).unbind())
+        })
+        .map(|s| s.clone_ref(py))
+    }
+}
+
+#[pymethods]
+impl Verified {
+    /// No finding of severity `error`.
+    #[getter]
+    fn ok(&self) -> bool {
+        self.verified.report.ok
+    }
+
+    /// The report as JSON (`graphcheck verify --format json`), rendered at each call: the
+    /// Python `Report` reads it once.
+    fn json(&self, py: Python<'_>) -> PyResult<String> {
+        detached(py, || {
+            Ok::<_, NativeError>(self.verified.render(Format::Json, self.normalized))
+        })
+    }
+
+    /// The table `graphcheck verify` prints, rendered at the first call.
+    fn table(&self, py: Python<'_>) -> PyResult<Py<PyString>> {
+        self.kept(py, &self.table, Format::Table)
+    }
+
+    /// The Markdown of `--format markdown`, rendered at the first call.
+    fn markdown(&self, py: Python<'_>) -> PyResult<Py<PyString>> {
+        self.kept(py, &self.markdown, Format::Markdown)
+    }
+
+    /// The formats rendered and kept so far (`table`, `markdown`), in that order.
+    #[getter]
+    fn rendered(&self, py: Python<'_>) -> Vec<&'static str> {
+        [("table", &self.table), ("markdown", &self.markdown)]
+            .into_iter()
+            .filter(|(_, cell)| cell.get(py).is_some())
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// Every graph some finding names, sorted (`Report::recapture`).
+    fn recapture(&self) -> Vec<String> {
+        self.verified.report.recapture()
+    }
+
+    fn __repr__(&self) -> String {
+        let r = &self.verified.report;
+        format!(
+            "<Verified: ok={}, {} findings, {} allowed>",
+            if r.ok { "True" } else { "False" },
+            r.findings.len(),
+            r.allowed.len()
+        )
+    }
 }
 
 /// The stable text of a document (`graphcheck show --normalized`).
@@ -546,6 +664,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_class::<Verified>()?;
     m.add_function(wrap_pyfunction!(normalized, m)?)?;
     m.add_function(wrap_pyfunction!(summary, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;

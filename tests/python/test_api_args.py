@@ -1,0 +1,349 @@
+"""Every public function of graphcheck, graphcheck.torch and graphcheck.sleep answers a
+wrong argument with GraphcheckError naming it: never a TypeError, UnicodeEncodeError,
+AttributeError or ModuleNotFoundError from inside graphcheck. The sweep calls each
+function with each wrong value in each parameter; the named cases are the issue's."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import graphcheck
+from conftest import REPO
+
+MARLIN = REPO / "fixtures" / "synthetic" / "marlin_workspace_rebuilt"
+M, L = str(MARLIN / "manifest.json"), str(MARLIN / "live.json")
+
+
+class Opaque:
+    """An object of a type no parameter takes."""
+
+    def __repr__(self) -> str:
+        return "Opaque()"
+
+
+#: Wrong values of every kind: numbers, flags, bytes, objects, containers of the wrong
+#: shape, strings that are not Unicode (a lone surrogate; a surrogate escape), empty.
+WRONG = [123, 1.5, True, b"\xff", Opaque(), {"a": 1}, [1, 2], "\ud800", "x\udcff", {1, 2}, ""]
+
+
+def only_graphcheck_errors(call):
+    """Runs ``call``; success or a GraphcheckError pass, any other exception fails."""
+    try:
+        call()
+    except graphcheck.GraphcheckError:
+        pass
+
+
+def sweep(calls):
+    """Runs every ``(label, call)``; fails listing every one that raised anything but
+    GraphcheckError."""
+    escaped = []
+    for label, call in calls:
+        try:
+            only_graphcheck_errors(call)
+        except Exception as e:  # noqa: BLE001 - what the sweep looks for
+            escaped.append(f"{label}: {type(e).__name__}: {e}")
+    assert not escaped, "not a GraphcheckError:\n" + "\n".join(escaped)
+
+
+# -- graphcheck ---------------------------------------------------------------------------
+
+
+def core_calls(bad):
+    g = graphcheck
+    entry = {"path": "model.x", "reason": "r"}
+    return [
+        ("verify(manifest)", lambda: g.verify(bad)),
+        ("verify(live)", lambda: g.verify(M, bad)),
+        ("verify(allow)", lambda: g.verify(M, L, bad)),
+        ("verify(allow=[bad])", lambda: g.verify(M, L, [bad])),
+        ("verify(allow kinds)", lambda: g.verify(M, L, [{**entry, "kinds": bad}])),
+        ("verify(allow kernels)", lambda: g.verify(M, L, [{"kernels": bad, "reason": "r"}])),
+        ("verify(allow path)", lambda: g.verify(M, L, [{**entry, "path": bad}])),
+        ("verify(allow reason)", lambda: g.verify(M, L, [{**entry, "reason": bad}])),
+        ("verify(normalized)", lambda: g.verify(M, L, normalized=bad)),
+        ("verify(deny_unused_allow)", lambda: g.verify(M, L, deny_unused_allow=bad)),
+        ("verify(dict holding bad)", lambda: g.verify({"format_version": 1, "x": [bad]})),
+        ("assert_clean(manifest)", lambda: g.assert_clean(bad)),
+        ("assert_clean(allow)", lambda: g.assert_clean(M, L, bad)),
+        ("assert_clean(deny_unused_allow)", lambda: g.assert_clean(M, L, deny_unused_allow=bad)),
+        ("load(doc)", lambda: g.load(bad)),
+        ("load(expect)", lambda: g.load(M, bad)),
+        ("normalized(doc)", lambda: g.normalized(bad)),
+        ("summary(doc)", lambda: g.summary(bad)),
+        ("build_manifest(spec)", lambda: g.build_manifest(bad)),
+        ("build_manifest(dict holding bad)", lambda: g.build_manifest({"x": bad})),
+        ("explain(manifest)", lambda: g.explain(bad, "model")),
+        ("explain(target)", lambda: g.explain(M, bad)),
+        ("explain(kernel)", lambda: g.explain(M, kernel=bad)),
+        ("explain(dot)", lambda: g.explain(M, "0x7f2c25200000", dot=bad)),
+        ("explain(normalized)", lambda: g.explain(M, "0x7f2c25200000", normalized=bad)),
+        ("diff(a)", lambda: g.diff(bad, M)),
+        ("diff(b)", lambda: g.diff(M, bad)),
+        ("diff(format)", lambda: g.diff(M, L, format=bad)),
+    ]
+
+
+@pytest.mark.parametrize("bad", WRONG, ids=repr)
+def test_every_core_function_answers_a_wrong_argument_with_graphcheck_error(bad):
+    sweep(core_calls(bad))
+
+
+def test_an_unserialisable_dict_document_names_the_json_path():
+    # Regression: json.dumps's TypeError escaped, naming neither the document nor where.
+    with pytest.raises(graphcheck.GraphcheckError, match=r"manifest\.tensors\[1\]\.shape: .*set"):
+        graphcheck.verify({"tensors": [{}, {"shape": {1, 2}}]})
+    with pytest.raises(graphcheck.GraphcheckError, match=r"live\.x: .*nan"):
+        graphcheck.verify(M, {"x": float("nan")})
+    with pytest.raises(graphcheck.GraphcheckError, match=r"document: .*key of type tuple"):
+        graphcheck.load({(1, 2): 3})
+    cycle: dict = {}
+    cycle["self"] = cycle
+    with pytest.raises(graphcheck.GraphcheckError, match=r"document\.self: .*cycle"):
+        graphcheck.load(cycle)
+
+
+def test_flags_are_booleans():
+    # Regression: normalized="yes" raised TypeError, and deny_unused_allow="no" meant True.
+    with pytest.raises(graphcheck.GraphcheckError, match="normalized is True or False, not 'yes'"):
+        graphcheck.verify(M, L, normalized="yes")
+    with pytest.raises(graphcheck.GraphcheckError, match="deny_unused_allow is True or False"):
+        graphcheck.verify(M, L, deny_unused_allow="no")
+    with pytest.raises(graphcheck.GraphcheckError, match="dot is True or False"):
+        graphcheck.explain(M, "0x7f2c25200000", dot=1)
+
+
+def test_a_path_with_a_lone_surrogate_is_an_error_naming_it():
+    # Regression: UnicodeEncodeError from the native module's conversion.
+    for where, call in [
+        ("<manifest>", lambda: graphcheck.verify("/tmp/m\ud800.json")),
+        ("<manifest>", lambda: graphcheck.verify(pathlib.Path("/tmp/m\ud800.json"))),
+        ("<live>", lambda: graphcheck.verify(M, "/tmp/l\ud800.json")),
+        ("allow", lambda: graphcheck.verify(M, L, "/tmp/a\ud800.toml")),
+        ("<string>", lambda: graphcheck.load("/tmp/d\ud800.json")),
+    ]:
+        with pytest.raises(graphcheck.GraphcheckError, match=f"{where}: a path the file system cannot encode"):
+            call()
+    with pytest.raises(graphcheck.GraphcheckError, match="<manifest>: JSON text that is not valid Unicode"):
+        graphcheck.verify('{"kind": "\ud800"}')
+
+
+def test_a_non_utf8_file_name_still_loads(tmp_path):
+    # The surrogate escapes of os.fsdecode name a file whose name is not UTF-8: that is a
+    # path the file system encodes, not an error.
+    name = os.fsencode(tmp_path) + b"/manifest-\xff.json"
+    with open(name, "wb") as f:
+        f.write(pathlib.Path(M).read_bytes())
+    path = os.fsdecode(name)
+    assert "\udcff" in path
+    assert graphcheck.load(path)["kind"] == "manifest"
+    assert graphcheck.verify(path, L).summary == graphcheck.verify(M, L).summary
+
+
+def test_allowlist_kinds_as_a_string_names_the_entry_and_key():
+    # Regression: a string where a list belongs is never split into letters; the error
+    # names allow[i].kinds and says what to write.
+    entries = [{"path": "model.a", "reason": "r"}, {"path": "model.b", "reason": "r", "kinds": "unowned"}]
+    with pytest.raises(graphcheck.GraphcheckError, match=r"allow\[1\]\.kinds is a list of finding kinds, "
+                       r"not the single string 'unowned': write \['unowned'\]"):
+        graphcheck.verify(M, L, entries)
+    with pytest.raises(graphcheck.GraphcheckError, match=r"allow\[0\]\.kernels is a list"):
+        graphcheck.verify(M, L, [{"kernels": "nvjet_*", "reason": "r"}])
+    # The list form is accepted.
+    graphcheck.verify(M, L, [{"path": "model.b", "reason": "r", "kinds": ["unowned"]}])
+
+
+def test_allow_as_a_single_dict_says_so():
+    # Regression: a dict was iterated as its keys and reported as unknown keys of letters.
+    with pytest.raises(graphcheck.GraphcheckError, match=r"not a single dict: write allow=\[\{\.\.\.\}\]") as e:
+        graphcheck.verify(M, L, {"path": "model.x", "reason": "r"})
+    assert "unknown" not in str(e.value)
+    with pytest.raises(graphcheck.GraphcheckError, match=r"allow is an allowlist file .* not 123"):
+        graphcheck.verify(M, L, 123)
+    with pytest.raises(graphcheck.GraphcheckError, match=r"allow\[0\] is an entry \(a dict\), not 'path'"):
+        graphcheck.verify(M, L, ["path"])
+
+
+# -- graphcheck.torch ---------------------------------------------------------------------
+
+
+def torch_calls(torch, bad):
+    import graphcheck.torch as gt
+
+    mod = torch.nn.Linear(2, 2)
+    empty = {"node_counts": {}, "unread": [], "nodes": []}
+    manifest = gt.Recorder(mod).manifest()
+
+    def recorder_then(f):
+        def call():
+            rec = gt.Recorder(torch.nn.Linear(2, 2))
+            f(rec)
+            rec.manifest()
+
+        return call
+
+    def instrument(**kw):
+        def call():
+            try:
+                gt.instrument(None, **kw).close()
+            finally:
+                gt.uninstrument()
+
+        return call
+
+    return [
+        ("walk(model)", lambda: gt.walk(bad)),
+        ("walk(root)", lambda: gt.walk(mod, root=bad)),
+        ("walk(max_depth)", lambda: gt.walk(mod, max_depth=bad)),
+        ("walk(runtime_state)", lambda: gt.walk(mod, runtime_state=bad)),
+        ("walk(runtime_state=[bad])", lambda: gt.walk(mod, runtime_state=[bad])),
+        ("walk_roots(roots)", lambda: gt.walk_roots(bad)),
+        ("walk_roots([bad])", lambda: gt.walk_roots([bad])),
+        ("walk_roots({bad: mod})", lambda: gt.walk_roots({bad: mod}) if isinstance(bad, (str, int, float, bytes)) else None),
+        ("digest(t)", lambda: gt.digest(bad)),
+        ("digest(algorithm)", lambda: gt.digest(torch.ones(2), bad)),
+        ("tensor_spec(t)", lambda: gt.tensor_spec(bad)),
+        ("Recorder(root)", lambda: gt.Recorder(mod, root=bad)),
+        ("Recorder(max_depth)", lambda: gt.Recorder(mod, max_depth=bad).manifest()),
+        ("Recorder(runtime_state)", lambda: gt.Recorder(mod, runtime_state=bad).manifest()),
+        ("Recorder(digests)", lambda: gt.Recorder(mod, digests=bad).manifest()),
+        ("Recorder(producer)", lambda: gt.Recorder(mod, producer=bad).manifest()),
+        ("Recorder.add_root(root)", recorder_then(lambda r: r.add_root(object(), bad))),
+        ("Recorder.add_root(weak)", recorder_then(lambda r: r.add_root(mod, "x", weak=bad))),
+        ("Recorder.add_graph(name)", recorder_then(lambda r: r.add_graph(bad, empty))),
+        ("Recorder.add_graph(walked)", recorder_then(lambda r: r.add_graph("g", bad))),
+        ("Recorder.add_graph(walked holding bad)", recorder_then(lambda r: r.add_graph("g", {**empty, "x": bad}))),
+        ("Recorder.add_graph(pool)", recorder_then(lambda r: r.add_graph("g", empty, pool=bad))),
+        ("Recorder.add_graph(inputs)", recorder_then(lambda r: r.add_graph("g", empty, inputs=bad))),
+        ("Recorder.add_graph(inputs={x: bad})", recorder_then(lambda r: r.add_graph("g", empty, inputs={"x": bad}))),
+        ("Recorder.add_graph(outputs)", recorder_then(lambda r: r.add_graph("g", empty, outputs=bad))),
+        ("Recorder.add_pool(name)", recorder_then(lambda r: r.add_pool(bad))),
+        ("Recorder.add_pool(kind)", recorder_then(lambda r: r.add_pool("p", kind=bad))),
+        ("Recorder.add_pool(sleep)", recorder_then(lambda r: r.add_pool("p", sleep=bad))),
+        ("Recorder.add_pool(ranges)", recorder_then(lambda r: r.add_pool("p", ranges=bad))),
+        ("Recorder.add_pool(ranges=[bad])", recorder_then(lambda r: r.add_pool("p", ranges=[bad]))),
+        ("Recorder.add_pool(torch_pool)", recorder_then(lambda r: r.add_pool("p", torch_pool=bad))),
+        ("Recorder.record(cuda_graph)", recorder_then(lambda r: r.record(bad, "g"))),
+        ("Recorder.write(path)", recorder_then(lambda r: r.write(bad))),
+        ("snapshot(manifest)", lambda: gt.snapshot(mod, bad)),
+        ("snapshot(event)", lambda: gt.snapshot(mod, manifest, event=bad)),
+        ("snapshot(contents)", lambda: gt.snapshot(mod, manifest, contents=bad)),
+        ("snapshot(digests)", lambda: gt.snapshot(mod, manifest, digests=bad)),
+        ("snapshot(reference)", lambda: gt.snapshot(mod, manifest, reference=bad)),
+        ("snapshot(reference={path: bad})", lambda: gt.snapshot(mod, manifest, reference={"model.weight": bad})),
+        ("snapshot(root)", lambda: gt.snapshot(mod, manifest, root=bad)),
+        ("snapshot(max_depth)", lambda: gt.snapshot(mod, manifest, max_depth=bad)),
+        ("snapshot(runtime_state)", lambda: gt.snapshot(mod, manifest, runtime_state=bad)),
+        ("snapshot(pools)", lambda: gt.snapshot(mod, manifest, pools=bad)),
+        ("snapshot(pools={(0, 1): bad})", lambda: gt.snapshot(mod, manifest, pools={(0, 1): bad})),
+        ("snapshot(producer)", lambda: gt.snapshot(mod, manifest, producer=bad)),
+        ("snapshot(roots)", lambda: gt.snapshot(mod, manifest, roots=bad)),
+        ("graph(cuda_graph)", lambda: gt.graph(bad, model=mod, name="g").__enter__()),
+        ("graph(name)", lambda: gt.graph(object(), model=mod, name=bad).__enter__()),
+        ("graph(recorder)", lambda: gt.graph(object(), recorder=bad, name="g").__enter__()),
+        ("graph(inputs)", lambda: gt.graph(object(), model=mod, name="g", inputs=bad).__enter__()),
+        ("instrument(directory)", lambda: gt.instrument(bad).close()),
+        ("instrument(root)", instrument(model=mod, root=bad)),
+        ("instrument(name)", instrument(name=bad)),
+        ("instrument(name={bad})", instrument(name="{" + str(bad) + "}")),
+        ("instrument(digests)", instrument(digests=bad)),
+        ("instrument(runtime_state)", instrument(runtime_state=bad)),
+        ("instrument(max_depth)", instrument(max_depth=bad)),
+        ("instrument(strict)", instrument(strict=bad)),
+        ("instrument(write_every)", instrument(write_every=bad)),
+        ("Instrumentation.write(path)", lambda: gt.instrument(None).write(bad)),
+        ("register_model(root)", lambda: gt.register_model(mod, bad)),
+        ("uninstrument(instrumentation)", lambda: gt.uninstrument(bad)),
+        ("sleep_pool(tag)", lambda: gt.sleep_pool(bad).__enter__()),
+        ("sleep(level)", lambda: gt.sleep(bad)),
+        ("sleep(offload_tags)", lambda: gt.sleep(1, bad)),
+        ("wake(tags)", lambda: gt.wake(bad)),
+        ("wake(poison)", lambda: gt.wake(None, bad)),
+        ("sleep_allocator(offload_tags)", lambda: gt.sleep_allocator(bad)),
+        ("SleepAllocator(offload_tags)", lambda: gt.SleepAllocator(bad)),
+    ]
+
+
+@pytest.mark.parametrize("bad", WRONG, ids=repr)
+def test_every_torch_function_answers_a_wrong_argument_with_graphcheck_error(
+    torch, bad, tmp_path, monkeypatch
+):
+    import graphcheck.torch as gt
+
+    # A wrong value can still be a valid file name ("x\udcff"): what write() writes lands here.
+    monkeypatch.chdir(tmp_path)
+    try:
+        sweep(torch_calls(torch, bad))
+    finally:
+        gt.uninstrument()
+
+
+def test_runtime_state_as_a_string_is_an_error_not_its_letters(torch):
+    # The rule of allowlist kinds, for the other list of strings: a single glob as a string
+    # would have been a list of one-letter globs.
+    import graphcheck.torch as gt
+
+    with pytest.raises(graphcheck.GraphcheckError, match=r"runtime_state is a list of owner-path globs, "
+                       r"not the single string 'model\.\*\*'"):
+        gt.walk(torch.nn.Linear(2, 2), runtime_state="model.**")
+
+
+def test_an_instrument_name_that_does_not_format_fails_at_once(torch):
+    # Before, it failed at every capture, each time as a warning.
+    import graphcheck.torch as gt
+
+    with pytest.raises(graphcheck.GraphcheckError, match=r"name is a format string .* 'bs\{batch\}'"):
+        gt.instrument(None, name="bs{batch}")
+    assert not gt.instrumented()
+
+
+# -- without torch ------------------------------------------------------------------------
+
+#: Each public function that needs torch, called in a process where `import torch` fails.
+NO_TORCH = """
+import sys
+sys.modules["torch"] = None  # `import torch` raises ModuleNotFoundError
+import graphcheck, graphcheck.torch as gt, graphcheck.sleep as gs
+calls = {
+    "sleep_pool": lambda: gt.sleep_pool("weights").__enter__(),
+    "sleep": lambda: gt.sleep(1),
+    "wake": lambda: gt.wake(),
+    "sleep_allocator": lambda: gt.sleep_allocator(),
+    "SleepAllocator": lambda: gs.SleepAllocator(),
+    "graphcheck.sleep.sleep_pool": lambda: gs.sleep_pool("kv_cache").__enter__(),
+    "walk": lambda: gt.walk(object()),
+    "walk_roots": lambda: gt.walk_roots({"model": object()}),
+    "digest": lambda: gt.digest(object()),
+    "tensor_spec": lambda: gt.tensor_spec(object()),
+    "snapshot": lambda: gt.snapshot(object(), sys.argv[1]),
+    "Recorder.manifest": lambda: gt.Recorder(object()).manifest(),
+    "graph": lambda: gt.graph(object(), model=object(), name="g").__enter__(),
+    "instrument": lambda: gt.instrument(None),
+}
+for name, call in calls.items():
+    try:
+        call()
+        print(f"{name}: no error")
+    except graphcheck.GraphcheckError as e:
+        print(f"{name}: GraphcheckError: {e}" if "PyTorch" in str(e) else f"{name}: other message: {e}")
+    except BaseException as e:
+        print(f"{name}: {type(e).__name__}: {e}")
+"""
+
+
+def test_without_torch_every_torch_function_says_torch_is_needed():
+    # Regression: gt.sleep_pool without torch raised a bare ModuleNotFoundError.
+    env = dict(os.environ)
+    env.pop("GRAPHCHECK_DIR", None)
+    package = pathlib.Path(graphcheck.__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package), env.get("PYTHONPATH", "")) if p)
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, M], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 14, r.stdout
+    wrong = [line for line in lines if ": GraphcheckError: " not in line]
+    assert not wrong, "\n".join(wrong)
+    assert all("needs PyTorch" in line for line in lines), r.stdout
