@@ -54,5 +54,5 @@ fn signature() {
 
 #[test]
 fn cli() {
-    pass("cli", 60);
+    pass("cli", 30);
 }
