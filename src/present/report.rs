@@ -130,7 +130,7 @@ fn headline(r: &Report) -> String {
     let mode = if r.checked.contains(&FindingKind::Drifted) {
         "capture and live checks"
     } else {
-        "capture-time checks only (no live snapshot)"
+        "capture-time checks only: no live snapshot"
     };
     // Warnings are counted apart: they do not fail the run.
     let warnings = if w == 0 {
@@ -148,7 +148,11 @@ fn headline(r: &Report) -> String {
             plural(r.unread_nodes, "node")
         )
     };
-    let scope = format!("{} graphs, {} touched tensors", r.graphs, r.subjects);
+    let scope = format!(
+        "{}, {}",
+        plural(r.graphs, "graph"),
+        plural(r.subjects, "touched tensor")
+    );
     if n == 0 {
         format!("graphcheck verify: ok — no findings in {scope} ({mode}){warnings}{unread}")
     } else {
@@ -631,6 +635,23 @@ mod tests {
         // JSON keeps the text as it is: serde escapes it and a reader gets it back.
         let json: serde_json::Value = serde_json::from_str(&render_json(&r)).unwrap();
         assert!(json.to_string().contains("model.sc\\rale\\u0000x"));
+    }
+
+    #[test]
+    fn headline_counts_agree_with_their_nouns() {
+        // Guards: "in 1 graphs", "1 touched tensors" and the nested "(… (no live snapshot))".
+        let mut r = many(1);
+        r.subjects = 1;
+        let head = headline(&r);
+        assert_eq!(
+            head,
+            "graphcheck verify: 1 finding (1 unregistered) in 1 graph, 1 touched tensor \
+             (capture-time checks only: no live snapshot)"
+        );
+        r.findings.clear();
+        r.graphs = 2;
+        r.subjects = 0;
+        assert!(headline(&r).contains("no findings in 2 graphs, 0 touched tensors"));
     }
 
     /// A report of `n` findings with distinct subjects, shaped like the benchmark's.

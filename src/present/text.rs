@@ -6,6 +6,33 @@ use std::path::Path;
 use crate::check::diff::DiffReport;
 use crate::document::format::Document;
 use crate::present::fmt::{MIN_WIDTH, escape, wrap};
+use crate::present::report::plural;
+
+/// `13 kernels`, `1 memset`, `2 empty nodes`: a count of graph nodes of one driver type.
+/// The types that name a thing take a plural; the others (`host`, `empty`, `conditional`,
+/// a newer driver's `type_N`) describe a node.
+fn node_count(n: u64, kind: &str) -> String {
+    let kind = escape(kind);
+    let noun = matches!(
+        &*kind,
+        "kernel"
+            | "memcpy"
+            | "memset"
+            | "child_graph"
+            | "wait_event"
+            | "event_record"
+            | "ext_semaphore_signal"
+            | "ext_semaphore_wait"
+            | "mem_alloc"
+            | "batch_mem_op"
+    );
+    let s = if n == 1 { "" } else { "s" };
+    if noun {
+        format!("{n} {kind}{s}")
+    } else {
+        format!("{n} {kind} node{s}")
+    }
+}
 
 /// `graphcheck show DOCUMENT`: producer, tensors by registration, pools, graphs or probes.
 pub fn summary(d: &Document) -> String {
@@ -40,13 +67,14 @@ pub fn summary(d: &Document) -> String {
     for o in d.owners() {
         *regs.entry(o.registration.to_string()).or_default() += 1;
     }
+    // Registrations as a tally (`parameter 3`): their names are not all nouns.
     let _ = writeln!(
         out,
-        "tensors: {} views, {} owner paths ({})",
-        d.tensors().len(),
-        d.owners().len(),
+        "tensors: {}, {} ({})",
+        plural(d.tensors().len(), "view"),
+        plural(d.owners().len(), "owner path"),
         regs.iter()
-            .map(|(k, v)| format!("{v} {k}"))
+            .map(|(k, v)| format!("{k} {v}"))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -69,15 +97,15 @@ pub fn summary(d: &Document) -> String {
                 .sum();
             let _ = writeln!(
                 out,
-                "graphs: {}, {} address words held",
+                "graphs: {}, {} held",
                 m.graphs.len(),
-                touches
+                plural(touches, "address word")
             );
             for g in &m.graphs {
                 let counts: Vec<String> = g
                     .node_counts
                     .iter()
-                    .map(|(k, v)| format!("{v} {}", escape(k)))
+                    .map(|(k, v)| node_count(*v, k))
                     .collect();
                 let opaque = g.nodes.iter().filter(|n| n.opaque.is_some()).count();
                 let _ = writeln!(
@@ -141,14 +169,17 @@ pub fn diff_text_fit(
 ) -> String {
     use comfy_table::{ContentArrangement, Table, presets};
     let mut out = if r.same {
-        format!("same: {} owner paths compared, no difference\n", r.compared)
+        format!(
+            "same: {} compared, no difference\n",
+            plural(r.compared, "owner path")
+        )
     } else {
         format!(
-            "{} difference(s) between {} (A) and {} (B); {} owner paths in both\n",
-            r.differences.len() + r.graphs.len(),
+            "{} between {} (A) and {} (B); {} in both\n",
+            plural(r.differences.len() + r.graphs.len(), "difference"),
             escape(&a.display().to_string()),
             escape(&b.display().to_string()),
-            r.compared
+            plural(r.compared, "owner path")
         )
     };
     // The heading names both documents, whose paths can be long: fitted, it wraps.
@@ -239,8 +270,8 @@ mod tests {
     }
 
     #[test]
-    fn summary_escapes_document_text() {
-        // Guards: `show` printed graph, pool and tool names raw.
+    fn summary_escapes_document_text_and_counts_with_the_right_noun() {
+        // Guards: `show` printed graph, pool and tool names raw, and "13 kernel".
         let text = summary(&Document::Manifest(hostile()));
         assert_printable("summary", &text);
         assert!(text.contains("by unit\\u{9b}2J 0"), "{text}");
@@ -248,12 +279,17 @@ mod tests {
             text.contains("pools: wei\\rghts, kv_cache, graph"),
             "{text}"
         );
-        assert!(text.contains("  bs1\\u{1b}[31m: "), "{text}");
+        assert!(
+            text.contains("  bs1\\u{1b}[31m: 2 empty nodes, 13 kernels, 1 memset\n"),
+            "{text}"
+        );
+        assert!(text.contains("  bs8: 1 kernel\n"), "{text}");
+        assert!(text.contains("tensors: 3 views, 4 owner paths ("), "{text}");
     }
 
     #[test]
-    fn diff_escapes_paths_and_names() {
-        // Guards: `diff` printed owner paths and document names raw.
+    fn diff_escapes_paths_and_names_and_counts_with_the_right_noun() {
+        // Guards: `diff` printed owner paths and document names raw, and "1 difference(s)".
         let a = Document::Manifest(manifest());
         let b = Document::Manifest(hostile());
         let r = crate::check::diff::diff(&a, &b);
@@ -265,7 +301,11 @@ mod tests {
                 text.contains("between a\\r.json (A) and b.json (B)"),
                 "{text}"
             );
+            assert!(!text.contains("(s)"), "{text}");
         }
+        let same = crate::check::diff::diff(&a, &a);
+        let text = diff_text(&same, Path::new("a"), Path::new("a"), false);
+        assert_eq!(text, "same: 4 owner paths compared, no difference\n");
     }
 
     #[test]
