@@ -299,16 +299,25 @@ fn run(cli: Cli) -> Result<i32> {
                 }
             };
             done(t);
-            let text = v.render(format, normalized);
+            // Fitted to the terminal only when printed to one: a file keeps the fixed layout.
+            let width = output
+                .is_none()
+                .then(graphcheck::present::fmt::terminal_width)
+                .flatten();
+            let text = v.render_fit(format, normalized, width);
             match output {
                 Some(p) => write_atomic(&p, text.as_bytes())
                     .with_context(|| format!("failed to write {}", p.display()))?,
                 None => emit(&text)?,
             }
             let ok = v.report.ok;
-            // Freeing millions of records costs time and changes nothing before the
-            // process exits; a Python caller keeps them no longer than this call either.
-            std::mem::forget(v);
+            // Freeing millions of records takes time the answer does not need: they are
+            // freed on a thread of their own. The binary exits without waiting for it; a
+            // Python process that calls this in-process still gets the memory back.
+            // Where no thread can be had, `spawn` drops the closure, and `v` with it, here.
+            let _ = std::thread::Builder::new()
+                .name("graphcheck-free".into())
+                .spawn(move || drop(v));
             Ok(if ok { exit::OK } else { exit::FINDINGS })
         }
         Command::Explain {
@@ -338,7 +347,8 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Diff { a, b, format } => {
             let [a, b] = sources([&a, &b])?;
-            let (same, text) = ops::diff(&a, &b, format)?;
+            let width = graphcheck::present::fmt::terminal_width();
+            let (same, text) = ops::diff_fit(&a, &b, format, width)?;
             emit(&text)?;
             Ok(if same { exit::OK } else { exit::FINDINGS })
         }

@@ -10,8 +10,8 @@ use graphcheck::document::load::{LoadError, Source, Tables};
 use graphcheck::present::explain::{Query, explain};
 use graphcheck::present::fmt::{AddrFmt, RawAddrs};
 use graphcheck::present::normalize::Symbolizer;
-use graphcheck::present::report::{render_json, render_markdown, render_table};
-use graphcheck::present::text::diff_text;
+use graphcheck::present::report::{render_json, render_markdown, render_table_fit};
+use graphcheck::present::text::diff_text_fit;
 
 /// How a report or diff is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -82,13 +82,19 @@ impl Verified {
     /// The report in `format`; with `normalized`, every address (in sentences too) as its
     /// symbolic id.
     pub fn render(&self, format: Format, normalized: bool) -> String {
+        self.render_fit(format, normalized, None)
+    }
+
+    /// [`Verified::render`] with the table fitted to `width` columns (`None`: the fixed
+    /// layout, for files, pipes and logs).
+    pub fn render_fit(&self, format: Format, normalized: bool, width: Option<u16>) -> String {
         let sym = normalized.then(|| Symbolizer::for_manifest(&self.manifest));
         let fmt: &dyn AddrFmt = match &sym {
             Some(s) => s,
             None => &RawAddrs,
         };
         let text = match format {
-            Format::Table => render_table(&self.report, fmt),
+            Format::Table => render_table_fit(&self.report, fmt, width),
             Format::Markdown => render_markdown(&self.report, fmt),
             Format::Json => render_json(&self.report),
         };
@@ -118,13 +124,27 @@ pub fn explain_text(m: &Manifest, query: &Query, dot: bool, normalized: bool) ->
 
 /// Compares two documents by owner path; returns whether they are the same and the text.
 pub fn diff(a: &Source, b: &Source, format: Format) -> Result<(bool, String), LoadError> {
+    diff_fit(a, b, format, None)
+}
+
+/// [`diff`] with the table fitted to `width` columns.
+pub fn diff_fit(
+    a: &Source,
+    b: &Source,
+    format: Format,
+    width: Option<u16>,
+) -> Result<(bool, String), LoadError> {
     let (da, db) = (a.document()?, b.document()?);
     let r = graphcheck::check::diff::diff(&da, &db);
     let text = match format {
         Format::Json => json_text(&r),
-        Format::Table | Format::Markdown => {
-            diff_text(&r, a.name(), b.name(), matches!(format, Format::Markdown))
-        }
+        Format::Table | Format::Markdown => diff_text_fit(
+            &r,
+            a.name(),
+            b.name(),
+            matches!(format, Format::Markdown),
+            width,
+        ),
     };
     Ok((r.same, text))
 }

@@ -45,7 +45,20 @@ enum Command {
         graphs: u32,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Scale the share of tensors that become findings (plain attributes, and tensors
+        /// the reload moves, reshapes, stales or removes) by this factor: 1 gives about 2%
+        /// of the tensors, 20 about 40%.
+        #[arg(long, default_value_t = 1.0, value_parser = positive)]
+        changes: f64,
     },
+}
+
+/// A finite factor above zero.
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("expected a number above 0, not {s:?}")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -100,6 +113,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             tensors,
             graphs,
             seed,
+            changes,
         } => {
             bench::run(
                 &out,
@@ -108,6 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                     tensors,
                     graphs,
                     seed,
+                    changes,
                 },
             )?;
             Ok(EXIT_OK)

@@ -295,7 +295,7 @@ impl<'m> OwnershipGraph<'m> {
                 out,
                 "  n{} [label=\"{}\", shape={shape}];",
                 n.index(),
-                label.replace('\\', "\\\\").replace('"', "\\\"")
+                dot_escape(&label)
             );
         }
         for &n in keep {
@@ -304,7 +304,7 @@ impl<'m> OwnershipGraph<'m> {
                     continue;
                 }
                 let label = match e.weight() {
-                    EdgeW::Owns(r) => format!(" [label=\"{r}\"]"),
+                    EdgeW::Owns(r) => format!(" [label=\"{}\"]", dot_escape(&r.to_string())),
                     EdgeW::Touch { param, offset } => {
                         format!(" [label=\"param {param} +{offset}\"]")
                     }
@@ -363,6 +363,22 @@ impl<'m> OwnershipGraph<'m> {
     pub fn graph_node(&self, graph: u32) -> NodeIndex {
         self.graph_nodes[graph as usize]
     }
+}
+
+/// `s` inside a DOT double-quoted string: quotes and backslashes escaped, and line breaks
+/// as DOT's own `\n` (centred line) rather than raw.
+fn dot_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use crate::document::format::{Addr, Manifest};
 use crate::document::index::AddressIndex;
 use crate::document::ownership::{NodeW, OwnershipGraph};
-use crate::present::fmt::AddrFmt;
+use crate::present::fmt::{AddrFmt, escape_lines};
 
 /// What to explain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -243,7 +243,10 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
             !hits.is_empty()
         }
     };
-    let dot = og.dot(&keep);
+    // Names, paths and kernel names come from the document: nothing in them reaches the
+    // terminal as a control character.
+    let dot = escape_lines(og.dot(&keep));
+    let text = escape_lines(text);
     Explanation { found, text, dot }
 }
 
@@ -511,5 +514,35 @@ mod tests {
             .expect("the test manifest's model.w lies in an allocation");
         let line = format!("  in allocation {}+{} (", al.base, al.size);
         assert!(e.text.contains(&line), "no {line:?} in\n{}", e.text);
+    }
+
+    #[test]
+    fn control_characters_from_documents_are_escaped_in_text_and_dot() {
+        // Guards: a graph, kernel or owner name holding `\r`, NUL or an ANSI escape reaches
+        // explain's text and DOT escaped, never raw.
+        let mut m = manifest();
+        let w = m.owners.iter().position(|o| o.path == "model.w").unwrap();
+        m.owners[w].path =
+            crate::document::owner_path::OwnerPath::parse("model.w\r\u{1b}2J").unwrap();
+        for g in &mut m.graphs {
+            g.name.push('\0');
+            for n in &mut g.nodes {
+                n.name.push('\u{9b}');
+            }
+        }
+        let e = explain(&m, &Query::Owner("model.w\r\u{1b}2J".into()), &RawAddrs);
+        assert!(e.found, "{}", e.text);
+        let k = explain(&m, &Query::Kernel("k".into()), &RawAddrs);
+        for (what, text) in [("text", &e.text), ("dot", &e.dot), ("kernels", &k.text)] {
+            for line in text.lines() {
+                assert!(!line.chars().any(char::is_control), "{what}: {line:?}");
+            }
+        }
+        assert!(e.text.contains("model.w\\r\\u{1b}2J"), "{}", e.text);
+        assert!(
+            e.dot.contains("\\u{0}") || e.dot.contains("\\u{1b}"),
+            "{}",
+            e.dot
+        );
     }
 }

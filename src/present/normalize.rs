@@ -1,6 +1,7 @@
 //! Normalization: the stable text of a manifest (addresses as symbolic ids, deterministic
 //! order) that snapshot tests store, and the redactor that maps any address of a document
-//! to its symbolic id, for users who snapshot graphcheck's output themselves.
+//! to its symbolic id, for users who snapshot graphcheck's output themselves. Text from
+//! documents goes through [`escape`], as everywhere text meets the terminal.
 
 use crate::document::ids::IdIndex;
 use std::collections::{BTreeMap, HashMap};
@@ -8,7 +9,7 @@ use std::fmt::Write as _;
 
 use crate::document::format::{Addr, Document, Live, Manifest, Owner, Pool, PoolId, Tensor};
 use crate::document::index::IntervalIndex;
-use crate::present::fmt::AddrFmt;
+use crate::present::fmt::{AddrFmt, escape};
 
 /// Maps addresses to symbolic ids: `A3+0x200` is 0x200 bytes into the fourth allocation in
 /// canonical order; `S1+0x0` a storage outside any known allocation; `?` anything else.
@@ -197,8 +198,9 @@ impl AddrFmt for Symbolizer {
     }
 }
 
-fn pool_names(pools: &[Pool]) -> HashMap<PoolId, &str> {
-    pools.iter().map(|p| (p.id, p.name.as_str())).collect()
+/// Pool names by id, escaped for printing.
+fn pool_names(pools: &[Pool]) -> HashMap<PoolId, std::borrow::Cow<'_, str>> {
+    pools.iter().map(|p| (p.id, escape(&p.name))).collect()
 }
 
 fn dims<T: ToString>(v: &[T]) -> String {
@@ -207,7 +209,8 @@ fn dims<T: ToString>(v: &[T]) -> String {
 
 fn short_digest(d: &crate::document::format::Digest) -> String {
     let (alg, hex) = d.0.split_once(':').unwrap_or(("", &d.0));
-    format!("{alg}:{}", &hex[..hex.len().min(16)])
+    let cut = hex.char_indices().nth(16).map_or(hex.len(), |(i, _)| i);
+    format!("{}:{}", escape(alg), escape(&hex[..cut]))
 }
 
 fn tensor_section(
@@ -234,15 +237,17 @@ fn tensor_section(
         } else {
             os.iter()
                 .map(|o| match &o.holder {
-                    Some(h) => format!("{} ({}, on {h})", o.path, o.registration),
-                    None => format!("{} ({})", o.path, o.registration),
+                    Some(h) => {
+                        format!("{} ({}, on {})", escape(&o.path), o.registration, escape(h))
+                    }
+                    None => format!("{} ({})", escape(&o.path), o.registration),
                 })
                 .collect::<Vec<_>>()
                 .join(" = ")
         };
         let mut line = format!(
             "  {head}\n    {}[{}] stride [{}] at {} of storage {}+{} bytes",
-            t.dtype,
+            escape(&t.dtype),
             dims(&t.shape),
             dims(&t.stride),
             sym.symbol(t.data_ptr()),
@@ -262,7 +267,9 @@ fn tensor_section(
             let _ = write!(
                 line,
                 "\n    allocated at {}:{} in {}",
-                f.filename, f.line, f.name
+                escape(&f.filename),
+                f.line,
+                escape(&f.name)
             );
         }
         lines.push((head, line));
@@ -282,7 +289,7 @@ fn pools_section(out: &mut String, pools: &[Pool]) {
         let _ = writeln!(
             out,
             "  {}: {} (sleep: {})",
-            p.name,
+            escape(&p.name),
             serde_json::to_value(p.kind)
                 .ok()
                 .and_then(|v| v.as_str().map(String::from))
@@ -315,7 +322,10 @@ pub fn normalized_manifest(m: &Manifest) -> String {
     let _ = writeln!(
         out,
         "graphcheck manifest v{} from {} (rank {} of {})",
-        m.format_version, p.tool, p.rank, p.world_size
+        m.format_version,
+        escape(&p.tool),
+        p.rank,
+        p.world_size
     );
     pools_section(&mut out, &m.pools);
     let mut graphs: Vec<_> = m.graphs.iter().collect();
@@ -325,12 +335,12 @@ pub fn normalized_manifest(m: &Manifest) -> String {
         let counts: Vec<String> = g
             .node_counts
             .iter()
-            .map(|(k, v)| format!("{k} {v}"))
+            .map(|(k, v)| format!("{} {v}", escape(k)))
             .collect();
         let _ = writeln!(
             out,
             "  {}{}: {}",
-            g.name,
+            escape(&g.name),
             g.pool
                 .and_then(|p| pools.get(&p))
                 .map(|p| format!(" (pool {p})"))
@@ -338,12 +348,18 @@ pub fn normalized_manifest(m: &Manifest) -> String {
             counts.join(", ")
         );
         for u in &g.unread {
-            let _ = writeln!(out, "    #{} unread {}: {}", u.index, u.node_type, u.reason);
+            let _ = writeln!(
+                out,
+                "    #{} unread {}: {}",
+                u.index,
+                escape(&u.node_type),
+                escape(&u.reason)
+            );
         }
         let mut nodes: Vec<_> = g.nodes.iter().collect();
         nodes.sort_by_key(|n| n.index);
         for n in nodes {
-            let mut head = format!("    #{} {} {}", n.index, n.kind, n.name);
+            let mut head = format!("    #{} {} {}", n.index, n.kind, escape(&n.name));
             if let (Some(gr), Some(bl)) = (n.grid, n.block) {
                 let _ = write!(head, " grid [{}] block [{}]", dims(&gr), dims(&bl));
             }
@@ -353,7 +369,7 @@ pub fn normalized_manifest(m: &Manifest) -> String {
             out.push_str(&head);
             out.push('\n');
             if let Some(why) = &n.opaque {
-                let _ = writeln!(out, "      opaque: {why}");
+                let _ = writeln!(out, "      opaque: {}", escape(why));
             }
             let mut touches: Vec<_> = n.touches.iter().collect();
             touches.sort_by_key(|t| (t.param, t.offset));
@@ -361,7 +377,7 @@ pub fn normalized_manifest(m: &Manifest) -> String {
                 let target = match t.tensor.and_then(|id| ix.get(&id)) {
                     Some(i) => first_owner
                         .get(&i)
-                        .map_or("(tensor, no owner)".to_string(), |p| p.to_string()),
+                        .map_or("(tensor, no owner)".to_string(), |p| escape(p).into_owned()),
                     None => t
                         .allocation
                         .and_then(|a| alloc_ix.get(&a).map(|i| &m.allocations[i]))
@@ -413,7 +429,7 @@ pub fn normalized_live(l: &Live) -> String {
         p.tool,
         p.rank,
         p.world_size,
-        l.event.name,
+        escape(&l.event.name),
         serde_json::to_value(l.event.contents)
             .ok()
             .and_then(|v| v.as_str().map(String::from))
@@ -487,5 +503,35 @@ mod tests {
             s.redact("at 0x7f0000400100, param 0x10, id 0x7f00000000081"),
             "at A0+0x100, param 0x10, id ?"
         );
+    }
+}
+
+#[cfg(test)]
+mod escape_tests {
+    use super::*;
+    use crate::document::owner_path::OwnerPath;
+
+    #[test]
+    fn normalized_text_escapes_control_characters() {
+        // Guards: `show --normalized` printed owner paths, graph, node and pool names raw.
+        let mut m = crate::testkit::manifest();
+        m.owners[1].path = OwnerPath::parse("model.sc\rale\0x").unwrap();
+        m.graphs[0].name = "bs1\u{1b}[31m".into();
+        m.graphs[0].nodes[0].name = "k\r0".into();
+        m.pools[0].name = "wei\u{85}ghts".into();
+        let text = normalized_manifest(&m);
+        for line in text.lines() {
+            assert!(!line.chars().any(char::is_control), "{line:?}");
+        }
+        assert!(
+            text.contains("model.sc\\rale\\u{0}x (module_attribute)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  bs1\\u{1b}[31m (pool graph): kernel 2"),
+            "{text}"
+        );
+        assert!(text.contains("#0 kernel k\\r0"), "{text}");
+        assert!(text.contains("wei\\u{85}ghts"), "{text}");
     }
 }

@@ -1,23 +1,51 @@
 //! Rendering a verify report: a terminal table, Markdown for a CI step summary, or JSON.
-//! Addresses go through a caller's formatter so normalized output can hide them.
+//! Addresses go through a caller's formatter so normalized output can hide them; text from
+//! documents goes through [`escape`] so it cannot drive the terminal.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use comfy_table::{ContentArrangement, Table, presets};
+use rustc_hash::FxHashMap;
 
 use crate::check::finding::{Finding, FindingKind, KernelRef, Report, Severity};
-use crate::present::fmt::{AddrFmt, shorten};
+use crate::present::fmt::{AddrFmt, MIN_WIDTH, escape, shorten, wrap};
 
 const MAX_KERNELS_SHOWN: usize = 3;
 const MAX_NAME: usize = 96;
+/// The shortest a kernel name is cut to when fitting a line to the terminal: enough to
+/// tell `nvjet_sm90_tst_128x256…` from `void cutlass::device…`.
+const MIN_NAME: usize = 24;
+/// The width of a detail line's label column (`  drifted      `).
+const LABEL: usize = 15;
 
-fn kernel_line(k: &KernelRef) -> String {
+/// `graph#node name (param P +O)`, the name cut to `max_name` characters.
+fn kernel_line(k: &KernelRef, max_name: usize) -> String {
     format!(
         "{}#{} {} (param {} +{})",
-        k.graph,
+        escape(&k.graph),
         k.node,
-        shorten(&k.name, MAX_NAME),
+        shorten(&escape(&k.name), max_name),
         k.param,
         k.offset
     )
+}
+
+/// The longest a kernel name may be for `k`'s line to fit `room` characters, between
+/// [`MIN_NAME`] and [`MAX_NAME`]; [`MAX_NAME`] when nothing is fitted.
+fn name_room(k: &KernelRef, room: Option<usize>) -> usize {
+    let Some(room) = room else {
+        return MAX_NAME;
+    };
+    let rest = format!(
+        "{}#{}  (param {} +{})",
+        escape(&k.graph),
+        k.node,
+        k.param,
+        k.offset
+    );
+    room.saturating_sub(rest.chars().count())
+        .clamp(MIN_NAME, MAX_NAME)
 }
 
 fn kernels_cell(f: &Finding) -> String {
@@ -25,7 +53,7 @@ fn kernels_cell(f: &Finding) -> String {
         .kernels
         .iter()
         .take(MAX_KERNELS_SHOWN)
-        .map(kernel_line)
+        .map(|k| kernel_line(k, MAX_NAME))
         .collect();
     if f.kernels.len() > MAX_KERNELS_SHOWN {
         lines.push(format!("… {} more", f.kernels.len() - MAX_KERNELS_SHOWN));
@@ -35,32 +63,30 @@ fn kernels_cell(f: &Finding) -> String {
 
 fn owner_cell(f: &Finding) -> String {
     match f.kind {
-        FindingKind::UnusedAllow => format!("allow: {}", f.subject),
+        FindingKind::UnusedAllow => format!("allow: {}", escape(&f.subject)),
         FindingKind::Unowned => "(no owner)".to_string(),
         _ => f
             .owners
             .iter()
-            .map(|o| format!("{} ({})", o.path, o.registration))
+            .map(|o| format!("{} ({})", escape(&o.path), o.registration))
             .collect::<Vec<_>>()
             .join("\n"),
     }
 }
 
 fn tensor_cell(f: &Finding) -> String {
+    let pool = f.pool.as_deref().map(escape);
     match (&f.dtype, &f.shape) {
         (Some(d), Some(s)) => {
             let dims: Vec<String> = s.iter().map(u64::to_string).collect();
-            let mut c = format!("{d}[{}]", dims.join(", "));
-            if let Some(p) = &f.pool {
-                c.push_str(&format!("\npool {p}"));
+            let mut c = format!("{}[{}]", escape(d), dims.join(", "));
+            if let Some(p) = pool {
+                c.push_str("\npool ");
+                c.push_str(&p);
             }
             c
         }
-        _ => f
-            .pool
-            .as_ref()
-            .map(|p| format!("pool {p}"))
-            .unwrap_or_default(),
+        _ => pool.map(|p| format!("pool {p}")).unwrap_or_default(),
     }
 }
 
@@ -72,9 +98,17 @@ fn address_cell(f: &Finding, fmt: &dyn AddrFmt) -> String {
     }
 }
 
+fn graphs_cell(f: &Finding, sep: &str) -> String {
+    f.graphs
+        .iter()
+        .map(|g| escape(g))
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
 /// `3 drifted, 1 freed`: counts by kind, in report order.
 fn by_kind<'a>(findings: impl Iterator<Item = &'a Finding>) -> String {
-    let mut counts: std::collections::BTreeMap<FindingKind, usize> = Default::default();
+    let mut counts: BTreeMap<FindingKind, usize> = BTreeMap::new();
     for f in findings {
         *counts.entry(f.kind).or_default() += 1;
     }
@@ -85,7 +119,8 @@ fn by_kind<'a>(findings: impl Iterator<Item = &'a Finding>) -> String {
         .join(", ")
 }
 
-fn plural(n: usize, word: &str) -> String {
+/// `1 graph`, `2 graphs`.
+pub(crate) fn plural(n: usize, word: &str) -> String {
     format!("{n} {word}{}", if n == 1 { "" } else { "s" })
 }
 
@@ -95,7 +130,7 @@ fn headline(r: &Report) -> String {
     let mode = if r.checked.contains(&FindingKind::Drifted) {
         "capture and live checks"
     } else {
-        "capture-time checks only (no live snapshot)"
+        "capture-time checks only: no live snapshot"
     };
     // Warnings are counted apart: they do not fail the run.
     let warnings = if w == 0 {
@@ -113,18 +148,18 @@ fn headline(r: &Report) -> String {
             plural(r.unread_nodes, "node")
         )
     };
+    let scope = format!(
+        "{}, {}",
+        plural(r.graphs, "graph"),
+        plural(r.subjects, "touched tensor")
+    );
     if n == 0 {
-        format!(
-            "graphcheck verify: ok — no findings in {} graphs, {} touched tensors ({mode}){warnings}{unread}",
-            r.graphs, r.subjects
-        )
+        format!("graphcheck verify: ok — no findings in {scope} ({mode}){warnings}{unread}")
     } else {
         format!(
-            "graphcheck verify: {} ({}) in {} graphs, {} touched tensors ({mode}){warnings}{unread}",
+            "graphcheck verify: {} ({}) in {scope} ({mode}){warnings}{unread}",
             plural(n, "finding"),
             by_kind(r.errors()),
-            r.graphs,
-            r.subjects
         )
     }
 }
@@ -137,42 +172,161 @@ fn kind_label(f: &Finding) -> String {
     }
 }
 
-/// The terminal report: a headline, one table row per finding, then per subject what was
-/// seen and which node parameters hold it, the recapture set and the allowed findings.
-pub fn render_table(r: &Report, fmt: &dyn AddrFmt) -> String {
-    let mut out = headline(r);
-    out.push('\n');
-    if !r.findings.is_empty() {
-        let mut t = Table::new();
-        t.load_style(presets::UTF8_FULL_CONDENSED)
-            .set_content_arrangement(ContentArrangement::Disabled)
-            .set_header(["kind", "owner", "tensor", "address", "graphs"]);
-        for f in &r.findings {
-            t.add_row([
+/// Lines of text, each cut to the width when there is one: continuation lines take
+/// `indent`, and nothing is dropped (see [`wrap`]).
+struct Lines<'a> {
+    out: &'a mut String,
+    width: Option<usize>,
+}
+
+impl Lines<'_> {
+    /// `first` then `text` on one line, or wrapped onto lines that start with `indent`
+    /// (as wide as `first`, for a column of text beside a label).
+    fn push(&mut self, first: &str, indent: &str, text: &str) {
+        let (lead, rest) = (first.chars().count(), indent.chars().count());
+        match self.width {
+            Some(w) if lead + text.chars().count() > w => {
+                let pieces = wrap(text, w.saturating_sub(lead), w.saturating_sub(rest));
+                for (i, piece) in pieces.iter().enumerate() {
+                    self.out.push_str(if i == 0 { first } else { indent });
+                    self.out.push_str(piece);
+                    self.out.push('\n');
+                }
+            }
+            _ => {
+                self.out.push_str(first);
+                self.out.push_str(text);
+                self.out.push('\n');
+            }
+        }
+    }
+
+    /// A detail line: `  label        text`.
+    fn detail(&mut self, label: &str, text: &str) {
+        let first = format!("  {label:<13}");
+        self.push(&first, &" ".repeat(LABEL.max(first.chars().count())), text);
+    }
+}
+
+const HEADER: [&str; 5] = ["kind", "owner", "tensor", "address", "graphs"];
+/// The columns a table spends on borders and padding: `│ ` and ` ┆ ` between columns, ` │`.
+fn frame(columns: usize) -> usize {
+    3 * columns + 1
+}
+/// The least room the owner column needs beside the four others before the fitted table
+/// folds tensor, address and graphs into one column.
+const MIN_OWNER: usize = 40;
+
+/// The findings table. Without a width, or where its natural layout fits, every column is
+/// as wide as its content. Where it does not fit, comfy-table's dynamic arrangement wraps
+/// the cells to the width; where even that would leave the owner column less than
+/// [`MIN_OWNER`] columns (80 columns do: five columns of borders and the fixed-width ones
+/// leave about 15), tensor, address and graphs share one column, so owner paths wrap into
+/// a few long lines instead of many short ones.
+fn findings_table(r: &Report, fmt: &dyn AddrFmt, width: Option<usize>) -> String {
+    let rows: Vec<[String; 5]> = r
+        .findings
+        .iter()
+        .map(|f| {
+            [
                 kind_label(f),
                 owner_cell(f),
                 tensor_cell(f),
                 address_cell(f, fmt),
-                f.graphs.join("\n"),
-            ]);
+                graphs_cell(f, "\n"),
+            ]
+        })
+        .collect();
+    let mut t = Table::new();
+    // The layout depends only on `width`, never on where stdout goes.
+    t.force_no_tty().load_style(presets::UTF8_FULL_CONDENSED);
+    let natural = column_widths(HEADER, &rows);
+    let w = match width {
+        Some(w) if natural.iter().sum::<usize>() + frame(5) > w => w,
+        _ => {
+            t.set_content_arrangement(ContentArrangement::Disabled)
+                .set_header(HEADER)
+                .add_rows(rows);
+            return t.to_string();
         }
-        out.push_str(&t.to_string());
-        out.push('\n');
+    };
+    t.set_content_arrangement(ContentArrangement::Dynamic)
+        .set_width(w as u16);
+    let beside_owner = natural[0] + natural[2] + natural[3] + natural[4] + frame(5);
+    if w.saturating_sub(beside_owner) >= MIN_OWNER {
+        t.set_header(HEADER).add_rows(rows);
+    } else {
+        // The header names the shared column's lines in the order they come.
+        t.set_header(["kind", "owner", "tensor\naddress\ngraphs"]);
+        for [kind, owner, tensor, address, graphs] in rows {
+            // `0x… → 0x…` as two lines keeps the shared column about as narrow as an address.
+            let address = address.replace(" → ", " →\n");
+            let place: Vec<String> = [tensor, address, graphs]
+                .into_iter()
+                .filter(|c| !c.is_empty())
+                .collect();
+            t.add_row([kind, owner, place.join("\n")]);
+        }
+    }
+    t.to_string()
+}
 
-        // Details, one block per subject, in table order.
-        let mut subjects: Vec<&str> = Vec::new();
-        for f in &r.findings {
-            if !subjects.contains(&f.subject.as_str()) {
-                subjects.push(&f.subject);
-            }
+/// The widest line of each column, header included.
+fn column_widths<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> [usize; N] {
+    let widest = |s: &str| s.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    let mut w = header.map(widest);
+    for row in rows {
+        for (w, cell) in w.iter_mut().zip(row) {
+            *w = (*w).max(widest(cell));
         }
-        for subject in subjects {
-            let fs: Vec<&Finding> = r.findings.iter().filter(|f| f.subject == subject).collect();
-            out.push('\n');
-            out.push_str(&match fs[0].kind {
+    }
+    w
+}
+
+/// The terminal report in its fixed layout: a headline, one table row per finding, then
+/// per subject what was seen and which node parameters hold it, the recapture set and the
+/// allowed findings. Use [`render_table_fit`] to fit a terminal.
+pub fn render_table(r: &Report, fmt: &dyn AddrFmt) -> String {
+    render_table_fit(r, fmt, None)
+}
+
+/// The terminal report fitted to `width` columns (at least [`MIN_WIDTH`]): the table's
+/// columns wrap their cells, and every other line wraps with an indent, so every owner
+/// path, detail and reason is shown in full; only kernel names, already cut in the fixed
+/// layout, are cut shorter to fit their line. `None` gives the fixed layout, where lines
+/// are as long as their content (for logs, files and snapshots).
+pub fn render_table_fit(r: &Report, fmt: &dyn AddrFmt, width: Option<u16>) -> String {
+    let width = width.map(|w| usize::from(w.max(MIN_WIDTH)));
+    let mut out = String::new();
+    let mut lines = Lines {
+        out: &mut out,
+        width,
+    };
+    lines.push("", "  ", &headline(r));
+    if !r.findings.is_empty() {
+        lines.out.push_str(&findings_table(r, fmt, width));
+        lines.out.push('\n');
+
+        // Details, one block per subject, in table order. Grouped in one pass: a report
+        // can hold tens of thousands of findings.
+        let mut order: FxHashMap<&str, usize> = FxHashMap::default();
+        let mut groups: Vec<Vec<&Finding>> = Vec::new();
+        for f in &r.findings {
+            let g = *order.entry(f.subject.as_str()).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[g].push(f);
+        }
+        let kernel_room = width.map(|w| w.saturating_sub(LABEL));
+        for fs in &groups {
+            let first = fs[0];
+            let subject = escape(&first.subject);
+            lines.out.push('\n');
+            let head = match first.kind {
                 FindingKind::UnusedAllow => format!(
                     "allow entry `{subject}`{}",
-                    match fs[0].severity {
+                    match first.severity {
                         Severity::Warning =>
                             " (warning: does not fail the run; --deny-unused-allow makes it fail)",
                         _ => "",
@@ -180,60 +334,70 @@ pub fn render_table(r: &Report, fmt: &dyn AddrFmt) -> String {
                 ),
                 FindingKind::Unowned => format!(
                     "unowned {}",
-                    fs[0]
+                    first
                         .captured_addr
                         .map_or(subject.to_string(), |a| fmt.addr(a))
                 ),
-                _ => subject.to_string(),
-            });
-            out.push('\n');
-            for f in &fs {
-                out.push_str(&format!("  {:<13}{}\n", f.kind.as_str(), f.detail));
+                _ => subject.into_owned(),
+            };
+            lines.push("", "    ", &head);
+            for f in fs {
+                lines.detail(f.kind.as_str(), &escape(&f.detail));
                 if !f.new_owners.is_empty() && f.kind == FindingKind::Reused {
-                    out.push_str(&format!(
-                        "  {:<13}{}\n",
-                        "now owned by",
-                        f.new_owners.join(", ")
-                    ));
+                    let now = f
+                        .new_owners
+                        .iter()
+                        .map(|o| escape(o))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    lines.detail("now owned by", &now);
                 }
             }
-            if let Some(site) = fs[0].alloc_site.first() {
-                out.push_str(&format!(
-                    "  {:<13}{}:{} in {}\n",
-                    "allocated at", site.filename, site.line, site.name
-                ));
+            if let Some(site) = first.alloc_site.first() {
+                let at = format!(
+                    "{}:{} in {}",
+                    escape(&site.filename),
+                    site.line,
+                    escape(&site.name)
+                );
+                lines.detail("allocated at", &at);
             }
-            for (i, k) in fs[0].kernels.iter().enumerate() {
+            for (i, k) in first.kernels.iter().enumerate() {
                 if i == MAX_KERNELS_SHOWN {
-                    out.push_str(&format!("  {:<13}… {} more\n", "", fs[0].kernels.len() - i));
+                    let more = format!("… {} more", first.kernels.len() - i);
+                    lines.detail("", &more);
                     break;
                 }
-                out.push_str(&format!(
-                    "  {:<13}{}\n",
-                    if i == 0 { "held by" } else { "" },
-                    kernel_line(k)
-                ));
+                let line = kernel_line(k, name_room(k, kernel_room));
+                lines.detail(if i == 0 { "held by" } else { "" }, &line);
             }
         }
         let rc = r.recapture();
         if !rc.is_empty() {
-            out.push_str(&format!("\nrecapture: {}\n", rc.join(", ")));
+            let rc: Vec<_> = rc.iter().map(|g| escape(g)).collect();
+            lines.out.push('\n');
+            lines.push("recapture: ", "  ", &rc.join(", "));
         }
     }
     if !r.allowed.is_empty() {
-        out.push_str(&format!("\nallowed ({}):\n", r.allowed.len()));
+        let _ = write!(lines.out, "\nallowed ({}):\n", r.allowed.len());
         for a in &r.allowed {
-            out.push_str(&format!(
-                "  {} {} — by `{}`: {}\n",
-                a.finding.kind, a.finding.subject, a.allowed_by, a.reason
-            ));
+            let line = format!(
+                "{} {} — by `{}`: {}",
+                a.finding.kind,
+                escape(&a.finding.subject),
+                escape(&a.allowed_by),
+                escape(&a.reason)
+            );
+            lines.push("  ", "    ", &line);
         }
     }
     out
 }
 
+/// A Markdown table cell: no raw control character, pipe or line break.
 fn md_escape(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', "<br>")
+    escape(s).replace('|', "\\|")
 }
 
 /// Markdown for a CI step summary (`$GITHUB_STEP_SUMMARY`).
@@ -244,61 +408,66 @@ pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
         (true, true) => "⚠️",
         (true, false) => "✅",
     };
-    out.push_str(&format!("### {icon} {}\n\n", headline(r)));
+    let _ = write!(out, "### {icon} {}\n\n", headline(r));
     if !r.findings.is_empty() {
         out.push_str("| kind | owner | tensor | address | graphs | kernels | why |\n");
         out.push_str("|---|---|---|---|---|---|---|\n");
         for f in &r.findings {
             let owner = match f.kind {
-                FindingKind::UnusedAllow => format!("allow `{}`", f.subject),
+                FindingKind::UnusedAllow => format!("allow `{}`", md_escape(&f.subject)),
                 FindingKind::Unowned => "(no owner)".into(),
                 _ => f
                     .owners
                     .iter()
-                    .map(|o| format!("`{}` ({})", o.path, o.registration))
+                    .map(|o| format!("`{}` ({})", md_escape(&o.path), o.registration))
                     .collect::<Vec<_>>()
                     .join("<br>"),
             };
-            out.push_str(&format!(
-                "| **{}**{} | {} | {} | {} | {} | {} | {} |\n",
+            // The cells built here are escaped already: split on their own line breaks.
+            let _ = writeln!(
+                out,
+                "| **{}**{} | {} | {} | {} | {} | {} | {} |",
                 f.kind,
                 if f.severity == Severity::Warning {
                     " (warning)"
                 } else {
                     ""
                 },
-                md_escape(&owner),
-                md_escape(&tensor_cell(f)),
+                owner,
+                tensor_cell(f).replace('|', "\\|").replace('\n', "<br>"),
                 md_escape(&address_cell(f, fmt)),
-                md_escape(&f.graphs.join(", ")),
-                md_escape(&kernels_cell(f)),
+                graphs_cell(f, ", ").replace('|', "\\|"),
+                kernels_cell(f).replace('|', "\\|").replace('\n', "<br>"),
                 md_escape(&f.detail)
-            ));
+            );
         }
         let rc = r.recapture();
         if !rc.is_empty() {
-            out.push_str(&format!(
-                "\n**Recapture:** {}\n",
+            let _ = writeln!(
+                out,
+                "\n**Recapture:** {}",
                 rc.iter()
-                    .map(|g| format!("`{g}`"))
+                    .map(|g| format!("`{}`", escape(g)))
                     .collect::<Vec<_>>()
                     .join(", ")
-            ));
+            );
         }
     }
     if !r.allowed.is_empty() {
-        out.push_str(&format!(
+        let _ = write!(
+            out,
             "\n<details><summary>Allowed ({})</summary>\n\n",
             r.allowed.len()
-        ));
+        );
         for a in &r.allowed {
-            out.push_str(&format!(
-                "- {} `{}` — by `{}`: {}\n",
+            let _ = writeln!(
+                out,
+                "- {} `{}` — by `{}`: {}",
                 a.finding.kind,
-                a.finding.subject,
-                a.allowed_by,
+                escape(&a.finding.subject),
+                escape(&a.allowed_by),
                 md_escape(&a.reason)
-            ));
+            );
         }
         out.push_str("\n</details>\n");
     }
@@ -310,4 +479,267 @@ pub fn render_json(r: &Report) -> String {
     let mut s = serde_json::to_string_pretty(r).expect("a report serializes");
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::check::allow::Allowlist;
+    use crate::check::finding::OwnerRef;
+    use crate::document::format::{Addr, Registration};
+    use crate::present::fmt::RawAddrs;
+
+    /// Every scenario of the synthetic and the GPU-recorded corpus, verified as the CLI
+    /// verifies it: real owner paths, aliases, CUTLASS and cuBLAS kernel names.
+    fn corpus_reports() -> Vec<(String, Report)> {
+        let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let mut out = Vec::new();
+        for index in ["index.json", "gpu/index.json"] {
+            let text = std::fs::read_to_string(fixtures.join(index)).unwrap();
+            let index: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for s in index["scenarios"].as_array().unwrap() {
+                let path = |key: &str| s[key].as_str().map(|p| fixtures.join(p));
+                let m = crate::document::load::load_manifest(&path("manifest").unwrap()).unwrap();
+                let l = path("live").map(|p| crate::document::load::load_live(&p).unwrap());
+                let allow = path("allow").map_or_else(Allowlist::default, |p| {
+                    Allowlist::load(Path::new(&p)).unwrap()
+                });
+                let r = crate::check::verify::verify(&m, l.as_ref(), &allow).unwrap();
+                out.push((s["name"].as_str().unwrap().to_string(), r));
+            }
+        }
+        out
+    }
+
+    /// `text` without any whitespace: wrapped text compares equal to the line it came from.
+    fn squeeze(text: &str) -> String {
+        text.chars().filter(|c| !c.is_whitespace()).collect()
+    }
+
+    #[test]
+    fn fitted_table_stays_within_80_columns_and_keeps_every_subject_and_detail() {
+        // Guards: at 80 columns no line is wider than the terminal, and the details below
+        // the table still carry every subject, detail sentence and allowlist reason in full.
+        let reports = corpus_reports();
+        assert!(reports.len() >= 12, "{} scenarios", reports.len());
+        let mut seen = 0;
+        for (name, r) in &reports {
+            for width in [80u16, 60] {
+                let text = render_table_fit(r, &RawAddrs, Some(width));
+                for line in text.lines() {
+                    assert!(
+                        line.chars().count() <= usize::from(width),
+                        "{name} at {width}: {} columns: {line}\n{text}",
+                        line.chars().count()
+                    );
+                }
+                // The details start after the table's last border line.
+                let details = squeeze(text.rsplit_once('┘').map_or(text.as_str(), |(_, d)| d));
+                for f in &r.findings {
+                    assert!(
+                        details.contains(&squeeze(&f.subject)),
+                        "{name}: {}",
+                        f.subject
+                    );
+                    assert!(
+                        details.contains(&squeeze(&f.detail)),
+                        "{name}: {}",
+                        f.detail
+                    );
+                    for o in &f.owners {
+                        assert!(details.contains(&squeeze(&o.path)), "{name}: {}", o.path);
+                    }
+                    seen += 1;
+                }
+                for a in &r.allowed {
+                    assert!(
+                        details.contains(&squeeze(&a.reason)),
+                        "{name}: {}",
+                        a.reason
+                    );
+                }
+            }
+        }
+        assert!(seen > 50, "only {seen} findings in the corpus");
+    }
+
+    #[test]
+    fn without_a_width_the_layout_is_the_fixed_one() {
+        // Guards: logs, files and snapshots (no terminal) keep today's layout, line for line.
+        for (name, r) in corpus_reports() {
+            assert_eq!(
+                render_table(&r, &RawAddrs),
+                render_table_fit(&r, &RawAddrs, None),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_narrow_terminal_is_treated_as_the_narrowest_supported_width() {
+        // Guards: a 10-column COLUMNS cannot ask comfy-table for a table it cannot draw.
+        let (_, r) = corpus_reports()
+            .into_iter()
+            .find(|(n, _)| n == "cutlass_moe_strides_alias")
+            .expect("the alias scenario");
+        let text = render_table_fit(&r, &RawAddrs, Some(10));
+        assert!(
+            text.lines()
+                .all(|l| l.chars().count() <= usize::from(MIN_WIDTH)),
+            "{text}"
+        );
+    }
+
+    /// No character that could move the cursor or start an escape sequence, line breaks
+    /// aside.
+    fn assert_printable(what: &str, text: &str) {
+        for line in text.lines() {
+            assert!(!line.chars().any(char::is_control), "{what}: {line:?}");
+        }
+    }
+
+    #[test]
+    fn control_characters_from_documents_are_escaped_in_every_text_format() {
+        // Guards: an owner path, graph name or kernel name holding `\r`, NUL or an ANSI
+        // escape is printed escaped (`\r`, `\u{0}`, `\u{1b}`), never raw, in the table (fixed
+        // and fitted) and in Markdown.
+        let mut m = crate::testkit::manifest();
+        m.owners[1].path =
+            crate::document::owner_path::OwnerPath::parse("model.sc\rale\0x").unwrap();
+        m.owners[2].path =
+            crate::document::owner_path::OwnerPath::parse("model.cache[\"\u{1b}[2Jk\"]").unwrap();
+        m.graphs[1].name = "bs8\r".into();
+        m.graphs[1].nodes[0].name = "k\u{9b}0".into();
+        let r = crate::check::verify::verify(&m, None, &Allowlist::default()).unwrap();
+        assert!(
+            r.findings.iter().any(|f| f.subject.contains('\r')),
+            "the test needs a finding on the path with control characters: {:?}",
+            crate::testkit::kinds(&r)
+        );
+        for (what, text) in [
+            ("table", render_table(&r, &RawAddrs)),
+            ("fitted table", render_table_fit(&r, &RawAddrs, Some(80))),
+            ("markdown", render_markdown(&r, &RawAddrs)),
+        ] {
+            assert_printable(what, &text);
+            assert!(text.contains("model.sc\\rale\\u{0}x"), "{what}:\n{text}");
+            assert!(
+                text.contains("model.cache[\"\\u{1b}[2Jk\"]"),
+                "{what}:\n{text}"
+            );
+            assert!(text.contains("bs8\\r"), "{what}:\n{text}");
+        }
+        // JSON keeps the text as it is: serde escapes it and a reader gets it back.
+        let json: serde_json::Value = serde_json::from_str(&render_json(&r)).unwrap();
+        assert!(json.to_string().contains("model.sc\\rale\\u0000x"));
+    }
+
+    #[test]
+    fn headline_counts_agree_with_their_nouns() {
+        // Guards: "in 1 graphs", "1 touched tensors" and the nested "(… (no live snapshot))".
+        let mut r = many(1);
+        r.subjects = 1;
+        let head = headline(&r);
+        assert_eq!(
+            head,
+            "graphcheck verify: 1 finding (1 unregistered) in 1 graph, 1 touched tensor \
+             (capture-time checks only: no live snapshot)"
+        );
+        r.findings.clear();
+        r.graphs = 2;
+        r.subjects = 0;
+        assert!(headline(&r).contains("no findings in 2 graphs, 0 touched tensors"));
+    }
+
+    /// A report of `n` findings with distinct subjects, shaped like the benchmark's.
+    fn many(n: usize) -> Report {
+        let findings = (0..n)
+            .map(|i| Finding {
+                kind: FindingKind::Unregistered,
+                severity: Severity::Error,
+                subject: format!(
+                    "model.layers[{}].mlp.experts[{i}].quant_method.workspace",
+                    i / 64
+                ),
+                owners: vec![OwnerRef {
+                    path: format!(
+                        "model.layers[{}].mlp.experts[{i}].quant_method.workspace",
+                        i / 64
+                    ),
+                    registration: Registration::ObjectAttribute,
+                }],
+                new_owners: vec![],
+                dtype: Some("bfloat16".into()),
+                shape: Some(vec![128]),
+                stride: Some(vec![1]),
+                captured_addr: Some(Addr(0x7f00_0000_0000 + 0x1000 * i as u64)),
+                live_addr: None,
+                pool: Some("weights".into()),
+                graphs: vec!["decode_bs1".into()],
+                kernels: vec![KernelRef {
+                    graph: "decode_bs1".into(),
+                    node: i as u32,
+                    name: "fused_moe_kernel".into(),
+                    param: 0,
+                    offset: 0,
+                    addr: Addr(0x7f00_0000_0000 + 0x1000 * i as u64),
+                }],
+                detail: "held only as object_attribute; register it as a buffer".into(),
+                alloc_site: vec![],
+            })
+            .collect();
+        Report {
+            format_version: 1,
+            ok: false,
+            checked: vec![FindingKind::Unregistered],
+            summary: BTreeMap::from([(FindingKind::Unregistered, n)]),
+            findings,
+            allowed: vec![],
+            subjects: n,
+            graphs: 1,
+            unread_nodes: 0,
+        }
+    }
+
+    /// The least of three timings of `f`: the least disturbed by other work on the machine.
+    fn best_of_3(f: impl Fn()) -> Duration {
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .min()
+            .unwrap()
+    }
+
+    #[test]
+    fn rendering_time_grows_linearly_with_the_findings() {
+        // Guards: the table grouped its details per subject by scanning every finding for
+        // every subject (40,000 findings took 18 s). Eight times the findings must cost
+        // about eight times the time, not sixty-four: the bound, 24x, leaves a loaded
+        // machine room (best of three runs each) and still fails anything quadratic.
+        let (small, large) = (many(2_000), many(16_000));
+        for (format, render) in [
+            (
+                "table",
+                (|r: &Report| render_table(r, &RawAddrs)) as fn(&Report) -> String,
+            ),
+            ("fitted table", |r: &Report| {
+                render_table_fit(r, &RawAddrs, Some(100))
+            }),
+            ("markdown", |r: &Report| render_markdown(r, &RawAddrs)),
+        ] {
+            let a = best_of_3(|| drop(render(&small)));
+            let b = best_of_3(|| drop(render(&large)));
+            let ratio = b.as_secs_f64() / a.as_secs_f64();
+            assert!(
+                ratio < 24.0,
+                "{format}: 8x the findings took {ratio:.1}x the time ({a:?} → {b:?})"
+            );
+        }
+    }
 }
