@@ -526,6 +526,9 @@ pub fn signature(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
     }
 }
 
+/// The most stderr a command may print for any input (progress lines and one error).
+const STDERR_LIMIT: usize = 16 * 1024;
+
 /// The command line as a whole: any documents and arguments exit 0, 1 or 2, without a
 /// panic or a hang (no answer in 120 s).
 pub fn cli(rng: &mut SmallRng, c: &Corpus, binary: &Path, dir: &Path) -> (Vec<u8>, Outcome) {
@@ -582,6 +585,16 @@ pub fn cli(rng: &mut SmallRng, c: &Corpus, binary: &Path, dir: &Path) -> (Vec<u8
             );
         }
     };
+    // stderr is read while the child runs: left in the pipe, 64 KiB of it would block the
+    // child, and that is the harness hanging, not graphcheck.
+    let reader = child.stderr.take().map(|mut s| {
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut v = Vec::new();
+            let _ = s.read_to_end(&mut v);
+            v
+        })
+    });
     // Generous: CI runs a debug binary on a loaded 2-core machine; a hang is minutes.
     let deadline = Instant::now() + Duration::from_secs(120);
     let status = loop {
@@ -589,16 +602,27 @@ pub fn cli(rng: &mut SmallRng, c: &Corpus, binary: &Path, dir: &Path) -> (Vec<u8
             Ok(Some(s)) => break s,
             Ok(None) if Instant::now() > deadline => {
                 let _ = child.kill();
+                let _ = child.wait();
                 return (input, Outcome::Failed("no answer in 120 s".into()));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(2)),
             Err(e) => return (input, Outcome::Failed(e.to_string())),
         }
     };
-    let mut err = String::new();
-    if let Some(mut s) = child.stderr.take() {
-        use std::io::Read;
-        let _ = s.read_to_string(&mut err);
+    let err = reader
+        .and_then(|r| r.join().ok())
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
+        .unwrap_or_default();
+    // An error message is read by a person: a screenful, not a dump of the document.
+    if err.len() > STDERR_LIMIT {
+        return (
+            input,
+            Outcome::Failed(format!(
+                "{} bytes on stderr (more than {STDERR_LIMIT}): {}",
+                err.len(),
+                err.chars().take(300).collect::<String>()
+            )),
+        );
     }
     match status.code() {
         Some(0 | 1) if !err.contains("panicked") => (input, Outcome::Accepted),

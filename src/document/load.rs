@@ -376,7 +376,7 @@ fn describe(
     at: &[schema::Step],
 ) -> String {
     use serde_json::error::Category;
-    let m = strip_position(e.to_string());
+    let m = shorten_quoted(&strip_position(e.to_string()));
     match e.classify() {
         Category::Eof => match m.strip_prefix("EOF while parsing ") {
             Some(what) => format!("the document ends early, in the middle of {what}"),
@@ -463,6 +463,35 @@ fn number_ending_at(bytes: &[u8], line: usize, column: usize) -> Option<&str> {
     std::str::from_utf8(&bytes[start..end])
         .ok()
         .filter(|s| !s.is_empty())
+}
+
+/// The longest quoted value an error repeats in full, in characters.
+const QUOTE_LIMIT: usize = 80;
+
+/// `message` with every value quoted in it (`"…"` or `` `…` ``, as serde quotes what it
+/// read) cut to its first [`QUOTE_LIMIT`] characters and a count of the rest: a 70,000-
+/// character string in the wrong place is named, not printed.
+fn shorten_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(1024));
+    let mut rest = message;
+    while let Some(open) = rest.find(['"', '`']) {
+        let q = rest.as_bytes()[open] as char;
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        let Some(close) = rest.find(q) else { break };
+        let inner = &rest[..close];
+        let n = inner.chars().count();
+        if n > QUOTE_LIMIT {
+            out.extend(inner.chars().take(QUOTE_LIMIT));
+            let _ = write!(out, "… ({} more characters)", n - QUOTE_LIMIT);
+        } else {
+            out.push_str(inner);
+        }
+        out.push(q);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// serde_json appends " at line L column C"; our errors lead with the position.
@@ -895,6 +924,13 @@ mod tests {
     #[test]
     fn errors_say_what_is_wrong_in_words() {
         let m = manifest();
+        // A huge value in the wrong place is named, not printed (the fuzzer found a 65 KiB
+        // error message).
+        let mut v = serde_json::to_value(&m).unwrap();
+        v["allocations"][0]["base"] = format!("0x7f{}", "a".repeat(70_000)).into();
+        let e = err(&serde_json::to_vec(&v).unwrap());
+        assert!(e.len() < 400, "{} bytes: {e}", e.len());
+        assert!(e.contains("aaa… (69924 more characters)\""), "{e}");
         let e = err(&with_version(&m, "1".into()));
         assert!(
             e.ends_with("m.json: `format_version` must be the number 1, not the string \"1\""),
