@@ -13,4 +13,5 @@ pub mod owner_path;
 pub mod ownership;
 pub mod pair;
 pub mod schema;
+mod wording;
 pub mod write;

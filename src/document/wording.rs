@@ -1,0 +1,143 @@
+//! serde_json's errors in words for a person: what is wrong with a value, in the schema's
+//! terms, never Rust's, and never a value printed whole.
+
+use std::fmt::Write as _;
+
+use crate::document::format::DocKind;
+use crate::document::schema;
+
+/// serde_json's error in words for a person: whether the text is not JSON at all, cut
+/// short, or JSON with a value of the wrong type or size at `at` (what the schema of an
+/// `expected` document wants there).
+pub(super) fn describe(
+    e: &serde_json::Error,
+    bytes: &[u8],
+    expected: Option<DocKind>,
+    at: &[schema::Step],
+) -> String {
+    use serde_json::error::Category;
+    let m = shorten_quoted(&strip_position(e.to_string()));
+    match e.classify() {
+        Category::Eof => match m.strip_prefix("EOF while parsing ") {
+            Some(what) => format!("the document ends early, in the middle of {what}"),
+            None => format!("the document ends early ({m})"),
+        },
+        // serde_json reports a number or a list where a name is due (an enum) as a syntax
+        // error; in text that is JSON, it is a value of the wrong type.
+        Category::Syntax if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => {
+            wrong_type(bytes, expected, at)
+                .unwrap_or_else(|| format!("a value of the wrong type: {m}"))
+        }
+        Category::Syntax => format!("not valid JSON: {m}"),
+        // serde's "invalid type: sequence, expected struct Pool" names Rust types; the
+        // schema's words name JSON ones.
+        Category::Data => out_of_range(&m, bytes, e.line(), e.column())
+            .or_else(|| {
+                m.starts_with("invalid type: ")
+                    .then(|| wrong_type(bytes, expected, at))
+                    .flatten()
+            })
+            .unwrap_or(m),
+        Category::Io => m,
+    }
+}
+
+/// "expected X, found Y" for a value of the wrong type at `at`, where the schema says
+/// what belongs there.
+fn wrong_type(bytes: &[u8], expected: Option<DocKind>, at: &[schema::Step]) -> Option<String> {
+    let want = schema::expected_at(expected?, at)?;
+    let found = serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| schema::value_at(&v, at).map(schema::describe_value));
+    Some(match found {
+        Some(found) => format!("expected {want}, found {found}"),
+        None => format!("expected {want}"),
+    })
+}
+
+/// serde_json reads an integer too large for 64 bits as a float, and then says "invalid
+/// type: floating point `1.8446744073709552e+19`, expected u64": say the number is out of
+/// range, as written.
+fn out_of_range(message: &str, bytes: &[u8], line: usize, column: usize) -> Option<String> {
+    let rest = message.strip_prefix("invalid type: floating point `")?;
+    let (number, expected) = rest.split_once("`, expected ")?;
+    let v: f64 = number.parse().ok()?;
+    let (what, range) = match expected {
+        "u64" => ("an unsigned 64-bit", 0.0..18_446_744_073_709_551_616.0),
+        "u32" => ("an unsigned 32-bit", 0.0..4_294_967_296.0),
+        "i64" => (
+            "a signed 64-bit",
+            -9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0,
+        ),
+        _ => return None,
+    };
+    if range.contains(&v) {
+        return None;
+    }
+    let written = number_ending_at(bytes, line, column)
+        .filter(|w| w.parse::<f64>().ok() == Some(v))
+        .unwrap_or(number);
+    Some(format!(
+        "the number {written} is out of range for {what} value"
+    ))
+}
+
+/// The number literal that ends at serde_json's 1-based (line, column), as written.
+fn number_ending_at(bytes: &[u8], line: usize, column: usize) -> Option<&str> {
+    let line_start = if line <= 1 {
+        0
+    } else {
+        bytes
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'\n')
+            .nth(line - 2)?
+            .0
+            + 1
+    };
+    let end = (line_start + column).min(bytes.len());
+    let start = bytes[..end]
+        .iter()
+        .rposition(|b| !(b.is_ascii_digit() || b"+-.eE".contains(b)))
+        .map_or(0, |i| i + 1);
+    std::str::from_utf8(&bytes[start..end])
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// The longest quoted value an error repeats in full, in characters.
+const QUOTE_LIMIT: usize = 80;
+
+/// `message` with every value quoted in it (`"…"` or `` `…` ``, as serde quotes what it
+/// read) cut to its first [`QUOTE_LIMIT`] characters and a count of the rest: a 70,000-
+/// character string in the wrong place is named, not printed.
+fn shorten_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(1024));
+    let mut rest = message;
+    while let Some(open) = rest.find(['"', '`']) {
+        let q = rest.as_bytes()[open] as char;
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        let Some(close) = rest.find(q) else { break };
+        let inner = &rest[..close];
+        let n = inner.chars().count();
+        if n > QUOTE_LIMIT {
+            out.extend(inner.chars().take(QUOTE_LIMIT));
+            let _ = write!(out, "… ({} more characters)", n - QUOTE_LIMIT);
+        } else {
+            out.push_str(inner);
+        }
+        out.push(q);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// serde_json appends " at line L column C"; our errors lead with the position.
+fn strip_position(mut message: String) -> String {
+    if let Some(cut) = message.rfind(" at line ") {
+        message.truncate(cut);
+    }
+    message
+}
