@@ -257,14 +257,43 @@ def torch_calls(torch, bad):
         ("Instrumentation.write(path)", lambda: gt.instrument(None).write(bad)),
         ("register_model(root)", lambda: gt.register_model(mod, bad)),
         ("uninstrument(instrumentation)", lambda: gt.uninstrument(bad)),
-        ("sleep_pool(tag)", lambda: gt.sleep_pool(bad).__enter__()),
-        ("sleep(level)", lambda: gt.sleep(bad)),
-        ("sleep(offload_tags)", lambda: gt.sleep(1, bad)),
+        # A value that is wrong here can still be a valid tag ("x\udcff"): on a GPU machine
+        # these calls then really open a pool, sleep or change the process's allocator,
+        # which the GPU tests after this one share. What they did is undone.
+        ("sleep_pool(tag)", lambda: _entered_and_left(gt.sleep_pool(bad))),
+        ("sleep(level)", lambda: _slept_and_woken(lambda: gt.sleep(bad))),
+        ("sleep(offload_tags)", lambda: _slept_and_woken(lambda: gt.sleep(1, bad))),
         ("wake(tags)", lambda: gt.wake(bad)),
         ("wake(poison)", lambda: gt.wake(None, bad)),
-        ("sleep_allocator(offload_tags)", lambda: gt.sleep_allocator(bad)),
+        ("sleep_allocator(offload_tags)", lambda: _offload_tags_kept(lambda: gt.sleep_allocator(bad))),
         ("SleepAllocator(offload_tags)", lambda: gt.SleepAllocator(bad)),
     ]
+
+
+def _entered_and_left(context):
+    context.__enter__()
+    context.__exit__(None, None, None)
+
+
+def _slept_and_woken(call):
+    import graphcheck.sleep as gs
+
+    try:
+        call()
+    finally:
+        if gs._ALLOCATOR is not None and gs._ALLOCATOR.level is not None:
+            gs._ALLOCATOR.wake()
+
+
+def _offload_tags_kept(call):
+    import graphcheck.sleep as gs
+
+    before = None if gs._ALLOCATOR is None else gs._ALLOCATOR.offload_tags
+    try:
+        call()
+    finally:
+        if before is not None:
+            gs._ALLOCATOR.offload_tags = before
 
 
 @pytest.mark.parametrize("bad", WRONG, ids=repr)
