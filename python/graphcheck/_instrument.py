@@ -12,10 +12,11 @@ import atexit
 import json
 import os
 import threading
+import warnings
 import weakref
 from typing import Callable, Iterable, Optional, Union
 
-from . import _args, _native
+from . import _args, _guard, _native
 from ._native import GraphcheckError
 from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
 from ._registry import _torch
@@ -116,6 +117,10 @@ def _instrumented_class(base: type) -> type:
             # keep_graph=True asked by the caller: they instantiate (or replay does).
             self._graphcheck_keep = asked
             self._graphcheck_pool = None
+            # The transition epoch this graph was last checked at (_guard), and what the
+            # check keeps of it (None: not recorded).
+            self._graphcheck_epoch = _guard._STATE[0]
+            self._graphcheck_state = None
 
         def capture_begin(self, *args, **kwargs):
             pool = args[0] if args else kwargs.get("pool")
@@ -127,11 +132,41 @@ def _instrumented_class(base: type) -> type:
             try:
                 _on_capture(self)
             finally:
+                self._graphcheck_epoch = _guard._STATE[0]
                 if not getattr(self, "_graphcheck_keep", False):
                     self.instantiate()
 
+        def replay(self):
+            # Nothing pending: one attribute read and one comparison.
+            if self._graphcheck_epoch != _guard._STATE[0]:
+                _check_before_replay(self)
+            return super().replay()
+
     CUDAGraph.__qualname__ = f"graphcheck.{base.__qualname__}"
     return CUDAGraph
+
+
+def _check_before_replay(cuda_graph) -> None:
+    """The replay check (_guard.before_replay) of a graph whose epoch is behind. A
+    :class:`_guard.ReplayCheckError` goes to the caller, as asked; any other failure of the
+    check is kept in ``errors`` and warned, and the replay goes ahead."""
+    with _LOCK:
+        sinks = [ins for ins in _ACTIVE if ins._checker is not None]
+    state = getattr(cuda_graph, "_graphcheck_state", None)
+    if not sinks or state is None:
+        cuda_graph._graphcheck_epoch = _guard._STATE[0]
+        return
+    try:
+        _guard.before_replay(cuda_graph, state, sinks)
+    except _guard.ReplayCheckError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a broken check never stops the engine
+        if _fatal(e):
+            raise
+        cuda_graph._graphcheck_epoch = _guard._STATE[0]
+        for ins in sinks:
+            ins.errors.append(e)
+        _warn(f"graphcheck: the check before replay failed, replaying unchecked: {e}")
 
 
 def _on_capture(cuda_graph) -> None:
@@ -139,6 +174,16 @@ def _on_capture(cuda_graph) -> None:
         sinks = list(_ACTIVE)
     if not sinks:
         return
+    # A graph of torch.compile's CUDA-graph trees: its name and the static inputs torch
+    # guards come from the tree node recording it.
+    node, inputs = _guard.tree_node_of(cuda_graph)
+    state = _guard.GraphState()
+    hint = None
+    if node is not None:
+        hint = _guard.tree_graph_name(node, inputs)
+        state.static_ptrs = _guard.tree_static_ptrs(node)
+        state.tree = hint
+    cuda_graph._graphcheck_state = state
     pool = getattr(cuda_graph, "_graphcheck_pool", None)
     if pool is None:
         try:
@@ -154,7 +199,7 @@ def _on_capture(cuda_graph) -> None:
             sink._failed(e)
         return
     for sink in sinks:
-        sink._record(walked, pool)
+        sink._record(walked, pool, state=state, hint=hint)
 
 
 class Instrumentation:
@@ -170,6 +215,7 @@ class Instrumentation:
         strict: bool,
         recorder_args: dict,
         write_every: int = 1,
+        verify_on_replay: Optional[str] = None,
     ):
         write_every = _args.integer("write_every", write_every, minimum=1)
         self.directory = None if directory is None else _args.path("directory", directory)
@@ -186,6 +232,14 @@ class Instrumentation:
         self.captures = 0
         self.errors: list = []
         self._pid = os.getpid()
+        #: The replay check (``verify_on_replay``), or None.
+        self._checker = (
+            None if verify_on_replay is None else _guard.Checker(self, verify_on_replay)
+        )
+        # Graph name -> _guard.GraphState, for the graphs this instrumentation recorded.
+        self._states: dict = {}
+        #: Graphs the last :func:`check` left out: torch will not replay them again.
+        self.superseded: list = []
 
     # Recording ----------------------------------------------------------------------
 
@@ -197,22 +251,32 @@ class Instrumentation:
             self.recorder._roots = list(roots)
             self.path, self.captures, self.errors, self._pid = None, 0, [], os.getpid()
 
-    def _graph_name(self) -> str:
+    def _graph_name(self, hint: Optional[str] = None) -> str:
         if callable(self.name):
             return str(self.name(self.captures))
+        if hint is not None and self.name == DEFAULT_NAME:
+            return hint
         return self.name.format(index=self.captures, pid=os.getpid())
 
-    def _record(self, walked, pool) -> None:
+    def _tree_states(self) -> dict:
+        """Graph name -> state, for the graphs of torch.compile's CUDA-graph trees."""
+        return {n: s for n, s in self._states.items() if s.static_ptrs}
+
+    def _record(self, walked, pool, state=None, hint: Optional[str] = None) -> None:
         # A graph the recorder took counts as recorded even where what follows fails (its
         # owners' walk, the write): the warning says what was lost, and no more.
         later: list = []
         try:
             with _LOCK:
                 self._fork_check()
+                name = self._graph_name(hint)
                 try:
-                    self.recorder.add_graph(self._graph_name(), walked, pool=pool)
+                    self.recorder.add_graph(name, walked, pool=pool)
                 except _OwnersNotCurrent as e:
                     later.append((e, str(e)))
+                if state is not None:
+                    state.names[id(self)] = name
+                    self._states[name] = state
                 self.captures += 1
                 self._unwritten += 1
                 if self.directory is not None and self._unwritten >= self.write_every:
@@ -320,10 +384,63 @@ def _patch_torch() -> None:
             setattr(module, "CUDAGraph", cls)
 
 
+def _wrap_transition(owner, attr: str, event: Callable, contents: str) -> None:
+    """Replaces ``owner.attr`` (a method) with one that marks a transition after it
+    returns; restored with the rest of the patch."""
+    original = getattr(owner, attr, None)
+    if original is None or getattr(original, "_graphcheck_transition", False):
+        return
+
+    def wrapper(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        try:
+            _guard.mark_transition(event(self, args, kwargs), contents)
+        except Exception:  # noqa: BLE001 - never into the engine
+            pass
+        return out
+
+    wrapper._graphcheck_transition = True
+    wrapper.__wrapped__ = original
+    wrapper.__name__ = getattr(original, "__name__", attr)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    _PATCHED.append((owner, attr, original))
+    setattr(owner, attr, wrapper)
+
+
+def _patch_transitions() -> None:
+    """The transitions a replay check sees without the engine saying so:
+    ``Module.load_state_dict`` (new weights: ``updated``) and torch_memory_saver's
+    ``resume`` (``preserved``), where that package is imported. (This package's sleep
+    allocator marks its wakes itself.)"""
+    import sys
+
+    torch = _torch()
+    _wrap_transition(
+        torch.nn.Module,
+        "load_state_dict",
+        lambda self, a, k: f"{type(self).__name__}.load_state_dict",
+        "updated",
+    )
+    tms = sys.modules.get("torch_memory_saver")
+    cls = getattr(tms, "TorchMemorySaver", None) if tms is not None else None
+    if isinstance(cls, type):
+        _wrap_transition(
+            cls,
+            "resume",
+            lambda self, a, k: f"torch_memory_saver.resume({(a or (k.get('tag'),))[0]!r})",
+            "preserved",
+        )
+
+
 def _unpatch_torch() -> None:
     while _PATCHED:
         module, attr, original = _PATCHED.pop()
         setattr(module, attr, original)
+
+
+#: Graph names where nothing better is known; a torch.compile tree graph is named by its
+#: tree instead (``inductor_fn0_graph1[8x256]``).
+DEFAULT_NAME = "capture{index}"
 
 
 def instrument(
@@ -331,12 +448,13 @@ def instrument(
     *,
     model=None,
     root: str = "model",
-    name: Union[str, Callable[[int], str]] = "capture{index}",
+    name: Union[str, Callable[[int], str]] = DEFAULT_NAME,
     digests: Union[bool, str] = False,
     runtime_state: Iterable[str] = (),
     max_depth: int = DEFAULT_MAX_DEPTH,
     strict: bool = False,
     write_every: int = 1,
+    verify_on_replay: Union[None, bool, str] = None,
 ) -> Instrumentation:
     """Records every CUDA graph capture of the process, with no change to the engine's
     code: ``torch.cuda.CUDAGraph`` (and ``torch.cuda.graphs.CUDAGraph``) become a subclass
@@ -360,7 +478,19 @@ def instrument(
     one (an engine capturing dozens of graphs pays the rebuild N times less); what is left
     is written when the instrumentation stops and at interpreter exit. Returns the
     :class:`Instrumentation`; :func:`uninstrument` restores torch. Every wrong argument is
-    a :class:`GraphcheckError` naming it, raised before torch is patched."""
+    a :class:`GraphcheckError` naming it, raised before torch is patched.
+
+    ``verify_on_replay`` (default: ``$GRAPHCHECK_VERIFY_ON_REPLAY``, else off) checks
+    each graph at its first replay after a transition (:func:`mark_transition`, this
+    package's sleep allocator waking, a torch_memory_saver resume,
+    ``Module.load_state_dict``): ``"raise"`` (or ``True``) raises
+    :class:`ReplayCheckError` before the kernels run when the graph reads memory that
+    changed since capture; ``"warn"`` warns and replays. A replay with nothing pending
+    costs one comparison.
+
+    Graph names: ``name`` formatted; where ``name`` is the default and the capture is one
+    of torch.compile's CUDA-graph trees, the tree's function and graph ids and the shapes
+    of the inputs it was recorded for (``inductor_fn0_graph1[8x256]``)."""
     if directory is None:
         directory = os.environ.get(ENV_DIR) or None
     root = _args.text("root", root)
@@ -375,6 +505,7 @@ def instrument(
                 f"{name!r} does not format ({type(e).__name__}: {e})"
             ) from None
     strict = _args.flag("strict", strict)
+    on_replay = _guard.on_findings_arg(verify_on_replay)
     ins = Instrumentation(
         directory,
         name=name,
@@ -386,6 +517,7 @@ def instrument(
             max_depth=max_depth,
         ),
         write_every=write_every,
+        verify_on_replay=on_replay,
     )
     atexit.register(ins.flush)
     with _LOCK:
@@ -396,6 +528,8 @@ def instrument(
         if model is not None:
             ins.register_model(model, root)
         _patch_torch()
+        if on_replay is not None:
+            _patch_transitions()
         _ACTIVE.append(ins)
     return ins
 
@@ -421,6 +555,57 @@ def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
             _ACTIVE.remove(instrumentation)
         if not _ACTIVE:
             _unpatch_torch()
+
+
+def check(
+    instrumentation: Optional[Instrumentation] = None,
+    *,
+    event: str = "check",
+    contents: str = "preserved",
+    digests: Union[None, bool, str] = None,
+    on_findings: Optional[str] = None,
+):
+    """Verifies now, on demand, every graph ``instrumentation`` (default: the only live
+    one) recorded against the memory its roots hold now: a live snapshot and verify, as
+    the replay check makes after a transition. Returns the :class:`graphcheck.Report`
+    (capture-time findings included). Graphs torch will never replay again (a
+    torch.compile tree graph whose guarded parameter moved) are left out; their names are
+    in :attr:`Instrumentation.superseded`. ``on_findings="raise"`` raises
+    :class:`ReplayCheckError` and ``"warn"`` warns when a graph reads memory that changed
+    since capture (the live findings); by default the report is only returned.
+    ``digests`` (default: where the manifest has digests and ``contents`` is
+    ``preserved``) compares contents."""
+    event = _args.text("event", event)
+    contents = _args.choice("contents", contents, ("preserved", "updated"))
+    if on_findings is not None:
+        on_findings = _args.choice("on_findings", on_findings, _guard.ON_FINDINGS)
+    if instrumentation is None:
+        live = instrumented()
+        if len(live) != 1:
+            raise GraphcheckError(
+                f"check() without an instrumentation needs exactly one live, not {len(live)}: "
+                "pass what instrument() returned"
+            )
+        instrumentation = live[0]
+    elif not isinstance(instrumentation, Instrumentation):
+        raise GraphcheckError(
+            f"check takes what instrument() returned (an Instrumentation), not "
+            f"{_args.show(instrumentation)}"
+        )
+    report, gone = _guard.run_check(instrumentation, event=event, contents=contents, digests=digests)
+    instrumentation.superseded = sorted(gone)
+    found = _guard._live_findings(report)
+    if found and on_findings is not None:
+        graphs = sorted({g for f in found for g in f.graphs})
+        message = (
+            f"graphcheck: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} "
+            f"({', '.join(graphs)}) read memory that changed since capture (at {event!r}):\n"
+            f"{_guard._describe(found)}"
+        )
+        if on_findings == "raise":
+            raise _guard.ReplayCheckError(message, report=report, graph=None, findings=found)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    return report
 
 
 def instrumented() -> list:

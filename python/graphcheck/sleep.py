@@ -50,6 +50,10 @@ SleepOutOfMemoryError = _native.SleepOutOfMemoryError
 #: Tags sleep level 1 copies to host memory unless told otherwise (vLLM's default).
 DEFAULT_OFFLOAD_TAGS = ("weights",)
 
+# Called with wake()'s result after every wake (graphcheck.torch's replay check marks a
+# transition there).
+_WAKE_HOOKS: list = []
+
 _POOL_KINDS = {"weights": "weights", "kv_cache": "kv_cache"}
 
 
@@ -255,6 +259,11 @@ class SleepAllocator:
                 stacklevel=2,
             )
         r["awake"] = bool(r["awake"])
+        for hook in list(_WAKE_HOOKS):
+            try:
+                hook(r)
+            except Exception:  # noqa: BLE001 - a hook never fails a wake that happened
+                pass
         return r
 
     # -- introspection --------------------------------------------------------------------

@@ -56,13 +56,16 @@ and verify compares only digests of one algorithm:
 #   _allocator   torch's caching allocator (segments, pools, allocation sites), the producer
 #   _snapshot    the live snapshot
 #   _recorder    Recorder, graph()
-#   _instrument  instrument() and the process-wide state of instrumentation
+#   _guard       the check before a replay: transitions, mark_transition
+#   _instrument  instrument(), check() and the process-wide state of instrumentation
 import os
 
 from ._allocator import ALLOC_SITE_FRAMES
+from ._guard import ENV_VERIFY_ON_REPLAY, ReplayCheckError, mark_transition
 from ._instrument import (
     ENV_DIR,
     Instrumentation,
+    check,
     instrument,
     instrumented,
     register_model,
@@ -88,8 +91,12 @@ __all__ = [
     "walk",
     "walk_roots",
     "ENV_DIR",
+    "ENV_VERIFY_ON_REPLAY",
     "Instrumentation",
+    "ReplayCheckError",
+    "check",
     "instrument",
+    "mark_transition",
     "instrumented",
     "register_model",
     "uninstrument",

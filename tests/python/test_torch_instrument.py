@@ -16,7 +16,7 @@ import pytest
 import graphcheck
 import graphcheck._recorder
 import graphcheck.torch as gt
-from graphcheck import _native
+from graphcheck import _guard, _native
 from conftest import kernel, walked
 
 
@@ -47,6 +47,9 @@ class FakeCUDAGraph:
 
     def instantiate(self):
         self.calls.append(("instantiate",))
+
+    def replay(self):
+        self.calls.append(("replay",))
 
     def pool(self):
         return (0, 7)
@@ -460,3 +463,171 @@ def test_graphcheck_dir_instruments_a_fresh_process(torch, tmp_path, how):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["CUDAGraph"]
+
+
+# -- the check before a replay ------------------------------------------------------------
+
+
+def replays(g):
+    return sum(1 for c in g.calls if c == ("replay",))
+
+
+def rebind_weight(torch, model):
+    """A reload that builds a new weight tensor instead of copying into the old one (the
+    old storage is freed; the graph keeps its address)."""
+    with torch.no_grad():
+        model.proj.weight = torch.nn.Parameter(model.proj.weight.detach().clone() + 1)
+
+
+def test_replay_after_a_rebinding_reload_is_refused_before_the_kernels_run(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(None, model=model, verify_on_replay="raise")
+    g = capture(torch, model)
+    g.replay()  # nothing pending: no check
+    assert replays(g) == 1
+    rebind_weight(torch, model)
+    gt.mark_transition("reload_weights()", "updated")
+    with pytest.raises(gt.ReplayCheckError) as e:
+        g.replay()
+    assert replays(g) == 1, "the refused replay never reached torch"
+    err = e.value
+    assert isinstance(err, graphcheck.GraphcheckError)
+    assert err.graph == "capture0"
+    assert {f.kind for f in err.findings} >= {"drifted"}, err
+    assert all("capture0" in f.graphs for f in err.findings)
+    assert "model.proj.weight" in str(err) and "replay refused" in str(err)
+    assert err.report.of_kind("drifted")
+    # Refused again until a transition is marked and the check passes.
+    with pytest.raises(gt.ReplayCheckError):
+        g.replay()
+    assert replays(g) == 1
+    gt.uninstrument(ins)
+
+
+def test_a_clean_transition_is_checked_once_per_epoch_for_all_graphs(torch, fake, monkeypatch):
+    import graphcheck._guard as guard
+
+    model = make_model(torch)
+    gt.instrument(None, model=model, verify_on_replay=True)
+    g1, g2 = capture(torch, model), capture(torch, model)
+    runs = []
+    real = guard.run_check
+    monkeypatch.setattr(guard, "run_check", lambda *a, **k: runs.append(1) or real(*a, **k))
+    before = _guard.epoch()
+    assert gt.mark_transition("wake", "preserved") == before + 1
+    for g in (g1, g2, g1, g2):
+        g.replay()
+    assert (replays(g1), replays(g2)) == (2, 2)
+    assert len(runs) == 1, "one snapshot and verify serve every graph of the epoch"
+    gt.mark_transition("wake again")
+    g2.replay()
+    assert len(runs) == 2
+
+
+def test_warn_mode_warns_and_replays(torch, fake):
+    model = make_model(torch)
+    gt.instrument(None, model=model, verify_on_replay="warn")
+    g = capture(torch, model)
+    rebind_weight(torch, model)
+    gt.mark_transition("reload_weights()", "updated")
+    with pytest.warns(RuntimeWarning, match=r"graph 'capture0' reads memory that changed .*replaying anyway"):
+        g.replay()
+    assert replays(g) == 1
+
+
+def test_off_by_default_and_from_the_environment(torch, fake, monkeypatch):
+    model = make_model(torch)
+    ins = gt.instrument(None, model=model)
+    g = capture(torch, model)
+    rebind_weight(torch, model)
+    gt.mark_transition("reload_weights()", "updated")
+    g.replay()  # no check asked for
+    assert replays(g) == 1
+    gt.uninstrument(ins)
+
+    monkeypatch.setenv(gt.ENV_VERIFY_ON_REPLAY, "raise")
+    model = make_model(torch)
+    gt.instrument(None, model=model)
+    g = capture(torch, model)
+    rebind_weight(torch, model)
+    gt.mark_transition("reload_weights()", "updated")
+    with pytest.raises(gt.ReplayCheckError):
+        g.replay()
+    gt.uninstrument()
+
+    monkeypatch.setenv(gt.ENV_VERIFY_ON_REPLAY, "sometimes")
+    with pytest.raises(graphcheck.GraphcheckError, match="GRAPHCHECK_VERIFY_ON_REPLAY is 'raise', 'warn' or 'off'"):
+        gt.instrument(None)
+    with pytest.raises(graphcheck.GraphcheckError, match="verify_on_replay is one of"):
+        gt.instrument(None, verify_on_replay="loudly")
+    with pytest.raises(graphcheck.GraphcheckError, match="contents is one of"):
+        gt.mark_transition("x", "gone")
+
+
+def test_load_state_dict_marks_a_transition_and_the_patch_goes_with_the_instrumentation(torch, fake):
+    original = torch.nn.Module.load_state_dict
+    model = make_model(torch)
+    ins = gt.instrument(None, model=model, verify_on_replay="raise")
+    g = capture(torch, model)
+    before = _guard.epoch()
+    model.load_state_dict(model.state_dict())  # copies in place: addresses kept
+    assert _guard.epoch() == before + 1
+    assert _guard._STATE[1:] == ["Module.load_state_dict", "updated"]
+    g.replay()  # checked, clean
+    assert replays(g) == 1
+    gt.uninstrument(ins)
+    assert torch.nn.Module.load_state_dict is original
+
+
+def test_a_check_that_breaks_warns_and_the_replay_goes_ahead(torch, fake, monkeypatch):
+    import graphcheck._guard as guard
+
+    model = make_model(torch)
+    ins = gt.instrument(None, model=model, verify_on_replay="raise")
+    g = capture(torch, model)
+
+    def broken(*a, **k):
+        raise RuntimeError("snapshot failed")
+
+    monkeypatch.setattr(guard, "run_check", broken)
+    gt.mark_transition("wake")
+    with pytest.warns(RuntimeWarning, match="the check before replay failed, replaying unchecked: snapshot failed"):
+        g.replay()
+    assert replays(g) == 1 and any("snapshot failed" in str(e) for e in ins.errors)
+
+
+def test_check_on_demand(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(None, model=model)
+    capture(torch, model)
+    report = gt.check()
+    assert not report.of_kind("drifted")
+    rebind_weight(torch, model)
+    report = gt.check(event="after reload", contents="updated")
+    assert report.of_kind("drifted") and ins.superseded == []
+    with pytest.raises(gt.ReplayCheckError, match=r"1 graph \(capture0\) read memory that changed"):
+        gt.check(ins, contents="updated", on_findings="raise")
+    with pytest.raises(graphcheck.GraphcheckError, match="check takes what instrument"):
+        gt.check(object())
+    gt.uninstrument()
+    with pytest.raises(graphcheck.GraphcheckError, match="exactly one live, not 0"):
+        gt.check()
+
+
+def test_a_tree_graph_whose_guarded_parameter_moved_is_superseded():
+    # torch.compile's trees re-record when a static input's address changes: the old
+    # graph never replays again, so what it read is no hazard.
+    from graphcheck import _guard
+
+    manifest = {
+        "tensors": [{"id": 0, "storage_base": "0x1000", "offset": 0}],
+        "owners": [{"path": "model.w", "tensor": 0}],
+    }
+    moved = {"tensors": [{"id": 5, "storage_base": "0x9000", "offset": 0}], "owners": [{"path": "model.w", "tensor": 5}]}
+    kept = {"tensors": [{"id": 5, "storage_base": "0x1000", "offset": 0}], "owners": [{"path": "model.w", "tensor": 5}]}
+    old, other, plain = _guard.GraphState(), _guard.GraphState(), _guard.GraphState()
+    old.static_ptrs, other.static_ptrs = (0x1000,), (0x5000,)
+    states = {"old": old, "other": other, "plain": plain}
+    assert _guard.superseded(manifest, moved, states) == {"old"}
+    assert _guard.superseded(manifest, kept, states) == set()
+

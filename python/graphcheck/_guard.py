@@ -1,0 +1,292 @@
+"""The check before a replay: after a transition graphcheck can see (its sleep allocator's
+wake, a torch_memory_saver resume, ``Module.load_state_dict``, or an explicit
+:func:`mark_transition`), the next replay of each recorded graph first verifies what that
+graph reads, and raises (or warns) before its kernels run.
+
+The state here is one counter, the transition *epoch*, and what the latest transition
+said. A graph keeps the epoch it was last checked at; a replay compares the two (one
+attribute read and one comparison: the price of a replay with nothing pending), and only
+where they differ is anything checked. One live snapshot and one verify serve every graph
+of an instrumentation per epoch; each graph is judged by the findings that name it.
+
+Which findings stop a replay: the live ones (``vanished``, ``drifted``, ``freed``,
+``reused``, ``reshaped``, ``stale``), the memory the graph reads changed since capture.
+Capture-time findings (``unowned``, ``unregistered``, ``mispooled``) were there before the
+transition and say what could go wrong, not that it has: they are in the report, and
+``graphcheck verify`` is where they fail a run.
+
+Graphs that torch itself will never replay again are left out of the check and named as
+*superseded*: a graph of torch.compile's CUDA-graph trees whose static input (a parameter
+or buffer, at the address the tree recorded) is now held at another address by its owner
+path. The tree re-records a new graph for the new address instead of replaying the old
+one (seen on the H200 with torch 2.11), so the old graph's stale addresses are no hazard.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from typing import Any, Optional
+
+from . import _args
+from . import sleep as _sleep
+from ._native import GraphcheckError
+from ._snapshot import snapshot
+
+#: The finding kinds that say a graph's memory changed since capture (docs/findings.md,
+#: "Live checks"): the ones a replay check stops for.
+LIVE_KINDS = frozenset({"vanished", "drifted", "freed", "reused", "reshaped", "stale"})
+
+#: The environment variable that turns the replay check on for :func:`instrument` (and
+#: ``GRAPHCHECK_DIR``'s zero-code attach): ``raise`` or ``warn``; ``off`` or empty: off.
+ENV_VERIFY_ON_REPLAY = "GRAPHCHECK_VERIFY_ON_REPLAY"
+
+ON_FINDINGS = ("raise", "warn")
+
+_LOCK = threading.RLock()
+
+# [epoch, event, contents]: the latest transition. A list, so that the replay path reads
+# one global and indexes it.
+_STATE: list = [0, None, "preserved"]
+
+
+class ReplayCheckError(GraphcheckError):
+    """A replay refused: the graph reads memory that changed since it was captured.
+    ``report`` is the :class:`graphcheck.Report` of the check, ``graph`` the graph's name,
+    ``findings`` the findings that name it."""
+
+    def __init__(self, message: str, *, report, graph: str, findings: list):
+        super().__init__(message)
+        self.report = report
+        self.graph = graph
+        self.findings = findings
+
+
+def epoch() -> int:
+    """The current transition epoch (0 before any transition)."""
+    return _STATE[0]
+
+
+def mark_transition(event: str = "reload", contents: str = "preserved") -> int:
+    """Says that the memory graphs read may have changed: after ``reload_weights()``, a
+    wake, a resume. ``contents`` is ``preserved`` (every persistent tensor must still hold
+    what it held at capture; digests are compared where the manifest has them) or
+    ``updated`` (new weights: addresses must hold, contents may change). Each recorded
+    graph is checked at its next replay, where an instrumentation has
+    ``verify_on_replay``. Returns the new epoch."""
+    event = _args.text("event", event)
+    contents = _args.choice("contents", contents, ("preserved", "updated"))
+    with _LOCK:
+        _STATE[:] = [_STATE[0] + 1, event, contents]
+        return _STATE[0]
+
+
+def _live_findings(report, name: Optional[str] = None) -> list:
+    return [
+        f
+        for f in report.findings
+        if f.severity == "error" and f.kind in LIVE_KINDS and (name is None or name in f.graphs)
+    ]
+
+
+def _describe(findings: list, limit: int = 12) -> str:
+    lines = []
+    for f in findings[:limit]:
+        owners = ", ".join(o.path for o in f.owners) or f.subject
+        lines.append(f"  {f.kind}: {owners}: {f.detail}")
+    if len(findings) > limit:
+        lines.append(f"  … and {len(findings) - limit} more (the report has them all)")
+    return "\n".join(lines)
+
+
+class GraphState:
+    """What the check keeps per recorded graph object: its name in each instrumentation
+    that recorded it, and the static inputs torch guards (CUDA-graph trees)."""
+
+    __slots__ = ("names", "static_ptrs", "tree")
+
+    def __init__(self):
+        self.names: dict = {}  # id(instrumentation) -> graph name
+        self.static_ptrs: tuple = ()
+        self.tree: Optional[str] = None
+
+
+def tree_node_of(cuda_graph, depth: int = 12):
+    """The torch.compile CUDA-graph tree node whose graph ``cuda_graph`` is, found on the
+    calling frames at ``capture_end`` (the node's ``_record`` runs the capture), with the
+    inputs it recorded; ``(None, None)`` for any other capture. Reads frames only."""
+    import sys
+
+    try:
+        frame = sys._getframe(1)
+    except ValueError:
+        return None, None
+    for _ in range(depth):
+        if frame is None:
+            break
+        # Only the tree's own frame is looked into: reading any frame's f_locals keeps a
+        # snapshot of its locals alive (Python 3.11), which would hold the caller's objects.
+        code = frame.f_code
+        if code.co_name == "_record" and code.co_filename.endswith("cudagraph_trees.py"):
+            node = frame.f_locals.get("self")
+            if getattr(node, "graph", None) is cuda_graph:
+                return node, frame.f_locals.get("inputs")
+        frame = frame.f_back
+    return None, None
+
+
+def tree_graph_name(node, inputs) -> Optional[str]:
+    """``inductor_fn<function>_graph<id>`` and the shapes of the inputs that are not
+    static (the batch the graph was recorded for), e.g. ``inductor_fn0_graph1[8x256]``."""
+    try:
+        fn = node.wrapped_function.id.id
+        gid = node.id.id
+        static = set(node.wrapped_function.static_input_idxs or ())
+        shapes = []
+        for i, t in enumerate(inputs or ()):
+            if i not in static and hasattr(t, "shape"):
+                shapes.append("x".join(str(int(d)) for d in t.shape) or "scalar")
+        suffix = f"[{','.join(shapes[:3])}]" if shapes else ""
+        return f"inductor_fn{fn}_graph{gid}{suffix}"
+    except Exception:  # noqa: BLE001 - a torch without these attributes: the default name
+        return None
+
+
+def tree_static_ptrs(node) -> tuple:
+    """The addresses of the static inputs (parameters, buffers) a tree node recorded."""
+    try:
+        return tuple(p for p in (node.static_input_data_ptrs or ()) if p)
+    except Exception:  # noqa: BLE001
+        return ()
+
+
+def superseded(manifest: dict, live: dict, states: dict) -> set:
+    """Names of graphs torch will not replay again: a tree graph one of whose static input
+    addresses was, at capture, the data pointer of a tensor whose persistent owner path
+    now holds a tensor at another address (the tree re-records for the new address)."""
+    if not any(s.static_ptrs for s in states.values()):
+        return set()
+    tensors = {t["id"]: t for t in manifest.get("tensors", [])}
+    live_tensors = {t["id"]: t for t in live.get("tensors", [])}
+    live_by_path = {o["path"]: live_tensors.get(o["tensor"]) for o in live.get("owners", [])}
+    paths_at: dict = {}
+    for o in manifest.get("owners", []):
+        t = tensors.get(o["tensor"])
+        if t is not None:
+            paths_at.setdefault(_data_ptr(t), []).append(o["path"])
+    out = set()
+    for name, state in states.items():
+        for ptr in state.static_ptrs:
+            for path in paths_at.get(ptr, ()):
+                now = live_by_path.get(path)
+                if now is not None and _data_ptr(now) != ptr:
+                    out.add(name)
+    return out
+
+
+def _data_ptr(t: dict) -> int:
+    """A document tensor's data pointer: ``storage_base`` plus the byte ``offset``."""
+    return int(t["storage_base"], 16) + int(t.get("offset", 0))
+
+
+class Checker:
+    """The replay check of one instrumentation: one report per epoch for all its graphs."""
+
+    def __init__(self, instrumentation, on_findings: str):
+        self.ins = instrumentation
+        self.on_findings = on_findings
+        self._epoch = None
+        self._result = None  # (report, superseded names)
+
+    def result(self, event: str, contents: str, at_epoch: Optional[int]):
+        """The report and superseded graphs for ``at_epoch`` (``None``: fresh, not kept)."""
+        with _LOCK:
+            if at_epoch is not None and self._epoch == at_epoch and self._result is not None:
+                return self._result
+            result = run_check(self.ins, event=event, contents=contents)
+            if at_epoch is not None:
+                self._epoch, self._result = at_epoch, result
+            return result
+
+
+def run_check(ins, *, event: str, contents: str, digests=None):
+    """Snapshot of the instrumentation's roots against its manifest, superseded tree
+    graphs left out, verified. Returns ``(report, superseded names)``."""
+    from ._api import verify
+
+    manifest = json.loads(ins.manifest_json())
+    rec = ins.recorder
+    if digests is None:
+        digests = contents == "preserved" and bool(rec.digests)
+    live = snapshot(
+        None,
+        manifest,
+        event=event,
+        contents=contents,
+        digests=digests,
+        roots=rec.roots() or None,
+        root=rec.root,
+        runtime_state=rec.runtime_state,
+        max_depth=rec.max_depth,
+    )
+    gone = superseded(manifest, live, ins._tree_states())
+    if gone:
+        manifest["graphs"] = [g for g in manifest["graphs"] if g["name"] not in gone]
+    return verify(manifest, live), gone
+
+
+def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None:
+    """Runs at a replay whose graph was last checked at an older epoch: checks it in every
+    instrumentation with a replay check that recorded it, then marks it checked. Raises
+    :class:`ReplayCheckError` (``raise``) or warns (``warn``) when it reads changed memory;
+    a graph refused stays unchecked, so every later replay is refused too, until a new
+    transition is marked and the check passes."""
+    at, event, contents = _STATE
+    for ins in instrumentations:
+        checker = getattr(ins, "_checker", None)
+        name = state.names.get(id(ins))
+        if checker is None or name is None:
+            continue
+        report, gone = checker.result(event or "transition", contents, at)
+        if name in gone:
+            continue
+        found = _live_findings(report, name)
+        if not found:
+            continue
+        message = (
+            f"graphcheck: graph {name!r} reads memory that changed since capture "
+            f"(after {event!r}): {len(found)} finding{'s' if len(found) != 1 else ''}; "
+            f"{'replay refused' if checker.on_findings == 'raise' else 'replaying anyway'}\n"
+            f"{_describe(found)}"
+        )
+        if checker.on_findings == "raise":
+            raise ReplayCheckError(message, report=report, graph=name, findings=found)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    cuda_graph._graphcheck_epoch = at
+
+
+def on_findings_arg(value: Any) -> Optional[str]:
+    """``verify_on_replay``: ``None`` (the environment variable decides), ``False``/"off",
+    ``True``/"raise", or "warn"."""
+    import os
+
+    if value is None:
+        value = os.environ.get(ENV_VERIFY_ON_REPLAY, "").strip().lower() or "off"
+        if value not in ON_FINDINGS + ("off",):
+            raise GraphcheckError(
+                f"{ENV_VERIFY_ON_REPLAY} is 'raise', 'warn' or 'off', not {value!r}"
+            )
+    if value is True:
+        return "raise"
+    if value is False or value == "off":
+        return None
+    return _args.choice("verify_on_replay", value, ON_FINDINGS + ("off",))
+
+
+def _after_wake(result: dict) -> None:
+    if result.get("awake"):
+        mark_transition("graphcheck.sleep wake", "preserved")
+
+
+_sleep._WAKE_HOOKS.append(_after_wake)
