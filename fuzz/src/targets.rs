@@ -569,6 +569,8 @@ pub fn cli(rng: &mut SmallRng, c: &Corpus, binary: &Path, dir: &Path) -> (Vec<u8
         }
         _ => vec!["verify".into(), m, l, "--normalized".into()],
     };
+    // An argument cannot hold a NUL (the OS takes C strings): a shell could not pass one.
+    let args: Vec<String> = args.into_iter().map(|a| a.replace('\0', "")).collect();
     let input = format!("{args:?}").into_bytes();
     let child = Command::new(binary)
         .args(&args)

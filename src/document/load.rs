@@ -16,7 +16,7 @@ use crate::document::ids::IdIndex;
 use crate::document::objects::Objects;
 use crate::document::pair::PairError;
 use crate::document::schema;
-use crate::document::wording::describe;
+use crate::document::wording::{describe, shorten, shorten_quoted};
 
 /// Why a document could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +28,7 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}:{line}:{column}: invalid document {}: {message}", path.display(), at(json_path))]
+    #[error("{}:{line}:{column}: invalid document {}: {}", path.display(), at(json_path), shorten_quoted(message))]
     Json {
         path: PathBuf,
         json_path: String,
@@ -45,7 +45,7 @@ pub enum LoadError {
         found: DocKind,
         expected: DocKind,
     },
-    #[error("{}: invalid document {}: {message}", path.display(), at(json_path))]
+    #[error("{}: invalid document {}: {}", path.display(), at(json_path), shorten_quoted(message))]
     Invalid {
         path: PathBuf,
         json_path: String,
@@ -63,6 +63,7 @@ pub enum LoadError {
 /// What a `format_version` other than 1 is told: a number names the version this build
 /// reads; anything else is not a version at all.
 fn version_message(found: &str) -> String {
+    let found = &*shorten(found);
     let integer = found.strip_prefix('-').unwrap_or(found);
     if !integer.is_empty() && integer.bytes().all(|b| b.is_ascii_digit()) {
         format!(
@@ -796,6 +797,15 @@ mod tests {
         let e = err(&serde_json::to_vec(&v).unwrap());
         assert!(e.len() < 400, "{} bytes: {e}", e.len());
         assert!(e.contains("aaa… (69924 more characters)\""), "{e}");
+        for (key, value) in [
+            ("kind", format!("manifest{}", "a".repeat(70_000))),
+            ("format_version", "9".repeat(70_000)),
+        ] {
+            let mut v = serde_json::to_value(&m).unwrap();
+            v[key] = value.clone().into();
+            let e = err(&serde_json::to_vec(&v).unwrap());
+            assert!(e.len() < 400, "{key}: {} bytes: {e}", e.len());
+        }
         let e = err(&with_version(&m, "1".into()));
         assert!(
             e.ends_with("m.json: `format_version` must be the number 1, not the string \"1\""),

@@ -16,7 +16,8 @@ pub(super) fn describe(
     at: &[schema::Step],
 ) -> String {
     use serde_json::error::Category;
-    let m = shorten_quoted(&strip_position(e.to_string()));
+    // Long values are shortened where the error is shown (`LoadError`'s Display).
+    let m = strip_position(e.to_string());
     match e.classify() {
         Category::Eof => match m.strip_prefix("EOF while parsing ") {
             Some(what) => format!("the document ends early, in the middle of {what}"),
@@ -105,13 +106,25 @@ fn number_ending_at(bytes: &[u8], line: usize, column: usize) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// `value` as an error repeats it: whole up to [`QUOTE_LIMIT`] characters, else its first
+/// ones and a count of the rest.
+pub(super) fn shorten(value: &str) -> std::borrow::Cow<'_, str> {
+    let n = value.chars().count();
+    if n <= QUOTE_LIMIT {
+        return value.into();
+    }
+    let mut out: String = value.chars().take(QUOTE_LIMIT).collect();
+    let _ = write!(out, "… ({} more characters)", n - QUOTE_LIMIT);
+    out.into()
+}
+
 /// The longest quoted value an error repeats in full, in characters.
 const QUOTE_LIMIT: usize = 80;
 
 /// `message` with every value quoted in it (`"…"` or `` `…` ``, as serde quotes what it
 /// read) cut to its first [`QUOTE_LIMIT`] characters and a count of the rest: a 70,000-
 /// character string in the wrong place is named, not printed.
-fn shorten_quoted(message: &str) -> String {
+pub(super) fn shorten_quoted(message: &str) -> String {
     let mut out = String::with_capacity(message.len().min(1024));
     let mut rest = message;
     while let Some(open) = rest.find(['"', '`']) {
@@ -119,14 +132,7 @@ fn shorten_quoted(message: &str) -> String {
         out.push_str(&rest[..=open]);
         rest = &rest[open + 1..];
         let Some(close) = rest.find(q) else { break };
-        let inner = &rest[..close];
-        let n = inner.chars().count();
-        if n > QUOTE_LIMIT {
-            out.extend(inner.chars().take(QUOTE_LIMIT));
-            let _ = write!(out, "… ({} more characters)", n - QUOTE_LIMIT);
-        } else {
-            out.push_str(inner);
-        }
+        out.push_str(&shorten(&rest[..close]));
         out.push(q);
         rest = &rest[close + 1..];
     }

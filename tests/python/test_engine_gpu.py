@@ -1,0 +1,211 @@
+"""Engine capture flows on the GPU (issue 13): torch.compile's CUDA-graph trees, an opaque
+custom op reading a module-global tensor, a vLLM-style piecewise capture, and the check
+before a replay after a transition. Opt-in: GRAPHCHECK_GPU_TESTS=1."""
+
+import pytest
+
+import graphcheck
+import graphcheck.sleep as gs
+import graphcheck.torch as gt
+from conftest import warm_up
+
+LIVE = {"vanished", "drifted", "freed", "reused", "reshaped", "stale"}
+
+
+def live_kinds(report):
+    return sorted({(f.kind, f.subject) for f in report.findings if f.kind in LIVE})
+
+
+def mlp(torch):
+    nn = torch.nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(256, 512, device="cuda")
+            self.fc2 = nn.Linear(512, 256, device="cuda")
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    return MLP()
+
+
+@pytest.fixture
+def compiled(cuda):
+    torch = cuda
+    torch._dynamo.reset()
+    yield torch
+    gt.uninstrument()
+    torch._dynamo.reset()
+
+
+def test_compile_trees_are_recorded_named_and_a_rebind_torch_rerecords_is_superseded(compiled):
+    torch = compiled
+    m = mlp(torch)
+    ins = gt.instrument(None, model=m, verify_on_replay="raise")
+    cm = torch.compile(m, mode="reduce-overhead")
+    x = torch.randn(8, 256, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            y = cm(x)
+        torch.cuda.synchronize()
+        assert (y - m(x)).abs().max().item() < 1e-3
+    assert ins.errors == []
+    man = ins.manifest()
+    names = [g["name"] for g in man["graphs"]]
+    print("graphs:", names)
+    # The trees' first capture is empty (it creates their pool); the forward graph is named
+    # by its tree and the batch it was recorded for.
+    tree = [g for g in man["graphs"] if g["name"].startswith("inductor_fn")]
+    assert len(tree) == 1 and tree[0]["name"].endswith("[8x256]"), names
+    touched = {t["addr"] for n in tree[0]["nodes"] for t in n.get("touches", [])}
+    owned = {o["path"] for o in man["owners"]}
+    assert {"model.fc1.weight", "model.fc2.weight"} <= owned
+    assert touched, "the tree graph's kernels read the parameters"
+    report = gt.check()
+    assert live_kinds(report) == [], report.table
+
+    # A reload that rebinds a parameter: the tree re-records (torch guards the address of
+    # its static inputs), so the old graph never replays again and is not reported.
+    with torch.no_grad():
+        m.fc1.weight = torch.nn.Parameter(m.fc1.weight.detach() * 2)
+    gt.mark_transition("reload_weights() (rebinding)", "updated")
+    with torch.no_grad():
+        for _ in range(3):
+            y = cm(x)  # no ReplayCheckError: the new graph reads the new weight
+        torch.cuda.synchronize()
+        assert (y - m(x)).abs().max().item() < 1e-3
+    names = [g["name"] for g in ins.manifest()["graphs"]]
+    print("graphs after the rebind:", names)
+    assert sum(n.startswith("inductor_fn") for n in names) == 2, names
+    report = gt.check(contents="updated")
+    print(report.table)
+    print("superseded:", ins.superseded)
+    assert len(ins.superseded) == 1 and ins.superseded[0] == tree[0]["name"]
+    assert live_kinds(report) == [], report.table
+
+
+def test_a_global_read_by_an_opaque_custom_op_rebound_after_capture_is_caught(compiled):
+    torch = compiled
+    cache = {"t": torch.ones(256, device="cuda")}
+
+    @torch.library.custom_op("graphcheck_test::add_cache", mutates_args=())
+    def add_cache(x: torch.Tensor) -> torch.Tensor:
+        return x + cache["t"]
+
+    @add_cache.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class WithOp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(256, 256, device="cuda")
+
+        def forward(self, x):
+            return add_cache(self.fc(x))
+
+    m = WithOp()
+    ins = gt.instrument(None, model=m, verify_on_replay="raise")
+    cm = torch.compile(m, mode="reduce-overhead")
+    x = torch.randn(8, 256, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            cm(x)
+    torch.cuda.synchronize()
+    captured = cache["t"].data_ptr()
+    assert gt.check().of_kind("unowned"), "Dynamo never saw the global: no owner explains it"
+    # The global is rebound: the old tensor is freed, the graph keeps its address.
+    cache["t"] = torch.full((256,), 5.0, device="cuda")
+    assert cache["t"].data_ptr() != captured
+    with torch.no_grad():
+        y = cm(x).clone()
+        wrong = (y - (m.fc(x) + cache["t"])).abs().max().item()
+    print("replay after the rebind differs from eager by", wrong)
+    assert wrong > 1.0, "the replay reads the freed global"
+    report = gt.check(event="global rebound")
+    print(report.table)
+    hex_addr = hex(captured)
+    assert ("freed", hex_addr) in live_kinds(report), report.table
+    gt.mark_transition("global rebound")
+    with pytest.raises(gt.ReplayCheckError, match="freed"):
+        with torch.no_grad():
+            cm(x)
+
+
+def test_verify_on_replay_refuses_a_rebound_weight_and_passes_an_in_place_reload(cuda):
+    torch = cuda
+    m = mlp(torch)
+    x = torch.randn(8, 256, device="cuda")
+    ins = gt.instrument(None, model=m, name="decode_bs8", verify_on_replay="raise")
+    try:
+        warm_up(torch, lambda: m(x))
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(g):
+            y = m(x)
+        g.replay()
+        # An in-place reload (copy_ into the same storage) through load_state_dict: the
+        # transition is seen, the check passes, the replay runs and is right.
+        new = {k: v * 0.5 for k, v in m.state_dict().items()}
+        m.load_state_dict(new)
+        g.replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            assert (y - m(x)).abs().max().item() < 1e-3
+        # A reload that rebinds: the replay is refused before the kernels run.
+        with torch.no_grad():
+            m.fc2.weight = torch.nn.Parameter(m.fc2.weight.detach().clone())
+        gt.mark_transition("reload_weights() (rebinding)", "updated")
+        with pytest.raises(gt.ReplayCheckError) as e:
+            g.replay()
+        print(e.value)
+        assert e.value.graph == "decode_bs8"
+        assert "model.fc2.weight" in str(e.value)
+        assert ins.errors == []
+    finally:
+        gt.uninstrument(ins)
+
+
+@pytest.fixture
+def sleeper(cuda):
+    alloc = gs.allocator()
+    assert alloc.level is None
+    yield alloc
+    if alloc.level is not None:
+        alloc.wake()
+    import gc
+
+    gc.collect()
+    for tag in list(alloc._pools):
+        alloc.release_pool(tag)
+
+
+def test_a_wake_that_lost_a_constant_is_refused_at_the_next_replay(sleeper):
+    import torch
+
+    with gs.sleep_pool("weights"):
+        m = mlp(torch)
+    with gs.sleep_pool("kv_cache"):
+        m.scale = torch.tensor(16.0, device="cuda")  # Gemma3n's embed_scale, in a discarded pool
+    x = torch.randn(8, 256, device="cuda")
+
+    def f():
+        return m(x) * m.scale
+
+    ins = gt.instrument(None, model=m, name="decode_bs8", digests=True, verify_on_replay="raise")
+    try:
+        warm_up(torch, f)
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(g):
+            f()
+        g.replay()
+        sleeper.sleep(1)  # weights offloaded; kv_cache discarded
+        sleeper.wake()  # a transition graphcheck sees by itself
+        with pytest.raises(gt.ReplayCheckError) as e:
+            g.replay()
+        print(e.value)
+        assert any(f.kind == "stale" and f.owners[0].path == "model.scale" for f in e.value.findings)
+        assert not any(o.path.startswith("model.fc") for f in e.value.findings for o in f.owners)
+    finally:
+        gt.uninstrument(ins)
