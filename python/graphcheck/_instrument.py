@@ -16,7 +16,7 @@ import warnings
 import weakref
 from typing import Callable, Iterable, Optional, Union
 
-from . import _args, _guard, _native
+from . import _args, _discover, _guard, _native
 from ._native import GraphcheckError
 from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
 from ._registry import _torch
@@ -216,6 +216,7 @@ class Instrumentation:
         recorder_args: dict,
         write_every: int = 1,
         verify_on_replay: Optional[str] = None,
+        discover: bool = True,
     ):
         write_every = _args.integer("write_every", write_every, minimum=1)
         self.directory = None if directory is None else _args.path("directory", directory)
@@ -240,6 +241,9 @@ class Instrumentation:
         self._states: dict = {}
         #: Graphs the last :func:`check` left out: torch will not replay them again.
         self.superseded: list = []
+        self.discover = discover
+        #: Root names discovery chose (zero-code attach), empty where roots were named.
+        self.discovered: list = []
 
     # Recording ----------------------------------------------------------------------
 
@@ -258,6 +262,21 @@ class Instrumentation:
             return hint
         return self.name.format(index=self.captures, pid=os.getpid())
 
+    def _discover_roots(self) -> None:
+        """Zero-code attach (:mod:`graphcheck._discover`): at the first capture of an
+        instrumentation with no root, the top-level modules alive become its roots."""
+        if not self.discover or self.discovered or self.recorder._roots:
+            return
+        self.discover = False  # once: a process with no module stays bare
+        try:
+            found = _discover.discover(_torch())
+        except Exception as e:  # noqa: BLE001 - the graph is recorded bare instead
+            self._failed(e, f"the model could not be discovered (graphs are recorded without owners): {e}")
+            return
+        for root, module in found or ():
+            self.recorder.add_root(module, root, weak=True)
+            self.discovered.append(root)
+
     def _tree_states(self) -> dict:
         """Graph name -> state, for the graphs of torch.compile's CUDA-graph trees."""
         return {n: s for n, s in self._states.items() if s.static_ptrs}
@@ -270,6 +289,7 @@ class Instrumentation:
             with _LOCK:
                 self._fork_check()
                 name = self._graph_name(hint)
+                self._discover_roots()
                 try:
                     self.recorder.add_graph(name, walked, pool=pool)
                 except _OwnersNotCurrent as e:
@@ -355,8 +375,12 @@ class Instrumentation:
         name is replaced (a model loaded again)."""
         with _LOCK:
             rec = self.recorder
-            rec._roots = [(r, x) for r, x in rec._roots if r != root]
-            if rec.root == root:
+            # A root named explicitly replaces the discovered ones.
+            gone = set(self.discovered) | {root}
+            self.discovered = []
+            self.discover = False
+            rec._roots = [(r, x) for r, x in rec._roots if r not in gone]
+            if rec.root in gone:
                 rec.model = None
             rec.add_root(model, root, weak=True)
 
@@ -455,6 +479,7 @@ def instrument(
     strict: bool = False,
     write_every: int = 1,
     verify_on_replay: Union[None, bool, str] = None,
+    discover: bool = True,
 ) -> Instrumentation:
     """Records every CUDA graph capture of the process, with no change to the engine's
     code: ``torch.cuda.CUDAGraph`` (and ``torch.cuda.graphs.CUDAGraph``) become a subclass
@@ -488,6 +513,12 @@ def instrument(
     changed since capture; ``"warn"`` warns and replays. A replay with nothing pending
     costs one comparison.
 
+    With no ``model`` and no :func:`register_model` root, ``discover`` (default on) finds
+    the model at the first capture: the top-level ``nn.Module`` objects alive then (none
+    another's child) become roots, named by class (``llama_for_causal_lm``; the rule and
+    how to override it: :mod:`graphcheck._discover`); :attr:`Instrumentation.discovered`
+    lists them.
+
     Graph names: ``name`` formatted; where ``name`` is the default and the capture is one
     of torch.compile's CUDA-graph trees, the tree's function and graph ids and the shapes
     of the inputs it was recorded for (``inductor_fn0_graph1[8x256]``)."""
@@ -518,6 +549,7 @@ def instrument(
         ),
         write_every=write_every,
         verify_on_replay=on_replay,
+        discover=_args.flag("discover", discover),
     )
     atexit.register(ins.flush)
     with _LOCK:

@@ -56,6 +56,7 @@ and verify compares only digests of one algorithm:
 #   _allocator   torch's caching allocator (segments, pools, allocation sites), the producer
 #   _snapshot    the live snapshot
 #   _recorder    Recorder, graph()
+#   _discover    zero-code attach: the top-level modules alive at the first capture
 #   _guard       the check before a replay: transitions, mark_transition
 #   _instrument  instrument(), check() and the process-wide state of instrumentation
 import os

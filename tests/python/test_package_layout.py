@@ -13,7 +13,7 @@ PACKAGE = Path(graphcheck.__file__).resolve().parent
 
 #: graphcheck.torch's private modules, each importing only those before it (torch.py's
 #: comment draws the same list).
-ORDER = ["_registry", "_walk", "_allocator", "_snapshot", "_recorder", "_guard", "_instrument"]
+ORDER = ["_registry", "_walk", "_allocator", "_snapshot", "_recorder", "_discover", "_guard", "_instrument"]
 
 
 def relative_imports(module: str) -> set:

@@ -226,7 +226,7 @@ def test_directory_from_the_environment(torch, fake, tmp_path, monkeypatch):
 
 def test_without_a_model_addresses_are_bare_until_a_root_is_registered(torch, fake):
     model = make_model(torch)
-    ins = gt.instrument()
+    ins = gt.instrument(discover=False)
     capture(torch, model)
     m = ins.manifest()
     assert m["owners"] == []
@@ -630,4 +630,59 @@ def test_a_tree_graph_whose_guarded_parameter_moved_is_superseded():
     states = {"old": old, "other": other, "plain": plain}
     assert _guard.superseded(manifest, moved, states) == {"old"}
     assert _guard.superseded(manifest, kept, states) == set()
+
+
+# -- zero-code attach: discovery ----------------------------------------------------------
+
+
+def test_discovery_makes_the_top_level_modules_roots_named_by_class(torch, fake):
+    import gc
+
+    class LlamaForCausalLM(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.proj = torch.nn.Linear(width, width)
+            self.embed_scale = torch.tensor(8.0)
+
+    gc.collect()
+    big, small = LlamaForCausalLM(8), LlamaForCausalLM(4)
+    draft = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    ins = gt.instrument()
+    WALKS.next = walked(kernel(0, "gemv", big.proj.weight, small.proj.weight, draft[0].weight))
+    g = torch.cuda.CUDAGraph()
+    with fake_torch_graph(torch, g):
+        pass
+    # Children (big.proj, draft[0]) are not roots; two of one class are numbered by size.
+    assert {"llama_for_causal_lm_1", "llama_for_causal_lm_2", "sequential"} <= set(ins.discovered)
+    paths = {o["path"] for o in ins.manifest()["owners"]}
+    assert {"llama_for_causal_lm_1.proj.weight", "llama_for_causal_lm_2.proj.weight", "sequential[0].weight"} <= paths
+    assert not any(p.startswith("linear") for p in ins.discovered), ins.discovered
+    kinds = {f.kind for f in graphcheck.verify(ins.manifest()).findings}
+    assert "unowned" not in kinds
+    # Naming a root replaces the discovered ones.
+    gt.register_model(big, root="model")
+    assert ins.discovered == [] and list(ins.recorder.roots()) == ["model"]
+
+
+def test_discovery_sees_through_torch_compile_and_can_be_turned_off(torch, fake):
+    from graphcheck import _discover
+
+    model = make_model(torch)
+
+    class OptimizedModule(torch.nn.Module):  # torch.compile's wrapper, by name
+        def __init__(self, mod):
+            super().__init__()
+            self._orig_mod = mod
+
+    wrapper = OptimizedModule(model)
+    roots = [m for _, m in _discover.top_level_modules(torch)]
+    assert any(m is model for m in roots)  # the wrapped model, not the wrapper
+    assert not any(m is wrapper for m in roots)
+    assert _discover.snake("LlamaForCausalLM") == "llama_for_causal_lm"
+    assert _discover.snake("MLP") == "mlp" and _discover.snake("T5Block") == "t5_block"
+    ins = gt.instrument(discover=False)
+    capture(torch, model)
+    assert ins.discovered == [] and ins.manifest()["owners"] == []
+    with pytest.raises(graphcheck.GraphcheckError, match="discover"):
+        gt.instrument(discover="yes")
 
