@@ -118,6 +118,9 @@ pub(super) fn shorten(value: &str) -> std::borrow::Cow<'_, str> {
     out.into()
 }
 
+/// The longest message an error repeats in full, in characters.
+const MESSAGE_LIMIT: usize = 400;
+
 /// The longest quoted value an error repeats in full, in characters.
 const QUOTE_LIMIT: usize = 80;
 
@@ -125,6 +128,19 @@ const QUOTE_LIMIT: usize = 80;
 /// read) cut to its first [`QUOTE_LIMIT`] characters and a count of the rest: a 70,000-
 /// character string in the wrong place is named, not printed.
 pub(super) fn shorten_quoted(message: &str) -> String {
+    let out = shorten_each_quote(message);
+    // A value can hold the quote character itself, and then what follows it is not
+    // seen as quoted: the message as a whole is held to a few lines too.
+    match out.char_indices().nth(MESSAGE_LIMIT) {
+        Some((cut, _)) => {
+            let rest = out[cut..].chars().count();
+            format!("{}… ({rest} more characters)", &out[..cut])
+        }
+        None => out,
+    }
+}
+
+fn shorten_each_quote(message: &str) -> String {
     let mut out = String::with_capacity(message.len().min(1024));
     let mut rest = message;
     while let Some(open) = rest.find(['"', '`']) {

@@ -209,3 +209,45 @@ def test_a_wake_that_lost_a_constant_is_refused_at_the_next_replay(sleeper):
         assert not any(o.path.startswith("model.fc") for f in e.value.findings for o in f.owners)
     finally:
         gt.uninstrument(ins)
+
+
+def test_piecewise_eager_intermediate_that_moves_is_freed_naming_the_piece(cuda):
+    # vLLM's piecewise graphs: pieces share one pool, eager code runs between them, and
+    # each piece reads static buffers. Here piece 1 reads an eager intermediate that the
+    # next step computes into a new tensor elsewhere (vllm #53915's silent-garbage class).
+    torch = cuda
+    m = mlp(torch)
+    x = torch.randn(8, 256, device="cuda")
+    ins = gt.instrument(None, model=m, name=lambda i: f"piece{i}")
+    try:
+        pool = torch.cuda.graph_pool_handle()
+        with torch.no_grad():
+            warm_up(torch, lambda: m.fc2(torch.relu(m.fc1(x))))
+            g0 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g0, pool=pool):
+                h = m.fc1(x)
+            mid = torch.relu(h) * 1.0  # eager, between the pieces
+            g1 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g1, pool=pool):
+                y = m.fc2(mid)
+            torch.cuda.synchronize()
+            report = gt.check(event="capture")
+            assert [f.graphs for f in report.of_kind("unowned")] == [("piece1",)], report.table
+            assert live_kinds(report) == [], report.table
+            # The next step: a new intermediate, the old one freed.
+            x.copy_(torch.randn(8, 256, device="cuda"))
+            g0.replay()
+            mid2 = torch.relu(h) * 1.0
+            captured = mid.data_ptr()
+            del mid
+            g1.replay()
+            torch.cuda.synchronize()
+            wrong = (y - m.fc2(mid2)).abs().max().item()
+        print("piece1 after the intermediate moved differs from eager by", wrong)
+        assert wrong > 1e-2
+        report = gt.check(event="next step")
+        print(report.table)
+        freed = report.of_kind("freed")
+        assert [(f.subject, f.graphs) for f in freed] == [(hex(captured), ("piece1",))], report.table
+    finally:
+        gt.uninstrument(ins)
