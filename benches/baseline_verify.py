@@ -380,8 +380,9 @@ def unowned_checks(manifest, subject_of_tensor, suspects, out):
 
 def unowned_live_checks(manifest, live, groups, out):
     """`freed` / `reused` for the unowned groups whose captured allocation is known: a probe
-    at one of their addresses free or unmapped; else one active in a live allocation whose
-    base and size no allocation of the manifest has."""
+    at one of their addresses free or unmapped; else one active in a live allocation that
+    does not hold the captured one and whose base and size no allocation of the manifest
+    has."""
     groups = {k: v for k, v in groups.items() if v[0] is not None}
     if not groups:
         return
@@ -390,14 +391,20 @@ def unowned_live_checks(manifest, live, groups, out):
         probe_at.setdefault(int(p["addr"], 16), p)
     live_allocations = {a["id"]: a for a in live.get("allocations", ())}
     extents = {(int(a["base"], 16), a["size"]) for a in manifest.get("allocations", ())}
-    for subject, (_, addrs) in groups.items():
+    for subject, (captured, addrs) in groups.items():
         probes = [probe_at[a] for a in addrs if a in probe_at]
         if any(p["state"] != "active" for p in probes):
             out.append(("freed", subject, ()))
             continue
+        lo = int(captured["base"], 16)
+        hi = lo + captured["size"]
         for p in probes:
             a = live_allocations.get(p.get("allocation"))
-            if a is not None and (int(a["base"], 16), a["size"]) not in extents:
+            if a is None:
+                continue
+            base = int(a["base"], 16)
+            holds = base <= lo and hi <= base + a["size"]
+            if not holds and (base, a["size"]) not in extents:
                 out.append(("reused", subject, ()))
                 break
 

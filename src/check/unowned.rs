@@ -10,7 +10,7 @@ use rustc_hash::FxHashSet;
 use super::context::{Ctx, Subject, TouchRef, kernel_refs};
 use super::finding::{Finding, FindingKind, Severity};
 use super::live::ProbeIndex;
-use crate::document::format::{Addr, AllocState, Live, PoolKind, Probe, Tensor};
+use crate::document::format::{Addr, AllocState, Allocation, Live, PoolKind, Probe, Tensor};
 use crate::document::index::AddressIndex;
 use crate::document::load::Tables;
 
@@ -104,9 +104,9 @@ pub(super) fn capture_checks(ctx: &Ctx<'_>, groups: &[Group<'_>], out: &mut Vec<
 /// The live checks of the groups whose addresses lay in an allocation the manifest knows
 /// (`docs/findings.md`, "Addresses no owner explains"): `freed` where a probe at one of
 /// the captured addresses is `free` or `unmapped`; else `reused` where one is `active` in a
-/// live allocation of another base or size. Without a captured allocation the probe says
-/// nothing the manifest did not: a CPU manifest has no allocations, and its probes call
-/// every address no walk found `unmapped`.
+/// live allocation that no longer holds the captured one. Without a captured allocation
+/// the probe says nothing the manifest did not: a CPU manifest has no allocations, and its
+/// probes call every address no walk found `unmapped`.
 pub(super) fn live_checks(
     ctx: &Ctx<'_>,
     l: &Live,
@@ -119,6 +119,18 @@ pub(super) fn live_checks(
     // Allocations by extent: a live allocation with the base and size of one the manifest
     // has is the one the address lay in at capture, even where a document overlaps them.
     let mut captured_extents: Option<FxHashSet<(Addr, u64)>> = None;
+    // The two documents read allocations from different sources: the manifest's are the
+    // driver's (`cuMemGetAddressRange`), the live snapshot's the caching allocator's
+    // segments. They agree, except for expandable segments: on an H200 (torch 2.11) a
+    // tensor's driver range was one 20 MiB chunk at capture, while its segment had grown
+    // to 140 MiB from the same base by the snapshot, and a later chunk's range began 120
+    // MiB past its segment's base. So a live allocation that holds the whole captured one
+    // is the same memory; only one that does not is another allocation.
+    let holds = |live: &Allocation, captured: &Allocation| {
+        live.base <= captured.base
+            && captured.base.0.saturating_add(captured.size)
+                <= live.base.0.saturating_add(live.size)
+    };
     for g in groups {
         let Some(a) = g.alloc else {
             continue;
@@ -161,7 +173,8 @@ pub(super) fn live_checks(
         });
         let moved = now.iter().find_map(|p| {
             let live = &l.allocations[lt.alloc_ix[&p.allocation?] as usize];
-            (!extents.contains(&(live.base, live.size))).then_some((p, live))
+            (!holds(live, captured) && !extents.contains(&(live.base, live.size)))
+                .then_some((p, live))
         });
         if let Some((p, live)) = moved {
             out.push(finding(
