@@ -245,7 +245,7 @@ pub(super) fn module_global_cache_rebuilt() -> Scenario {
         // Every parameter is in place with its reference digest: nothing else.
         expect: expect(vec![
             finding(Kind::Freed, CACHE_SEGMENT, BOTH),
-            finding(Kind::Unowned, CACHE_SEGMENT, &[]),
+            finding(Kind::Unowned, CACHE_SEGMENT, BOTH),
         ]),
     }
 }
