@@ -345,12 +345,16 @@ class AllocationLookup:
 
 
 def unowned_checks(manifest, subject_of_tensor, suspects, out):
+    """`unowned` for every group of touches no owner explains; returns the groups, subject
+    -> (the allocation the first touch lay in, or None; the addresses), for the live check."""
     allocations = {a["id"]: a for a in manifest.get("allocations", ())}
     pool_kind = {p["id"]: p["kind"] for p in manifest.get("pools", ())}
     tensors = {t["id"]: t for t in manifest["tensors"]} if suspects else {}
     lookup = None
-    subjects = set()
-    for touch, tid in suspects:
+    groups = {}
+    # Bare touches first, then those of ownerless tensors: a group's allocation is its
+    # first touch's, as graphcheck takes it.
+    for touch, tid in sorted(suspects, key=lambda st: st[1] is not None):
         if tid is not None and subject_of_tensor[tid].owners:
             continue  # an alias of this view has an owner
         aid = touch.get("allocation")
@@ -364,12 +368,45 @@ def unowned_checks(manifest, subject_of_tensor, suspects, out):
             continue
         # Named by the ownerless tensor, else by the allocation, else by the address.
         if tid is not None:
-            subjects.add(hex(data_ptr(tensors[tid])))
+            subject = hex(data_ptr(tensors[tid]))
         elif alloc is not None:
-            subjects.add(hex(int(alloc["base"], 16)))
+            subject = hex(int(alloc["base"], 16))
         else:
-            subjects.add(hex(int(touch["addr"], 16)))
-    out.extend(("unowned", addr, ()) for addr in subjects)
+            subject = hex(int(touch["addr"], 16))
+        groups.setdefault(subject, (alloc, set()))[1].add(int(touch["addr"], 16))
+    out.extend(("unowned", addr, ()) for addr in groups)
+    return groups
+
+
+def unowned_live_checks(manifest, live, groups, out):
+    """`freed` / `reused` for the unowned groups whose captured allocation is known: a probe
+    at one of their addresses free or unmapped; else one active in a live allocation that
+    does not hold the captured one and whose base and size no allocation of the manifest
+    has."""
+    groups = {k: v for k, v in groups.items() if v[0] is not None}
+    if not groups:
+        return
+    probe_at = {}
+    for p in live["probes"]:
+        probe_at.setdefault(int(p["addr"], 16), p)
+    live_allocations = {a["id"]: a for a in live.get("allocations", ())}
+    extents = {(int(a["base"], 16), a["size"]) for a in manifest.get("allocations", ())}
+    for subject, (captured, addrs) in groups.items():
+        probes = [probe_at[a] for a in addrs if a in probe_at]
+        if any(p["state"] != "active" for p in probes):
+            out.append(("freed", subject, ()))
+            continue
+        lo = int(captured["base"], 16)
+        hi = lo + captured["size"]
+        for p in probes:
+            a = live_allocations.get(p.get("allocation"))
+            if a is None:
+                continue
+            base = int(a["base"], 16)
+            holds = base <= lo and hi <= base + a["size"]
+            if not holds and (base, a["size"]) not in extents:
+                out.append(("reused", subject, ()))
+                break
 
 
 class LiveIndex:
@@ -581,11 +618,12 @@ def verify(manifest, live=None, allow=None):
     found = []  # (kind, subject, the owner paths an allowlist entry may match)
     storages = Storages(manifest)
     capture_checks(manifest, subjects, found, storages)
-    unowned_checks(manifest, subject_of_tensor, suspects, found)
+    unowned = unowned_checks(manifest, subject_of_tensor, suspects, found)
     if live is not None:
         index = LiveIndex(live, storages)
         live_owner_checks(index, subjects, found)
         live_address_checks(live, subjects, found, index)
+        unowned_live_checks(manifest, live, unowned, found)
     allowed = []
     if allow is not None:
         checked = KIND_ORDER if live is not None else CAPTURE_TIME_KINDS

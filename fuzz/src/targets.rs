@@ -564,7 +564,9 @@ pub fn cli(rng: &mut SmallRng, c: &Corpus, binary: &Path, dir: &Path) -> (Vec<u8
         3 => vec!["diff".into(), m, l, "--format".into(), format],
         4 => {
             let seed = c.pick(rng, &c.dict).clone();
-            let t = mutate_text(rng, &seed, &c.owner_paths);
+            // No command line can carry a NUL byte (the spawn itself fails): mutations
+            // drop any, keeping the rest of the target.
+            let t = mutate_text(rng, &seed, &c.owner_paths).replace('\0', "");
             vec!["explain".into(), m, t]
         }
         _ => vec!["verify".into(), m, l, "--normalized".into()],

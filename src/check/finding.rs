@@ -72,7 +72,9 @@ impl FindingKind {
                 "the owner now holds a tensor at another address; the graph reads the old one"
             }
             FindingKind::Freed => "the captured address is no longer an active allocation",
-            FindingKind::Reused => "the captured address now lies in another owner's tensor",
+            FindingKind::Reused => {
+                "the captured address now lies in another owner's tensor, or another allocation"
+            }
             FindingKind::Reshaped => {
                 "same address and owner, but shape, stride, dtype or offset changed"
             }

@@ -30,6 +30,15 @@ impl ProbeIndex {
         ProbeIndex { sorted }
     }
 
+    /// The first probe in document order at `addr`.
+    pub(super) fn at(&self, addr: Addr) -> Option<usize> {
+        let start = self.sorted.partition_point(|&(a, _)| a < addr);
+        self.sorted
+            .get(start)
+            .filter(|&&(a, _)| a == addr)
+            .map(|&(_, i)| i)
+    }
+
     /// The first probe in document order inside `[lo, hi)`.
     fn first_in(&self, lo: Addr, hi: Addr) -> Option<usize> {
         let start = self.sorted.partition_point(|&(a, _)| a < lo);

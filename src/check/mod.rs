@@ -6,4 +6,5 @@ mod context;
 pub mod diff;
 pub mod finding;
 mod live;
+mod unowned;
 pub mod verify;

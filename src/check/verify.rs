@@ -6,13 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use super::context::{Ctx, Subject, TouchIndex, TouchRef, kernel_refs, persistent};
+use super::context::{Ctx, Subject, TouchIndex, persistent};
 use super::live::{ProbeIndex, live_checks};
+use super::unowned;
 use crate::check::allow::Allowlist;
 use crate::check::finding::{Finding, FindingKind, REPORT_VERSION, Report, Severity};
-use crate::document::format::{
-    Addr, Live, Manifest, PoolKind, SleepPolicy, Tensor, TensorId, ViewKey,
-};
+use crate::document::format::{Live, Manifest, SleepPolicy, TensorId, ViewKey};
 use crate::document::index::AddressIndex;
 use crate::document::load::{Tables, check_live, check_manifest};
 use crate::document::pair::{PairError, check_pair};
@@ -84,13 +83,15 @@ pub fn verify_checked(
     for s in &subjects {
         capture_checks(&ctx, s, &mut findings);
     }
-    unowned(&ctx, &bare, &subjects, &mut findings);
+    let ownerless = unowned::groups(&ctx, &bare, &subjects);
+    unowned::capture_checks(&ctx, &ownerless, &mut findings);
     if let Some((l, lt)) = live {
         let live_index = AddressIndex::new(&l.tensors, &l.allocations);
         let probes = ProbeIndex::new(l);
         for s in &subjects {
             live_checks(&ctx, l, lt, &live_index, &probes, s, &mut findings);
         }
+        unowned::live_checks(&ctx, l, lt, &probes, &ownerless, &mut findings);
     }
 
     let checked: Vec<FindingKind> = if live.is_some() {
@@ -163,87 +164,6 @@ fn capture_checks(ctx: &Ctx<'_>, s: &Subject<'_>, out: &mut Vec<Finding>) {
                 ),
             ));
         }
-    }
-}
-
-/// The touches of one unowned subject, its allocation index and its tensor, if any.
-type UnownedGroup<'m> = (Vec<TouchRef>, Option<usize>, Option<&'m Tensor>);
-
-/// Touches that name no tensor, or a tensor with no owner, outside any graph pool.
-fn unowned<'m>(ctx: &Ctx<'m>, bare: &[TouchRef], subjects: &[Subject<'m>], out: &mut Vec<Finding>) {
-    let m = ctx.m;
-    let mut index: Option<AddressIndex> = None;
-    // subject string -> (touch refs, allocation index, first tensor)
-    let mut groups: BTreeMap<Addr, UnownedGroup<'m>> = BTreeMap::new();
-    let in_graph_pool = |a: Option<usize>| {
-        a.and_then(|a| m.allocations[a].pool)
-            .is_some_and(|p| m.pools[ctx.mt.pool_ix[&p] as usize].kind == PoolKind::Graph)
-    };
-    let mut add = |r: TouchRef, tensor: Option<&'m Tensor>, index: &mut Option<AddressIndex>| {
-        let touch = &m.graphs[r.0 as usize].nodes[r.1 as usize].touches[r.2 as usize];
-        let alloc = match touch.allocation {
-            Some(a) => Some(ctx.mt.alloc_ix[&a] as usize),
-            None => index
-                .get_or_insert_with(|| AddressIndex::new(&m.tensors, &m.allocations))
-                .allocations_at(touch.addr)
-                .first()
-                .copied(),
-        };
-        if in_graph_pool(alloc) {
-            return;
-        }
-        let key = match (tensor, alloc) {
-            (Some(t), _) => t.data_ptr(),
-            (None, Some(a)) => m.allocations[a].base,
-            (None, None) => touch.addr,
-        };
-        let e = groups.entry(key).or_insert((Vec::new(), alloc, tensor));
-        e.0.push(r);
-    };
-    for &r in bare {
-        add(r, None, &mut index);
-    }
-    for s in subjects {
-        if s.owners.is_empty() {
-            for &t in &s.tensors {
-                for &r in &ctx.touches_of[t] {
-                    add(r, Some(s.tensor), &mut index);
-                }
-            }
-        }
-    }
-    for (key, (refs, alloc, tensor)) in groups {
-        let (graphs, kernels) = kernel_refs(m, refs.into_iter());
-        let pool = alloc
-            .and_then(|a| m.allocations[a].pool)
-            .map(|p| m.pools[ctx.mt.pool_ix[&p] as usize].name.clone());
-        let detail = match (tensor, alloc) {
-            (Some(_), _) => "a tensor the graphs read, but no owner path reaches it".to_string(),
-            (None, Some(a)) => format!(
-                "inside allocation {}+{} ({}), which no owner, graph input or graph pool explains",
-                m.allocations[a].base,
-                m.allocations[a].size,
-                pool.as_deref().unwrap_or("no pool")
-            ),
-            (None, None) => "an address in no known allocation".to_string(),
-        };
-        out.push(Finding {
-            kind: FindingKind::Unowned,
-            severity: Severity::Error,
-            subject: key.to_string(),
-            owners: Vec::new(),
-            new_owners: Vec::new(),
-            dtype: tensor.map(|t| t.dtype.clone()),
-            shape: tensor.map(|t| t.shape.clone()),
-            stride: tensor.map(|t| t.stride.clone()),
-            captured_addr: Some(key),
-            live_addr: None,
-            pool,
-            graphs,
-            kernels,
-            detail,
-            alloc_site: tensor.map(|t| t.alloc_site.clone()).unwrap_or_default(),
-        });
     }
 }
 

@@ -61,10 +61,16 @@ fn kernels_cell(f: &Finding) -> String {
     lines.join("\n")
 }
 
+/// Whether a finding is about an address no owner explains (`unowned`, and `freed` or
+/// `reused` of such an address): its subject is the address, and it names no owner.
+fn ownerless(f: &Finding) -> bool {
+    f.kind != FindingKind::UnusedAllow && f.owners.is_empty()
+}
+
 fn owner_cell(f: &Finding) -> String {
     match f.kind {
         FindingKind::UnusedAllow => format!("allow: {}", escape(&f.subject)),
-        FindingKind::Unowned => "(no owner)".to_string(),
+        _ if ownerless(f) => "(no owner)".to_string(),
         _ => f
             .owners
             .iter()
@@ -332,7 +338,7 @@ pub fn render_table_fit(r: &Report, fmt: &dyn AddrFmt, width: Option<u16>) -> St
                         _ => "",
                     }
                 ),
-                FindingKind::Unowned => format!(
+                _ if ownerless(first) => format!(
                     "unowned {}",
                     first
                         .captured_addr
@@ -415,7 +421,7 @@ pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
         for f in &r.findings {
             let owner = match f.kind {
                 FindingKind::UnusedAllow => format!("allow `{}`", md_escape(&f.subject)),
-                FindingKind::Unowned => "(no owner)".into(),
+                _ if ownerless(f) => "(no owner)".into(),
                 _ => f
                     .owners
                     .iter()

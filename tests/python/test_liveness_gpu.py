@@ -10,7 +10,8 @@ walker reads the addresses the captured nodes hold, the owner registry says whic
 path held the tensor at each one, and a live snapshot after the change says whether that
 address is still an active allocation. So each test here does what the PyTorch case does,
 with the tensors held by a module (a holder whose buffers stand for the case's locals: a
-tensor no owner reaches is `unowned` at capture and not checked live), and asserts:
+tensor no owner reaches is `unowned` at capture, and checked live only by its address,
+with no owner path to name), and asserts:
 
 - where PyTorch reports a dead tensor, graphcheck reports `freed` (or `reused`) on the
   owner path that held it, for the graph that reads it, and no live finding on any other

@@ -189,6 +189,67 @@ pub(super) fn module_global_cache() -> Scenario {
     }
 }
 
+pub(super) fn module_global_cache_rebuilt() -> Scenario {
+    let (mut doc, _, layer, _) = dense(AttnOpts {
+        global_rope: true,
+        ..AttnOpts::default()
+    });
+    let crate::model::Rope::Global(cache) = layer.rope else {
+        unreachable!("global_rope makes a global cache")
+    };
+    let manifest = doc.manifest();
+    const CACHE_SEGMENT: &str = "0x7f3400200000";
+    assert_eq!(
+        format!("{cache:#x}"),
+        CACHE_SEGMENT,
+        "the cache opens its segment"
+    );
+    // The reload copies the parameters in place (reference digests equal), then the rotary
+    // module rebuilds its global cache: the new tensor is made before the global is
+    // rebound, and the old one, no longer referenced, goes back to the allocator. Its
+    // segment stays mapped (no empty_cache), so its block is a free block.
+    reload_parameters_in_place(&mut doc, true);
+    let rebuilt = doc.raw(
+        crate::doc::DEFAULT,
+        MAX_POSITIONS * crate::model::HEAD_DIM * 2,
+    );
+    doc.heap.free(cache);
+    assert_ne!(
+        doc.heap.allocation_at(rebuilt),
+        doc.heap.allocation_at(cache),
+        "the new cache lies in another segment"
+    );
+    let live = doc.live(
+        &manifest,
+        "reload_weights() with new weights (the rotary module's global cache rebuilt)",
+        Contents::Updated,
+    );
+    Scenario {
+        name: "module_global_cache_rebuilt",
+        description: "The decoder layer of module_global_cache, whose rotary kernel reads a \
+            cos/sin cache kept in a module-level global that no owner path reaches. The reload \
+            copies every parameter in place (reference digests equal) and then rebuilds the \
+            global: the new cache is a new 10 MiB tensor in a new segment, the old one is \
+            released and its block is a free block of the caching allocator. Both graphs \
+            still read the old block: silent wrong output once it is handed out again (as \
+            seen on an H200 with a torch.library custom op reading a module-global tensor, \
+            issue 13)."
+            .into(),
+        models: "vllm-ascend#17217 after a reload, issue 13",
+        manifest,
+        live: Some(live),
+        allow: None,
+        explain: vec![CACHE_SEGMENT.into()],
+        // The capture-time unowned finding (the allocation base, both graphs), and, its
+        // allocation known and the probe at its address free, freed under the same subject.
+        // Every parameter is in place with its reference digest: nothing else.
+        expect: expect(vec![
+            finding(Kind::Freed, CACHE_SEGMENT, BOTH),
+            finding(Kind::Unowned, CACHE_SEGMENT, BOTH),
+        ]),
+    }
+}
+
 const K_SCALE: &str = "model.layers[0].self_attn.attn._k_scale";
 const V_SCALE: &str = "model.layers[0].self_attn.attn._v_scale";
 

@@ -22,7 +22,7 @@ mod moe;
 
 use dense::{
     allowlisted_workspace, clean_reload_inplace, freed_then_reused, inplace_reshape,
-    kv_pool_metadata, module_global_cache,
+    kv_pool_metadata, module_global_cache, module_global_cache_rebuilt,
 };
 use gemma3n::gemma3n_sleep2_stale;
 use identity::{lora_scalings_list_shift, mla_views_dropped, mla_views_rebound_base};
@@ -73,6 +73,7 @@ pub fn all() -> Vec<Scenario> {
         mla_views_dropped(),
         mla_views_rebound_base(),
         lora_scalings_list_shift(),
+        module_global_cache_rebuilt(),
     ]
 }
 

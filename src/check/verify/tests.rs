@@ -1,7 +1,7 @@
 //! Tests of verify: every finding kind, alone and against live snapshots.
 
 use super::*;
-use crate::document::format::{AllocState, Contents, Digest, Probe, Registration};
+use crate::document::format::{Addr, AllocState, Contents, Digest, Probe, Registration, Tensor};
 use crate::document::owner_path::OwnerPath;
 use crate::testkit::*;
 

@@ -1,0 +1,223 @@
+//! Addresses no owner explains: the touches that name no tensor, or a tensor with no
+//! owner, outside every graph pool, grouped by subject. Each group is an `unowned` finding
+//! at capture; against a live snapshot, its captured addresses are also looked up in the
+//! probes, giving `freed` and `reused` where the memory the graphs read was released.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashSet;
+
+use super::context::{Ctx, Subject, TouchRef, kernel_refs};
+use super::finding::{Finding, FindingKind, Severity};
+use super::live::ProbeIndex;
+use crate::document::format::{Addr, AllocState, Allocation, Live, PoolKind, Probe, Tensor};
+use crate::document::index::AddressIndex;
+use crate::document::load::Tables;
+
+/// The touches no owner explains that share one subject.
+pub(super) struct Group<'m> {
+    /// The subject: the data pointer of the ownerless tensor the touches name; else the
+    /// base of the allocation the address lies in; else the address itself.
+    key: Addr,
+    refs: Vec<TouchRef>,
+    /// The manifest allocation (index) the first touch's address lay in at capture.
+    alloc: Option<usize>,
+    tensor: Option<&'m Tensor>,
+}
+
+/// The groups of touches that name no tensor (`bare`), or a tensor with no owner, outside
+/// any graph pool, by subject.
+pub(super) fn groups<'m>(
+    ctx: &Ctx<'m>,
+    bare: &[TouchRef],
+    subjects: &[Subject<'m>],
+) -> Vec<Group<'m>> {
+    let m = ctx.m;
+    let mut index: Option<AddressIndex> = None;
+    let mut groups: BTreeMap<Addr, Group<'m>> = BTreeMap::new();
+    let in_graph_pool = |a: Option<usize>| {
+        a.and_then(|a| m.allocations[a].pool)
+            .is_some_and(|p| m.pools[ctx.mt.pool_ix[&p] as usize].kind == PoolKind::Graph)
+    };
+    let mut add = |r: TouchRef, tensor: Option<&'m Tensor>, index: &mut Option<AddressIndex>| {
+        let touch = &m.graphs[r.0 as usize].nodes[r.1 as usize].touches[r.2 as usize];
+        let alloc = match touch.allocation {
+            Some(a) => Some(ctx.mt.alloc_ix[&a] as usize),
+            None => index
+                .get_or_insert_with(|| AddressIndex::new(&m.tensors, &m.allocations))
+                .allocations_at(touch.addr)
+                .first()
+                .copied(),
+        };
+        if in_graph_pool(alloc) {
+            return;
+        }
+        let key = match (tensor, alloc) {
+            (Some(t), _) => t.data_ptr(),
+            (None, Some(a)) => m.allocations[a].base,
+            (None, None) => touch.addr,
+        };
+        groups
+            .entry(key)
+            .or_insert(Group {
+                key,
+                refs: Vec::new(),
+                alloc,
+                tensor,
+            })
+            .refs
+            .push(r);
+    };
+    for &r in bare {
+        add(r, None, &mut index);
+    }
+    for s in subjects {
+        if s.owners.is_empty() {
+            for &t in &s.tensors {
+                for &r in &ctx.touches_of[t] {
+                    add(r, Some(s.tensor), &mut index);
+                }
+            }
+        }
+    }
+    groups.into_values().collect()
+}
+
+/// The capture-time check: every group is `unowned`.
+pub(super) fn capture_checks(ctx: &Ctx<'_>, groups: &[Group<'_>], out: &mut Vec<Finding>) {
+    let m = ctx.m;
+    for g in groups {
+        let detail = match (g.tensor, g.alloc) {
+            (Some(_), _) => "a tensor the graphs read, but no owner path reaches it".to_string(),
+            (None, Some(a)) => format!(
+                "inside allocation {}+{} ({}), which no owner, graph input or graph pool explains",
+                m.allocations[a].base,
+                m.allocations[a].size,
+                pool_name(ctx, g).as_deref().unwrap_or("no pool")
+            ),
+            (None, None) => "an address in no known allocation".to_string(),
+        };
+        out.push(finding(ctx, g, FindingKind::Unowned, detail));
+    }
+}
+
+/// The live checks of the groups whose addresses lay in an allocation the manifest knows
+/// (`docs/findings.md`, "Addresses no owner explains"): `freed` where a probe at one of
+/// the captured addresses is `free` or `unmapped`; else `reused` where one is `active` in a
+/// live allocation that no longer holds the captured one. Without a captured allocation
+/// the probe says nothing the manifest did not: a CPU manifest has no allocations, and its
+/// probes call every address no walk found `unmapped`.
+pub(super) fn live_checks(
+    ctx: &Ctx<'_>,
+    l: &Live,
+    lt: &Tables,
+    probes: &ProbeIndex,
+    groups: &[Group<'_>],
+    out: &mut Vec<Finding>,
+) {
+    let m = ctx.m;
+    // Allocations by extent: a live allocation with the base and size of one the manifest
+    // has is the one the address lay in at capture, even where a document overlaps them.
+    let mut captured_extents: Option<FxHashSet<(Addr, u64)>> = None;
+    // The two documents read allocations from different sources: the manifest's are the
+    // driver's (`cuMemGetAddressRange`), the live snapshot's the caching allocator's
+    // segments. They agree, except for expandable segments: on an H200 (torch 2.11) a
+    // tensor's driver range was one 20 MiB chunk at capture, while its segment had grown
+    // to 140 MiB from the same base by the snapshot, and a later chunk's range began 120
+    // MiB past its segment's base. So a live allocation that holds the whole captured one
+    // is the same memory; only one that does not is another allocation.
+    let holds = |live: &Allocation, captured: &Allocation| {
+        live.base <= captured.base
+            && captured.base.0.saturating_add(captured.size)
+                <= live.base.0.saturating_add(live.size)
+    };
+    for g in groups {
+        let Some(a) = g.alloc else {
+            continue;
+        };
+        let captured = &m.allocations[a];
+        let mut addrs: Vec<Addr> = g
+            .refs
+            .iter()
+            .map(|&(gi, ni, ki)| m.graphs[gi as usize].nodes[ni as usize].touches[ki as usize].addr)
+            .collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        let now: Vec<&Probe> = addrs
+            .iter()
+            .filter_map(|&addr| probes.at(addr))
+            .map(|pi| &l.probes[pi])
+            .collect();
+        if let Some(p) = now.iter().find(|p| p.state != AllocState::Active) {
+            let state = if p.state == AllocState::Free {
+                "a free block of the allocator"
+            } else {
+                "unmapped"
+            };
+            out.push(finding(
+                ctx,
+                g,
+                FindingKind::Freed,
+                format!(
+                    "no owner explained it at capture, and {} is now {state}; replay reads freed memory",
+                    p.addr
+                ),
+            ));
+            continue;
+        }
+        let extents = captured_extents.get_or_insert_with(|| {
+            m.allocations
+                .iter()
+                .map(|a| (a.base, a.size))
+                .collect::<FxHashSet<_>>()
+        });
+        let moved = now.iter().find_map(|p| {
+            let live = &l.allocations[lt.alloc_ix[&p.allocation?] as usize];
+            (!holds(live, captured) && !extents.contains(&(live.base, live.size)))
+                .then_some((p, live))
+        });
+        if let Some((p, live)) = moved {
+            out.push(finding(
+                ctx,
+                g,
+                FindingKind::Reused,
+                format!(
+                    "no owner explained it at capture, and {} now lies in another allocation {}+{} (captured in {}+{}); replay reads and writes whatever the allocator put there",
+                    p.addr, live.base, live.size, captured.base, captured.size
+                ),
+            ));
+        }
+    }
+}
+
+fn pool_name(ctx: &Ctx<'_>, g: &Group<'_>) -> Option<String> {
+    g.alloc
+        .and_then(|a| ctx.m.allocations[a].pool)
+        .map(|p| ctx.m.pools[ctx.mt.pool_ix[&p] as usize].name.clone())
+}
+
+/// A finding on a group: named by its subject in hex, with no owner.
+fn finding(ctx: &Ctx<'_>, g: &Group<'_>, kind: FindingKind, detail: String) -> Finding {
+    let (graphs, kernels) = kernel_refs(ctx.m, g.refs.iter().copied());
+    let t = g.tensor;
+    Finding {
+        kind,
+        severity: Severity::Error,
+        subject: g.key.to_string(),
+        owners: Vec::new(),
+        new_owners: Vec::new(),
+        dtype: t.map(|t| t.dtype.clone()),
+        shape: t.map(|t| t.shape.clone()),
+        stride: t.map(|t| t.stride.clone()),
+        captured_addr: Some(g.key),
+        live_addr: None,
+        pool: pool_name(ctx, g),
+        graphs,
+        kernels,
+        detail,
+        alloc_site: t.map(|t| t.alloc_site.clone()).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
