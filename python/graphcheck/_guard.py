@@ -104,12 +104,25 @@ class GraphState:
     """What the check keeps per recorded graph object: its name in each instrumentation
     that recorded it, and the static inputs torch guards (CUDA-graph trees)."""
 
-    __slots__ = ("names", "static_ptrs", "tree")
+    __slots__ = ("names", "static_ptrs", "static_paths", "tree")
 
     def __init__(self):
         self.names: dict = {}  # id(instrumentation) -> graph name
         self.static_ptrs: tuple = ()
+        # static input address -> the owner paths that held it at capture
+        self.static_paths: dict = {}
         self.tree: Optional[str] = None
+
+    def learn_paths(self, registry) -> None:
+        """The owner paths of the static inputs, from the registry of the capture (a walk
+        after the graph is gone could no longer name a parameter that was replaced)."""
+        if not self.static_ptrs or registry is None:
+            return
+        want = set(self.static_ptrs)
+        for o in registry.owners:
+            ptr = registry.tensors[o.tensor].data_ptr
+            if ptr in want:
+                self.static_paths.setdefault(ptr, []).append(o.path)
 
 
 def tree_node_of(cuda_graph, depth: int = 12):
@@ -136,17 +149,31 @@ def tree_node_of(cuda_graph, depth: int = 12):
     return None, None
 
 
-def tree_graph_name(node, inputs) -> Optional[str]:
+def tree_input_shapes(cuda_graph) -> Optional[list]:
+    """At ``capture_begin`` of a tree graph: the shapes of the inputs that are not static
+    (the batch the graph is recorded for). By ``capture_end`` the tree's boxed call has
+    cleared its input list."""
+    node, inputs = tree_node_of(cuda_graph)
+    if node is None:
+        return None
+    try:
+        static = set(node.wrapped_function.static_input_idxs or ())
+        return [
+            "x".join(str(int(d)) for d in t.shape) or "scalar"
+            for i, t in enumerate(inputs or ())
+            if i not in static and hasattr(t, "shape")
+        ]
+    except Exception:  # noqa: BLE001 - a torch without these attributes: no shapes
+        return None
+
+
+def tree_graph_name(node, shapes) -> Optional[str]:
     """``inductor_fn<function>_graph<id>`` and the shapes of the inputs that are not
     static (the batch the graph was recorded for), e.g. ``inductor_fn0_graph1[8x256]``."""
     try:
         fn = node.wrapped_function.id.id
         gid = node.id.id
-        static = set(node.wrapped_function.static_input_idxs or ())
-        shapes = []
-        for i, t in enumerate(inputs or ()):
-            if i not in static and hasattr(t, "shape"):
-                shapes.append("x".join(str(int(d)) for d in t.shape) or "scalar")
+        shapes = shapes or []
         suffix = f"[{','.join(shapes[:3])}]" if shapes else ""
         return f"inductor_fn{fn}_graph{gid}{suffix}"
     except Exception:  # noqa: BLE001 - a torch without these attributes: the default name
@@ -163,8 +190,9 @@ def tree_static_ptrs(node) -> tuple:
 
 def superseded(manifest: dict, live: dict, states: dict) -> set:
     """Names of graphs torch will not replay again: a tree graph one of whose static input
-    addresses was, at capture, the data pointer of a tensor whose persistent owner path
-    now holds a tensor at another address (the tree re-records for the new address)."""
+    addresses was, at capture, the data pointer of a tensor whose owner path now holds a
+    tensor at another address (the tree re-records for the new address). The paths are
+    the capture's (:meth:`GraphState.learn_paths`), else the manifest's."""
     if not any(s.static_ptrs for s in states.values()):
         return set()
     tensors = {t["id"]: t for t in manifest.get("tensors", [])}
@@ -178,7 +206,7 @@ def superseded(manifest: dict, live: dict, states: dict) -> set:
     out = set()
     for name, state in states.items():
         for ptr in state.static_ptrs:
-            for path in paths_at.get(ptr, ()):
+            for path in state.static_paths.get(ptr) or paths_at.get(ptr, ()):
                 now = live_by_path.get(path)
                 if now is not None and _data_ptr(now) != ptr:
                     out.add(name)
@@ -215,7 +243,8 @@ def run_check(ins, *, event: str, contents: str, digests=None):
     graphs left out, verified. Returns ``(report, superseded names)``."""
     from ._api import verify
 
-    manifest = json.loads(ins.manifest_json())
+    frozen = getattr(ins, "_frozen", None)
+    manifest = json.loads(frozen if frozen is not None else ins.manifest_json())
     rec = ins.recorder
     if digests is None:
         digests = contents == "preserved" and bool(rec.digests)

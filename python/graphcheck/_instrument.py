@@ -125,6 +125,10 @@ def _instrumented_class(base: type) -> type:
         def capture_begin(self, *args, **kwargs):
             pool = args[0] if args else kwargs.get("pool")
             self._graphcheck_pool = pool
+            try:
+                self._graphcheck_shapes = _guard.tree_input_shapes(self) if _ACTIVE else None
+            except Exception:  # noqa: BLE001 - a name without shapes, never a failed capture
+                self._graphcheck_shapes = None
             return super().capture_begin(*args, **kwargs)
 
         def capture_end(self):
@@ -176,11 +180,11 @@ def _on_capture(cuda_graph) -> None:
         return
     # A graph of torch.compile's CUDA-graph trees: its name and the static inputs torch
     # guards come from the tree node recording it.
-    node, inputs = _guard.tree_node_of(cuda_graph)
+    node, _ = _guard.tree_node_of(cuda_graph)
     state = _guard.GraphState()
     hint = None
     if node is not None:
-        hint = _guard.tree_graph_name(node, inputs)
+        hint = _guard.tree_graph_name(node, getattr(cuda_graph, "_graphcheck_shapes", None))
         state.static_ptrs = _guard.tree_static_ptrs(node)
         state.tree = hint
     cuda_graph._graphcheck_state = state
@@ -241,6 +245,8 @@ class Instrumentation:
         self._states: dict = {}
         #: Graphs the last :func:`check` left out: torch will not replay them again.
         self.superseded: list = []
+        # The manifest as of the latest capture, for the checks (None: built when asked).
+        self._frozen: Optional[str] = None
         self.discover = discover
         #: Root names discovery chose (zero-code attach), empty where roots were named.
         self.discovered: list = []
@@ -296,7 +302,13 @@ class Instrumentation:
                     later.append((e, str(e)))
                 if state is not None:
                     state.names[id(self)] = name
+                    state.learn_paths(self.recorder.registry)
                     self._states[name] = state
+                # What the checks compare against must be what was captured: the owners and
+                # digests of now, before any transition (a manifest built after a wake
+                # would digest the poison).
+                if self._checker is not None or self.recorder.digests:
+                    self._frozen = self.manifest_json()
                 self.captures += 1
                 self._unwritten += 1
                 if self.directory is not None and self._unwritten >= self.write_every:

@@ -97,7 +97,7 @@ pub(super) fn capture_checks(ctx: &Ctx<'_>, groups: &[Group<'_>], out: &mut Vec<
             ),
             (None, None) => "an address in no known allocation".to_string(),
         };
-        out.push(finding(ctx, g, FindingKind::Unowned, detail));
+        out.push(finding(ctx, g, &g.refs, FindingKind::Unowned, detail));
     }
 }
 
@@ -154,9 +154,25 @@ pub(super) fn live_checks(
             } else {
                 "unmapped"
             };
+            // Named by the kernels that read a freed address, not every kernel of the
+            // group: one allocation can hold a live input and a freed intermediate.
+            let gone = |addr: Addr| {
+                probes
+                    .at(addr)
+                    .is_some_and(|pi| l.probes[pi].state != AllocState::Active)
+            };
+            let refs: Vec<TouchRef> = g
+                .refs
+                .iter()
+                .copied()
+                .filter(|&(gi, ni, ki)| {
+                    gone(m.graphs[gi as usize].nodes[ni as usize].touches[ki as usize].addr)
+                })
+                .collect();
             out.push(finding(
                 ctx,
                 g,
+                &refs,
                 FindingKind::Freed,
                 format!(
                     "no owner explained it at capture, and {} is now {state}; replay reads freed memory",
@@ -180,6 +196,7 @@ pub(super) fn live_checks(
             out.push(finding(
                 ctx,
                 g,
+                &g.refs,
                 FindingKind::Reused,
                 format!(
                     "no owner explained it at capture, and {} now lies in another allocation {}+{} (captured in {}+{}); replay reads and writes whatever the allocator put there",
@@ -197,8 +214,15 @@ fn pool_name(ctx: &Ctx<'_>, g: &Group<'_>) -> Option<String> {
 }
 
 /// A finding on a group: named by its subject in hex, with no owner.
-fn finding(ctx: &Ctx<'_>, g: &Group<'_>, kind: FindingKind, detail: String) -> Finding {
-    let (graphs, kernels) = kernel_refs(ctx.m, g.refs.iter().copied());
+/// `refs`: the touches it names (all of the group's, or those the finding is about).
+fn finding(
+    ctx: &Ctx<'_>,
+    g: &Group<'_>,
+    refs: &[TouchRef],
+    kind: FindingKind,
+    detail: String,
+) -> Finding {
+    let (graphs, kernels) = kernel_refs(ctx.m, refs.iter().copied());
     let t = g.tensor;
     Finding {
         kind,

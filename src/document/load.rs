@@ -801,7 +801,10 @@ mod tests {
             ("kind", format!("manifest{}", "a".repeat(70_000))),
             ("format_version", "9".repeat(70_000)),
             // The quote character inside the value: what follows is not seen as quoted.
-            ("kind", format!("live{}`{}", "a".repeat(9_000), "b".repeat(60_000))),
+            (
+                "kind",
+                format!("live{}`{}", "a".repeat(9_000), "b".repeat(60_000)),
+            ),
         ] {
             let mut v = serde_json::to_value(&m).unwrap();
             v[key] = value.clone().into();

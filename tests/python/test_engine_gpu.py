@@ -126,8 +126,11 @@ def test_a_global_read_by_an_opaque_custom_op_rebound_after_capture_is_caught(co
     assert wrong > 1.0, "the replay reads the freed global"
     report = gt.check(event="global rebound")
     print(report.table)
-    hex_addr = hex(captured)
-    assert ("freed", hex_addr) in live_kinds(report), report.table
+    # Named by its allocation's base (the manifest's allocation is the driver's range),
+    # saying which address is free now, and which graph reads it.
+    freed = report.of_kind("freed")
+    assert len(freed) == 1 and hex(captured) in freed[0].detail, report.table
+    assert all(g.startswith("inductor_fn") for g in freed[0].graphs), report.table
     gt.mark_transition("global rebound")
     with pytest.raises(gt.ReplayCheckError, match="freed"):
         with torch.no_grad():
@@ -232,7 +235,9 @@ def test_piecewise_eager_intermediate_that_moves_is_freed_naming_the_piece(cuda)
                 y = m.fc2(mid)
             torch.cuda.synchronize()
             report = gt.check(event="capture")
-            assert [f.graphs for f in report.of_kind("unowned")] == [("piece1",)], report.table
+            # The batch input and the intermediate share an allocation: piece 0 reads the
+            # one, piece 1 the other.
+            assert ["piece1" in f.graphs for f in report.of_kind("unowned")] == [True], report.table
             assert live_kinds(report) == [], report.table
             # The next step: a new intermediate, the old one freed.
             x.copy_(torch.randn(8, 256, device="cuda"))
@@ -242,12 +247,13 @@ def test_piecewise_eager_intermediate_that_moves_is_freed_naming_the_piece(cuda)
             del mid
             g1.replay()
             torch.cuda.synchronize()
+            report = gt.check(event="next step")
             wrong = (y - m.fc2(mid2)).abs().max().item()
         print("piece1 after the intermediate moved differs from eager by", wrong)
-        assert wrong > 1e-2
-        report = gt.check(event="next step")
         print(report.table)
+        assert wrong > 1e-2
         freed = report.of_kind("freed")
-        assert [(f.subject, f.graphs) for f in freed] == [(hex(captured), ("piece1",))], report.table
+        assert [f.graphs for f in freed] == [("piece1",)], report.table
+        assert hex(captured) in freed[0].detail, report.table
     finally:
         gt.uninstrument(ins)

@@ -630,6 +630,12 @@ def test_a_tree_graph_whose_guarded_parameter_moved_is_superseded():
     states = {"old": old, "other": other, "plain": plain}
     assert _guard.superseded(manifest, moved, states) == {"old"}
     assert _guard.superseded(manifest, kept, states) == set()
+    # The manifest built after the re-record no longer names the replaced parameter (it
+    # died): the paths the capture learned still do.
+    bare = {"tensors": [], "owners": []}
+    assert _guard.superseded(bare, moved, states) == set()
+    old.static_paths = {0x1000: ["model.w"]}
+    assert _guard.superseded(bare, moved, states) == {"old"}
 
 
 # -- zero-code attach: discovery ----------------------------------------------------------

@@ -272,3 +272,34 @@ fn an_owned_tensor_in_the_same_allocation_keeps_its_own_rules() {
     assert_eq!(freed.len(), 1, "{:?}", kinds(&r));
     assert_eq!(freed[0].subject, "model.w");
 }
+
+#[test]
+fn freed_names_only_the_kernels_that_read_a_freed_address() {
+    // One allocation holds an input that stays and an intermediate that is freed (a
+    // piecewise graph's eager intermediate beside the batch input): the finding names the
+    // graph that reads the freed one, not every graph of the allocation.
+    let mut m = manifest();
+    m.graphs[0].nodes[1]
+        .touches
+        .push(crate::testkit::touch(None, 4, 0x100));
+    let mut l = live_in_allocations(&m);
+    set_probe(&mut l, CACHE + 0x100, AllocState::Free);
+    let r = run(&m, &l);
+    let freed = of(&r, FindingKind::Freed);
+    assert_eq!(freed.len(), 1, "{:?}", kinds(&r));
+    assert_eq!(freed[0].graphs, vec!["bs1".to_string()]);
+    assert_eq!(
+        freed[0]
+            .kernels
+            .iter()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["k1"]
+    );
+    // The capture-time finding names both.
+    let unowned = of(&r, FindingKind::Unowned);
+    assert_eq!(
+        unowned[0].graphs,
+        vec!["bs1".to_string(), "bs8".to_string()]
+    );
+}
