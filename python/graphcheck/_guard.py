@@ -243,8 +243,7 @@ def run_check(ins, *, event: str, contents: str, digests=None):
     graphs left out, verified. Returns ``(report, superseded names)``."""
     from ._api import verify
 
-    frozen = getattr(ins, "_frozen", None)
-    manifest = json.loads(frozen if frozen is not None else ins.manifest_json())
+    manifest = json.loads(ins.manifest_json())
     rec = ins.recorder
     if digests is None:
         digests = contents == "preserved" and bool(rec.digests)

@@ -245,8 +245,8 @@ class Instrumentation:
         self._states: dict = {}
         #: Graphs the last :func:`check` left out: torch will not replay them again.
         self.superseded: list = []
-        # The manifest as of the latest capture, for the checks (None: built when asked).
-        self._frozen: Optional[str] = None
+        # (captures, manifest JSON) built at the latest capture (None: built when asked).
+        self._frozen: Optional[tuple] = None
         self.discover = discover
         #: Root names discovery chose (zero-code attach), empty where roots were named.
         self.discovered: list = []
@@ -260,6 +260,7 @@ class Instrumentation:
             self.recorder = Recorder(None, **self._recorder_args)
             self.recorder._roots = list(roots)
             self.path, self.captures, self.errors, self._pid = None, 0, [], os.getpid()
+            self._frozen = None
 
     def _graph_name(self, hint: Optional[str] = None) -> str:
         if callable(self.name):
@@ -304,12 +305,26 @@ class Instrumentation:
                     state.names[id(self)] = name
                     state.learn_paths(self.recorder.registry)
                     self._states[name] = state
-                # What the checks compare against must be what was captured: the owners and
-                # digests of now, before any transition (a manifest built after a wake
-                # would digest the poison).
-                if self._checker is not None or self.recorder.digests:
-                    self._frozen = self.manifest_json()
                 self.captures += 1
+                # The manifest is built now, while the allocator, the owners and the
+                # contents are the capture's: one built after a wake would digest the
+                # poison, and after a step would see a freed intermediate as free memory.
+                # Only a directory with write_every > 1 (and no check or digest asking for
+                # capture-time facts) defers it, to its write.
+                if (
+                    self.directory is None
+                    or self.write_every == 1
+                    or self._checker is not None
+                    or self.recorder.digests
+                ):
+                    try:
+                        self._frozen = (self.captures, self._build_json())
+                    except BaseException as e:  # noqa: BLE001 - built when asked instead
+                        if _fatal(e):
+                            raise
+                        # Said already where it matters (a failed owner walk above); a
+                        # write or a check builds it again and says so if it fails.
+                        self._frozen = None
                 self._unwritten += 1
                 if self.directory is not None and self._unwritten >= self.write_every:
                     try:
@@ -343,9 +358,16 @@ class Instrumentation:
         return self.path
 
     def manifest_json(self) -> str:
-        """The manifest of every capture recorded so far in this process, as JSON text."""
+        """The manifest of every capture recorded so far in this process, as JSON text:
+        as built at the latest capture (the facts of then), else built now."""
         with _LOCK:
             self._fork_check()
+            if self._frozen is not None and self._frozen[0] == self.captures:
+                return self._frozen[1]
+            return self._build_json()
+
+    def _build_json(self) -> str:
+        with _LOCK:
             rank, world = _rank_and_world()
             self.recorder.producer.setdefault("rank", rank)
             self.recorder.producer.setdefault("world_size", world)
@@ -387,6 +409,7 @@ class Instrumentation:
         name is replaced (a model loaded again)."""
         with _LOCK:
             rec = self.recorder
+            self._frozen = None  # the next manifest walks the new root
             # A root named explicitly replaces the discovered ones.
             gone = set(self.discovered) | {root}
             self.discovered = []
