@@ -176,6 +176,8 @@ def _check_before_replay(cuda_graph) -> None:
 def _on_capture(cuda_graph) -> None:
     with _LOCK:
         sinks = list(_ACTIVE)
+        if any(ins._checker is not None for ins in sinks):
+            _patch_transitions()  # torch_memory_saver imported since instrument()
     if not sinks:
         return
     # A graph of torch.compile's CUDA-graph trees: its name and the static inputs torch

@@ -99,6 +99,11 @@ def test_rebinding_a_derived_tensor_is_drifted_and_the_replay_is_wrong(cuda):
         layer.proj.weight.copy_(torch.randn_like(layer.proj.weight) * 0.05)
         layer.W_UV = (layer.proj.weight.detach().t() * 0.5).contiguous()
     torch.cuda.synchronize()
+    # Snapshot before anything else allocates: the old W_UV's block is free now, where the
+    # replay's and eager's temporaries could take it (then it is active, under no owner,
+    # and only `drifted` says what happened: which depends on the allocator's history,
+    # i.e. on the tests run before this one).
+    live = gt.snapshot(model, manifest, event="reload_weights() (new weights)", contents="updated")
     g.replay()
     torch.cuda.synchronize()
     with torch.no_grad():
@@ -106,7 +111,6 @@ def test_rebinding_a_derived_tensor_is_drifted_and_the_replay_is_wrong(cuda):
     err = (y.float() - expected.float()).abs().max().item()
     print(f"replay after reload differs from eager by {err}")
     assert err > 1e-2, "the replay should read the stale W_UV"
-    live = gt.snapshot(model, manifest, event="reload_weights() (new weights)", contents="updated")
     save("torch_decode_drift_manifest.json", manifest)
     save("torch_decode_drift_live.json", live)
     report = graphcheck.verify(manifest, live)

@@ -1,0 +1,57 @@
+"""A torch_memory_saver engine (SGLang's way) under graphcheck's replay check, in a process
+of its own (torch_memory_saver installs its own pluggable allocator). sglang #27140's
+class: a persistent recurrent state allocated under the KV-cache tag, which a pause
+discards, while the weights are paused with a CPU backup. Prints one JSON line."""
+
+import json
+import sys
+
+import torch
+import torch_memory_saver as tms_module
+
+import graphcheck.torch as gt
+
+saver = tms_module.torch_memory_saver
+saver.hook_mode = "torch"
+out = {}
+
+with saver.region(tag="weights", enable_cpu_backup=True):
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(256, 256, device="cuda")
+with saver.region(tag="kv_cache"):
+    model.register_buffer("state", torch.full((256,), 3.0, device="cuda"))  # persistent
+x = torch.randn(8, 256, device="cuda")
+
+
+def step():
+    return model.proj(x) + model.state
+
+
+ins = gt.instrument(None, model=model, name="decode_bs8", digests=True, verify_on_replay="raise")
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.no_grad(), torch.cuda.stream(s):
+    step()
+torch.cuda.current_stream().wait_stream(s)
+g = torch.cuda.CUDAGraph()
+with torch.no_grad(), torch.cuda.graph(g):
+    y = step()
+g.replay()
+torch.cuda.synchronize()
+out["patched"] = getattr(type(saver).resume, "_graphcheck_transition", False)
+
+saver.pause()
+saver.resume()  # a transition graphcheck sees by itself
+out["state_after_resume"] = float(model.state[0].item())
+try:
+    g.replay()
+    out["refused"] = False
+except gt.ReplayCheckError as e:
+    out["refused"] = True
+    out["graph"] = e.graph
+    out["findings"] = sorted({(f.kind, o.path) for f in e.findings for o in f.owners})
+    out["message"] = str(e).splitlines()[0]
+out["errors"] = [str(e) for e in ins.errors]
+gt.uninstrument(ins)
+print(json.dumps(out))
+sys.exit(0)
