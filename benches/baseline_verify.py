@@ -380,7 +380,9 @@ def unowned_checks(manifest, subject_of_tensor, suspects, out):
 
 def unowned_live_checks(manifest, live, groups, out):
     """`freed` / `reused` for the unowned groups whose captured allocation is known: a probe
-    at one of their addresses free or unmapped; else one active in a live allocation that
+    at one of their addresses free, or unmapped where the captured allocation lay in a
+    declared pool (memory another library mapped is unmapped to torch while alive); else
+    one active in a live allocation that
     does not hold the captured one and whose base and size no allocation of the manifest
     has."""
     groups = {k: v for k, v in groups.items() if v[0] is not None}
@@ -393,7 +395,8 @@ def unowned_live_checks(manifest, live, groups, out):
     extents = {(int(a["base"], 16), a["size"]) for a in manifest.get("allocations", ())}
     for subject, (captured, addrs) in groups.items():
         probes = [probe_at[a] for a in addrs if a in probe_at]
-        if any(p["state"] != "active" for p in probes):
+        in_pool = captured.get("pool") is not None
+        if any(p["state"] == "free" or (p["state"] == "unmapped" and in_pool) for p in probes):
             out.append(("freed", subject, ()))
             continue
         lo = int(captured["base"], 16)

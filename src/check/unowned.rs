@@ -103,7 +103,8 @@ pub(super) fn capture_checks(ctx: &Ctx<'_>, groups: &[Group<'_>], out: &mut Vec<
 
 /// The live checks of the groups whose addresses lay in an allocation the manifest knows
 /// (`docs/findings.md`, "Addresses no owner explains"): `freed` where a probe at one of
-/// the captured addresses is `free` or `unmapped`; else `reused` where one is `active` in a
+/// the captured addresses is `free` (or `unmapped`, where the captured allocation lay in a
+/// declared pool); else `reused` where one is `active` in a
 /// live allocation that no longer holds the captured one. Without a captured allocation
 /// the probe says nothing the manifest did not: a CPU manifest has no allocations, and its
 /// probes call every address no walk found `unmapped`.
@@ -148,7 +149,16 @@ pub(super) fn live_checks(
             .filter_map(|&addr| probes.at(addr))
             .map(|pi| &l.probes[pi])
             .collect();
-        if let Some(p) = now.iter().find(|p| p.state != AllocState::Active) {
+        // `unmapped` says only that torch's allocator has no segment there: memory another
+        // library mapped itself (NCCL's communicator state, seen on two H200s) is
+        // `unmapped` while it is alive. It counts as released only where the captured
+        // allocation lay in a pool the manifest declares (torch's, the sleep allocator's),
+        // which the allocator would list if it were still mapped.
+        let released = |p: &Probe| {
+            p.state == AllocState::Free
+                || (p.state == AllocState::Unmapped && captured.pool.is_some())
+        };
+        if let Some(p) = now.iter().find(|p| released(p)) {
             let state = if p.state == AllocState::Free {
                 "a free block of the allocator"
             } else {
@@ -156,11 +166,7 @@ pub(super) fn live_checks(
             };
             // Named by the kernels that read a freed address, not every kernel of the
             // group: one allocation can hold a live input and a freed intermediate.
-            let gone = |addr: Addr| {
-                probes
-                    .at(addr)
-                    .is_some_and(|pi| l.probes[pi].state != AllocState::Active)
-            };
+            let gone = |addr: Addr| probes.at(addr).is_some_and(|pi| released(&l.probes[pi]));
             let refs: Vec<TouchRef> = g
                 .refs
                 .iter()

@@ -539,6 +539,12 @@ pub enum IgnoredReason {
     /// tensors torch owns, reaches from no Python object, and refills before every replay.
     /// A known owner, not an unowned address.
     RngState,
+    /// The word is `comm` (offset 0) of the `ncclDevKernelArgsStorage<N>` parameter of an
+    /// NCCL collective kernel: a pointer to the communicator's device state, memory NCCL
+    /// maps and owns for the communicator's life (seen on two H200s, TP=2). Owned by the
+    /// communicator, not an unowned address; the user buffers in the same parameter are
+    /// touches as usual.
+    NcclComm,
 }
 
 /// A parameter word that held a device address but is not a touch (`docs/findings.md`).

@@ -402,6 +402,7 @@ pub fn normalized_manifest(m: &Manifest) -> String {
                     crate::document::format::IgnoredReason::IndexSlot => "index slot",
                     crate::document::format::IgnoredReason::FreeMemory => "into free memory",
                     crate::document::format::IgnoredReason::RngState => "torch's RNG state",
+                    crate::document::format::IgnoredReason::NcclComm => "NCCL's communicator",
                 };
                 let _ = writeln!(
                     out,

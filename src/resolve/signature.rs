@@ -1,6 +1,6 @@
 //! Kernel-signature rules: what the demangled signature of a kernel says about the words
 //! of its parameters — PyTorch's `TensorInfo` and `OffsetCalculator` index slots, the
-//! elementwise closure's operand array, the Philox RNG state — so that words which are not
+//! elementwise closure's operand array, the Philox RNG state, NCCL's communicator — so that words which are not
 //! addresses a kernel reads through are set aside, with the reason.
 
 use std::collections::HashMap;
@@ -25,6 +25,10 @@ pub(crate) enum ParamLayout {
     /// torch's `at::PhiloxCudaState`: `seed_` and `offset_` (offsets 0 and 8) are, under
     /// capture, pointers to the CUDA generator's graph-safe state.
     PhiloxState,
+    /// NCCL's `ncclDevKernelArgsStorage<N>` (the one by-value parameter of every
+    /// `ncclDevKernel_*`): `ncclDevKernelArgs` first, whose word at offset 0 is `comm`, the
+    /// communicator's device state; the work structs after it hold the user buffers.
+    NcclArgs,
 }
 
 /// Whether a parameter type is torch's `at::PhiloxCudaState` by value. jiterator and other
@@ -59,6 +63,8 @@ pub(crate) fn param_layouts(name: &str) -> Vec<ParamLayout> {
                         ParamLayout::PointerArray
                     } else if is_philox_state(t) {
                         ParamLayout::PhiloxState
+                    } else if t.starts_with("ncclDevKernelArgsStorage<") {
+                        ParamLayout::NcclArgs
                     } else {
                         ParamLayout::Opaque
                     }
@@ -161,6 +167,8 @@ impl<'a> NodeSignature<'a> {
                 WordRole::SetAside(IgnoredReason::RngState)
             }
             ParamLayout::PhiloxState => WordRole::Unknown,
+            ParamLayout::NcclArgs if offset == 0 => WordRole::SetAside(IgnoredReason::NcclComm),
+            ParamLayout::NcclArgs => WordRole::Unknown,
         }
     }
 }

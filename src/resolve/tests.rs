@@ -534,3 +534,50 @@ fn unexplained_words_leave_out_known_ranges_and_set_aside_words() {
         [Addr(0x10_0000), Addr(0x10_0040), Addr(0x50_0000)]
     );
 }
+
+/// Guards the false `unowned` of every NCCL collective in a tensor-parallel graph (two
+/// H200s, TP=2): the `comm` word at offset 0 of `ncclDevKernelArgsStorage` points at the
+/// communicator's device state, memory NCCL maps itself; the user buffers later in the same
+/// parameter stay touches.
+#[test]
+fn the_nccl_communicator_word_is_set_aside_and_the_user_buffers_stay_touches() {
+    let name =
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)";
+    assert_eq!(param_layouts(name), [ParamLayout::NcclArgs]);
+    let nccl_seg = Some((0x7000_0000, 0x20_0000)); // NCCL's own mapping, no pool
+    let seg = Some((0x10_0000, 0x20_0000));
+    let mut b = ManifestBuilder::new(producer());
+    let x = b.add_tensor(spec(0x10_0000, 0, 0x100, 0x100)).unwrap();
+    b.add_owner("model.y", x, Registration::Buffer, None)
+        .unwrap();
+    let words = vec![
+        word(0, 0, 0x7000_0000, nccl_seg), // ncclDevKernelArgs::comm
+        word(0, 72, 0x10_0000, seg),       // sendbuff
+        word(0, 80, 0x10_0000, seg),       // recvbuff
+    ];
+    b.add_graph("g", None, one_node(name, words));
+    let m = b.finish().unwrap();
+    let n = &m.graphs[0].nodes[0];
+    assert_eq!(
+        n.touches
+            .iter()
+            .map(|t| (t.offset, t.tensor))
+            .collect::<Vec<_>>(),
+        [(72, Some(TensorId(0))), (80, Some(TensorId(0)))]
+    );
+    assert_eq!(
+        n.ignored
+            .iter()
+            .map(|w| (w.param, w.offset, w.reason))
+            .collect::<Vec<_>>(),
+        [(0, 0, IgnoredReason::NcclComm)]
+    );
+    let r =
+        crate::check::verify::verify(&m, None, &crate::check::allow::Allowlist::default()).unwrap();
+    assert!(r.findings.is_empty(), "{:?}", r.findings);
+    let text = crate::present::normalize::normalized_manifest(&m);
+    assert!(
+        text.contains("param 0 +0: ignored (NCCL's communicator)"),
+        "{text}"
+    );
+}

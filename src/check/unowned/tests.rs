@@ -46,11 +46,13 @@ fn run(m: &Manifest, l: &Live) -> Report {
 
 #[test]
 fn a_free_or_unmapped_unowned_address_is_freed() {
-    let m = manifest();
     for (state, words) in [
         (AllocState::Free, "a free block of the allocator"),
         (AllocState::Unmapped, "unmapped"),
     ] {
+        // Unmapped counts only in a declared pool (the next test): put the cache in one.
+        let mut m = manifest();
+        m.allocations[4].pool = Some(m.pools[0].id);
         let mut l = live_in_allocations(&m);
         set_probe(&mut l, CACHE, state);
         let r = run(&m, &l);
@@ -302,4 +304,21 @@ fn freed_names_only_the_kernels_that_read_a_freed_address() {
         unowned[0].graphs,
         vec!["bs1".to_string(), "bs8".to_string()]
     );
+}
+
+#[test]
+fn memory_another_library_mapped_is_not_freed_for_being_outside_torch() {
+    // NCCL's communicator state (seen on two H200s): a ring kernel's first parameter points
+    // into memory NCCL mapped itself, in no pool; torch's allocator has no segment there,
+    // so the live snapshot calls it `unmapped` while it is alive. Not freed; a free block
+    // of torch's allocator still is.
+    let m = manifest();
+    assert!(m.allocations[4].pool.is_none());
+    let mut l = live_in_allocations(&m);
+    set_probe(&mut l, CACHE, AllocState::Unmapped);
+    let r = run(&m, &l);
+    assert!(of(&r, FindingKind::Freed).is_empty(), "{:?}", kinds(&r));
+    assert!(of(&r, FindingKind::Reused).is_empty(), "{:?}", kinds(&r));
+    set_probe(&mut l, CACHE, AllocState::Free);
+    assert_eq!(of(&run(&m, &l), FindingKind::Freed).len(), 1);
 }
