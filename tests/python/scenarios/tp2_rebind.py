@@ -25,8 +25,16 @@ def free_port() -> int:
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import faulthandler
+
     import graphcheck
     import graphcheck.torch as gt
+
+    # A hang prints every thread's stack and ends the worker.
+    faulthandler.dump_traceback_later(int(os.environ.get("TP2_HANG_S", "90")), exit=True)
+
+    def step(what):
+        print(f"[rank {rank}] {what}", file=sys.stderr, flush=True)
 
     torch.cuda.set_device(rank)
     dist.init_process_group(
@@ -84,19 +92,25 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
             with torch.no_grad():
                 model.down.weight = torch.nn.Parameter(model.down.weight.detach().clone())
         dist.barrier()
+        step("snapshot")
         live = gt.snapshot(model, manifest, event="reload_weights() on rank 1 (rebinding)", contents="preserved")
         with open(os.path.join(out_dir, f"live-{rank}.json"), "w") as f:
             json.dump(live, f)
         # What the replay serves now: rank 1's old shard was freed; scribble where it was.
         junk = [torch.full((d, shard), 7.0, device="cuda") for _ in range(4)] if rank == 1 else []
+        step("replay after the reload")
+        print(json.dumps({"rank": rank, "partial": True, **{k: v for k, v in facts.items() if k != "rank"}}), flush=True)
         g.replay()
         torch.cuda.synchronize()
+        step("replayed")
         facts["replay_error_after"] = (y.cpu() - reference).abs().max().item()
         facts["live_findings"] = sorted({(f.kind, f.subject) for f in graphcheck.verify(manifest, live).findings})
         del junk
         gt.uninstrument(ins)
+        step("uninstrumented")
     finally:
         dist.destroy_process_group()
+        step("destroyed")
     print(json.dumps(facts), flush=True)
 
 
