@@ -108,10 +108,14 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
         del junk
         gt.uninstrument(ins)
         step("uninstrumented")
+        print(json.dumps(facts), flush=True)
+        # A graph holding NCCL work still alive at destroy_process_group hung both ranks
+        # (torch 2.11, two H200s): the graph goes first.
+        del g, y
+        torch.cuda.synchronize()
     finally:
         dist.destroy_process_group()
         step("destroyed")
-    print(json.dumps(facts), flush=True)
 
 
 if __name__ == "__main__":
