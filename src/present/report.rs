@@ -666,6 +666,7 @@ mod tests {
             .map(|i| Finding {
                 kind: FindingKind::Unregistered,
                 severity: Severity::Error,
+                rank: None,
                 subject: format!(
                     "model.layers[{}].mlp.experts[{i}].quant_method.workspace",
                     i / 64
@@ -707,6 +708,9 @@ mod tests {
             subjects: n,
             graphs: 1,
             unread_nodes: 0,
+            world_size: None,
+            ranks: vec![],
+            missing_ranks: vec![],
         }
     }
 
