@@ -176,6 +176,9 @@ pub fn rank_mismatches(ranks: &[(u32, &Manifest, &Tables)]) -> Vec<Finding> {
     out
 }
 
+/// A tensor as ranks are compared by it: dtype and shape.
+type Held<'m> = (&'m str, &'m [u64]);
+
 /// The sentence for a path the ranks disagree on, or `None` where they agree: each
 /// distinct tensor with the ranks that hold it, then the ranks without the path. Only what
 /// differs is named: `shape [4096, 512] on ranks 0, 1; [4096, 256] on rank 2`.
@@ -185,7 +188,7 @@ fn mismatch(all: &[u32], seen: &BTreeMap<u32, Seen<'_>>) -> Option<String> {
         .copied()
         .filter(|r| !seen.contains_key(r))
         .collect();
-    let mut variants: Vec<((&str, &[u64]), Vec<u32>)> = Vec::new();
+    let mut variants: Vec<(Held<'_>, Vec<u32>)> = Vec::new();
     for (&rank, &(_, dtype, shape)) in seen {
         match variants.iter_mut().find(|(v, _)| *v == (dtype, shape)) {
             Some((_, ranks)) => ranks.push(rank),
@@ -272,9 +275,7 @@ mod tests {
         ms[2].tensors[0].shape = vec![64];
         ms[2].tensors[0].nbytes = 128;
         ms[1].tensors[2].dtype = "float16".into();
-        ms[0]
-            .owners
-            .retain(|o| o.path.to_string() != "model.scale_alias");
+        ms[0].owners.retain(|o| o.path != "model.scale_alias");
         assert_eq!(
             mismatches(&ms),
             vec![
@@ -312,7 +313,7 @@ mod tests {
         l0.producer = m0.producer.clone();
         let mut l1 = live(&m1, Contents::Preserved);
         l1.producer = m1.producer.clone();
-        l1.owners.retain(|o| o.path.to_string() != "model.meta");
+        l1.owners.retain(|o| o.path != "model.meta");
         let (lt0, lt1) = (check_live(&l0).unwrap(), check_live(&l1).unwrap());
         let docs = [
             RankDocs {
