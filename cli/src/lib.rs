@@ -52,10 +52,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Check a manifest alone (unregistered, unowned, mispooled) or against a live
-    /// snapshot (every finding kind).
+    /// snapshot (every finding kind); or every rank of a run, from a folder.
     #[command(after_help = EXIT_CODES)]
     Verify {
-        /// The manifest recorded at capture (`-`: standard input).
+        /// The manifest recorded at capture (`-`: standard input); or a folder holding one
+        /// run's documents (`*.json`: one manifest per rank, at most one live snapshot per
+        /// rank), verified rank by rank and across ranks into one report.
         manifest: PathBuf,
         /// The live snapshot taken after sleep/wake or reload (`-`: standard input).
         live: Option<PathBuf>,
@@ -265,9 +267,16 @@ fn run(cli: Cli) -> Result<i32> {
             output,
             normalized,
         } => {
+            // A folder (and no live snapshot): every rank of a run.
+            let folder = (live.is_none() && manifest.is_dir())
+                .then(|| ops::dir_documents(&manifest))
+                .transpose()?;
             // Before anything is read or written: an output that is an input would be lost.
             if let Some(out) = &output {
                 let mut inputs = vec![("manifest", input_file(&manifest))];
+                for doc in folder.iter().flatten() {
+                    inputs.push(("document", doc));
+                }
                 if let Some(l) = &live {
                     inputs.push(("live snapshot", input_file(l)));
                 }
@@ -288,12 +297,13 @@ fn run(cli: Cli) -> Result<i32> {
             }
             .deny_unused(deny_unused_allow);
             let t = progress(&manifest, live.as_deref());
-            let v = match &live {
-                Some(l) => {
+            let v = match (&live, &folder) {
+                (None, Some(docs)) => ops::verify_dir(&manifest, docs, &allow)?,
+                (Some(l), _) => {
                     let [m, l] = sources([&manifest, l])?;
                     ops::verify(&m, Some(&l), &allow)?
                 }
-                None => {
+                (None, None) => {
                     let [m] = sources([&manifest])?;
                     ops::verify(&m, None, &allow)?
                 }

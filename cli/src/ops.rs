@@ -1,12 +1,14 @@
 //! The work behind each command, shared by the command line and the Python API
 //! (`graphcheck._native`): load, check, render. Nothing here prints.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::finding::Report;
-use graphcheck::document::format::{Live, Manifest};
-use graphcheck::document::load::{LoadError, Source, Tables};
+use graphcheck::check::ranks::{RankDocs, verify_ranks};
+use graphcheck::document::format::{DocKind, Live, Manifest};
+use graphcheck::document::load::{Checked, LoadError, Source, Tables};
+use graphcheck::document::ranks::{RankDoc, RanksError, group};
 use graphcheck::present::explain::{Query, explain};
 use graphcheck::present::fmt::{AddrFmt, RawAddrs};
 use graphcheck::present::normalize::Symbolizer;
@@ -38,6 +40,9 @@ impl std::str::FromStr for Format {
 
 /// A verified manifest: the documents and the report, ready to render in any format.
 pub struct Verified {
+    /// The manifest verified; with several ranks (`verify DIR`), the lowest rank's, whose
+    /// addresses `--normalized` names (the other ranks' documents are dropped once
+    /// verified).
     pub manifest: Manifest,
     pub tables: Tables,
     pub live: Option<(Live, Tables)>,
@@ -74,6 +79,124 @@ pub fn verify(
         manifest,
         tables,
         live,
+        report,
+    })
+}
+
+/// Why `verify DIR` could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DirError {
+    #[error("failed to read the folder {}", dir.display())]
+    Read {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("{}: the documents are not one run's: {why}", dir.display())]
+    Ranks { dir: PathBuf, why: RanksError },
+}
+
+/// The documents `verify DIR` reads: every regular file of `dir` (not its subfolders) whose
+/// name ends in `.json`, sorted by name. Each must be a manifest or a live snapshot: any
+/// other JSON file is refused by the loader, naming it, rather than skipped.
+pub fn dir_documents(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
+    let read = |source| DirError::Read {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(read)? {
+        let p = e.map_err(read)?.path();
+        if p.extension().is_some_and(|x| x == "json") && p.is_file() {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Verifies the ranks of one run from their documents (as [`dir_documents`] lists them):
+/// loads each (on a thread of its own), groups them by `producer.rank`
+/// ([`graphcheck::document::ranks::group`]), verifies each rank's manifest against its own
+/// live snapshot, and the manifests against each other, into one report.
+pub fn verify_dir(dir: &Path, paths: &[PathBuf], allow: &Allowlist) -> Result<Verified, DirError> {
+    let loaded: Vec<Result<Checked, LoadError>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = paths
+            .iter()
+            .map(|p| s.spawn(move || source(p).checked()))
+            .collect();
+        jobs.into_iter()
+            .map(|j| match j.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    let docs: Vec<Checked> = loaded.into_iter().collect::<Result<_, _>>()?;
+    let meta: Vec<RankDoc<'_>> = docs
+        .iter()
+        .zip(paths)
+        .map(|(d, path)| {
+            let (kind, p) = match d {
+                Checked::Manifest(m, _) => (DocKind::Manifest, &m.producer),
+                Checked::Live(l, _) => (DocKind::Live, &l.producer),
+            };
+            RankDoc {
+                path,
+                kind,
+                rank: p.rank,
+                world_size: p.world_size,
+            }
+        })
+        .collect();
+    let ranks = group(&meta).map_err(|why| DirError::Ranks {
+        dir: dir.to_path_buf(),
+        why,
+    })?;
+    let manifest = |i: usize| match &docs[i] {
+        Checked::Manifest(m, t) => (m, t),
+        Checked::Live(..) => unreachable!("grouping put a live snapshot as a manifest"),
+    };
+    let live = |i: usize| match &docs[i] {
+        Checked::Live(l, t) => (l, t),
+        Checked::Manifest(..) => unreachable!("grouping put a manifest as a live snapshot"),
+    };
+    let rank_docs: Vec<RankDocs<'_>> = ranks
+        .ranks
+        .iter()
+        .map(|r| {
+            let (m, t) = manifest(r.manifest);
+            RankDocs {
+                rank: r.rank,
+                manifest: m,
+                tables: t,
+                live: r.live.map(live),
+            }
+        })
+        .collect();
+    let report =
+        verify_ranks(ranks.world_size, &rank_docs, ranks.missing.clone(), allow).map_err(|e| {
+            let files = ranks
+                .ranks
+                .iter()
+                .find(|r| r.rank == e.rank)
+                .expect("the rank that failed was given");
+            let live = files.live.map_or(Path::new("live"), |l| &paths[l]);
+            e.source.in_files(&paths[files.manifest], live)
+        })?;
+    let first = ranks.ranks[0].manifest;
+    drop(rank_docs);
+    let (manifest, tables) = match docs.into_iter().nth(first) {
+        Some(Checked::Manifest(m, t)) => (m, t),
+        _ => unreachable!("the lowest rank's manifest"),
+    };
+    Ok(Verified {
+        manifest,
+        tables,
+        live: None,
         report,
     })
 }

@@ -96,6 +96,9 @@ impl Corpus {
                 subjects: 0,
                 graphs: 0,
                 unread_nodes: 0,
+                world_size: None,
+                ranks: vec![],
+                missing_ranks: vec![],
             },
         };
         let mut dict = BTreeSet::new();
@@ -207,10 +210,12 @@ pub fn live_of(m: &Manifest) -> Live {
     l
 }
 
-/// The kinds only a live snapshot can give: every kind but the capture-time ones and the
-/// allowlist's own warning.
+/// The kinds only a live snapshot can give: every kind but the capture-time ones, the
+/// cross-rank one and the allowlist's own warning.
 fn live_kind(k: FindingKind) -> bool {
-    !FindingKind::CAPTURE_TIME.contains(&k) && k != FindingKind::UnusedAllow
+    !FindingKind::CAPTURE_TIME.contains(&k)
+        && k != FindingKind::UnusedAllow
+        && k != FindingKind::RankMismatch
 }
 
 fn same(a: &Document, b: &Document) -> bool {

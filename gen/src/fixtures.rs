@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use serde::Serialize;
 
-use crate::index::{INDEX_VERSION, Index, ScenarioEntry};
+use crate::index::{INDEX_VERSION, Index, RanksEntry, ScenarioEntry};
 use crate::scenarios::{self, Scenario};
 
 /// Every file of the corpus, by path relative to the fixtures folder.
@@ -57,10 +57,29 @@ pub fn corpus_of(all: &[Scenario]) -> Files {
     let base = all.first().expect("at least one scenario");
     let (bad_files, bad) = crate::bad::inputs(base);
     files.extend(bad_files);
+    let mut ranks = Vec::new();
+    for r in scenarios::ranks::all() {
+        let dir = format!("ranks/{}", r.name);
+        for (name, doc) in &r.files {
+            let bytes = match doc {
+                Ok(m) => pretty(m),
+                Err(l) => pretty(l),
+            };
+            files.insert(format!("{dir}/{name}"), bytes);
+        }
+        ranks.push(RanksEntry {
+            name: r.name.into(),
+            description: r.description.clone(),
+            made_by: r.made_by(),
+            dir,
+            expect: r.expect.clone(),
+        });
+    }
     let index = Index {
         format_version: INDEX_VERSION,
         scenarios: entries,
         bad,
+        ranks,
     };
     files.insert("index.json".into(), pretty(&index));
     files
@@ -91,7 +110,7 @@ pub fn check(out: &Path, files: &Files) -> Vec<String> {
             Err(_) => differ.push(format!("{rel} (missing)")),
         }
     }
-    for top in ["synthetic", "bad"] {
+    for top in ["synthetic", "bad", "ranks"] {
         let mut stack = vec![out.join(top)];
         while let Some(dir) = stack.pop() {
             let Ok(entries) = std::fs::read_dir(&dir) else {

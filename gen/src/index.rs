@@ -15,6 +15,40 @@ pub struct Index {
     /// (The GPU corpus's index has none.)
     #[serde(default)]
     pub bad: Vec<BadEntry>,
+    /// Runs of several ranks, each a folder `verify DIR` reads. (The GPU corpus's index has
+    /// none.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RanksEntry>,
+}
+
+/// A run of several ranks: a folder of per-rank manifests and live snapshots.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RanksEntry {
+    pub name: String,
+    pub description: String,
+    pub made_by: String,
+    /// The folder `graphcheck verify DIR` is given, relative to `fixtures/`.
+    pub dir: String,
+    pub expect: RanksExpect,
+}
+
+/// What `graphcheck verify DIR` must report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RanksExpect {
+    pub exit_code: i32,
+    /// Every finding, in report order (kind, subject, then rank); nothing else.
+    pub findings: Vec<RankFinding>,
+    /// The ranks below the world size that have no manifest (a warning).
+    pub missing_ranks: Vec<u32>,
+}
+
+/// One finding of a report of several ranks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankFinding {
+    /// `null` for a finding about several ranks (`rank_mismatch`).
+    pub rank: Option<u32>,
+    pub kind: Kind,
+    pub subject: String,
 }
 
 /// One scenario. Paths are relative to the `fixtures/` folder.

@@ -194,6 +194,10 @@ class Finding:
     live_addr: Optional[str] = None
     pool: Optional[str] = None
     alloc_site: tuple[dict, ...] = ()
+    #: The rank whose documents gave the finding, in a report of several ranks
+    #: (``graphcheck verify DIR``); ``None`` for one manifest, and for findings about
+    #: several ranks (``rank_mismatch``, ``unused_allow``).
+    rank: Optional[int] = None
 
     @classmethod
     def from_json(cls, f: Mapping[str, Any]) -> "Finding":
@@ -214,6 +218,7 @@ class Finding:
             live_addr=f.get("live_addr"),
             pool=f.get("pool"),
             alloc_site=tuple(f.get("alloc_site", [])),
+            rank=f.get("rank"),
         )
 
 

@@ -274,6 +274,7 @@ impl Allowlist {
                     } else {
                         Severity::Warning
                     },
+                    rank: None,
                     subject: e.describe(),
                     owners: Vec::new(),
                     new_owners: Vec::new(),

@@ -269,6 +269,7 @@ impl<'m> Ctx<'m> {
         Finding {
             kind,
             severity: Severity::Error,
+            rank: None,
             subject,
             owners: refs,
             new_owners: Vec::new(),

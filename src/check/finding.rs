@@ -25,11 +25,28 @@ pub enum FindingKind {
     Unregistered,
     Mispooled,
     Unowned,
+    RankMismatch,
     UnusedAllow,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 10] = [
+    pub const ALL: [FindingKind; 11] = [
+        FindingKind::Vanished,
+        FindingKind::Drifted,
+        FindingKind::Freed,
+        FindingKind::Reused,
+        FindingKind::Reshaped,
+        FindingKind::Stale,
+        FindingKind::Unregistered,
+        FindingKind::Mispooled,
+        FindingKind::Unowned,
+        FindingKind::RankMismatch,
+        FindingKind::UnusedAllow,
+    ];
+
+    /// The kinds one manifest and its live snapshot can give: all but `rank_mismatch`,
+    /// which compares the manifests of several ranks.
+    pub const PAIR: [FindingKind; 10] = [
         FindingKind::Vanished,
         FindingKind::Drifted,
         FindingKind::Freed,
@@ -60,6 +77,7 @@ impl FindingKind {
             FindingKind::Unregistered => "unregistered",
             FindingKind::Mispooled => "mispooled",
             FindingKind::Unowned => "unowned",
+            FindingKind::RankMismatch => "rank_mismatch",
             FindingKind::UnusedAllow => "unused_allow",
         }
     }
@@ -85,6 +103,9 @@ impl FindingKind {
             FindingKind::Mispooled => "a persistent tensor in a pool that sleep discards",
             FindingKind::Unowned => {
                 "a captured address no owner, graph input or graph pool explains"
+            }
+            FindingKind::RankMismatch => {
+                "an owner path absent on some ranks, or with another shape or dtype there"
             }
             FindingKind::UnusedAllow => "an allowlist entry that allowed nothing",
         }
@@ -142,6 +163,11 @@ pub struct Finding {
     pub kind: FindingKind,
     /// Whether it fails the run; every kind but `unused_allow` is always an error.
     pub severity: Severity,
+    /// The rank whose documents gave it, in a report of several ranks (`verify DIR`); absent
+    /// for one manifest, and for findings about several ranks (`rank_mismatch`,
+    /// `unused_allow`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
     /// Owner paths sorted and joined with ` = `, or the hex address (`unowned`), or the
     /// glob (`unused_allow`).
     pub subject: String,
@@ -199,6 +225,34 @@ pub struct Report {
     pub graphs: usize,
     /// Nodes whose addresses the walk could not read (the graphs' `unread` nodes and
     /// nodes marked `opaque`): whatever they hold is not checked. Left out when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unread_nodes: usize,
+    /// The world size the documents record, in a report of several ranks (`verify DIR`);
+    /// absent for one manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
+    /// Each rank's own counts, in rank order, in a report of several ranks; left out
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankSummary>,
+    /// Ranks below `world_size` that had no manifest: a warning, not a finding (the report
+    /// covers the ranks it was given). Left out when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_ranks: Vec<u32>,
+}
+
+/// One rank's part of a report of several ranks.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RankSummary {
+    pub rank: u32,
+    /// No finding of severity `error` on this rank.
+    pub ok: bool,
+    /// Whether the rank had a live snapshot (all checks) or only its manifest.
+    pub live: bool,
+    /// Findings of this rank by kind (findings about several ranks are not counted here).
+    pub summary: BTreeMap<FindingKind, usize>,
+    pub subjects: usize,
+    pub graphs: usize,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unread_nodes: usize,
 }

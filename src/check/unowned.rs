@@ -233,6 +233,7 @@ fn finding(
     Finding {
         kind,
         severity: Severity::Error,
+        rank: None,
         subject: g.key.to_string(),
         owners: Vec::new(),
         new_owners: Vec::new(),

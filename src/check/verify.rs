@@ -95,7 +95,7 @@ pub fn verify_checked(
     }
 
     let checked: Vec<FindingKind> = if live.is_some() {
-        FindingKind::ALL.to_vec()
+        FindingKind::PAIR.to_vec()
     } else {
         let mut k = FindingKind::CAPTURE_TIME.to_vec();
         k.push(FindingKind::UnusedAllow);
@@ -124,6 +124,9 @@ pub fn verify_checked(
             .iter()
             .map(|g| g.unread.len() + g.nodes.iter().filter(|n| n.opaque.is_some()).count())
             .sum(),
+        world_size: None,
+        ranks: Vec::new(),
+        missing_ranks: Vec::new(),
     })
 }
 

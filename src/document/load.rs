@@ -163,6 +163,26 @@ impl Source {
         })
     }
 
+    /// Parses and checks either document, by its `kind`, keeping the lookups checking built
+    /// (for `verify DIR`, which reads every document of a folder).
+    pub fn checked(&self) -> Result<Checked, LoadError> {
+        let path = self.name();
+        let doc = self.with_bytes(|bytes| match header(bytes, path)? {
+            DocKind::Live => parse_body(bytes, path).map(Document::Live),
+            _ => parse_body(bytes, path).map(Document::Manifest),
+        })?;
+        match doc {
+            Document::Manifest(m) => {
+                let t = check_manifest(&m).map_err(|e| e.in_file(path))?;
+                Ok(Checked::Manifest(m, t))
+            }
+            Document::Live(l) => {
+                let t = check_live(&l).map_err(|e| e.in_file(path))?;
+                Ok(Checked::Live(l, t))
+            }
+        }
+    }
+
     /// Runs `f` over the document's bytes; a file's are read, and freed before the caller
     /// goes on to check what was parsed.
     fn with_bytes<T>(&self, f: impl FnOnce(&[u8]) -> Result<T, LoadError>) -> Result<T, LoadError> {
@@ -171,6 +191,13 @@ impl Source {
             Source::Text { bytes, .. } => f(bytes),
         }
     }
+}
+
+/// A checked document of either kind, with its lookups ([`Source::checked`]).
+#[derive(Debug)]
+pub enum Checked {
+    Manifest(Manifest, Tables),
+    Live(Live, Tables),
 }
 
 /// Reads and checks a manifest.

@@ -12,6 +12,7 @@ pub mod objects;
 pub mod owner_path;
 pub mod ownership;
 pub mod pair;
+pub mod ranks;
 pub mod schema;
 mod wording;
 pub mod write;

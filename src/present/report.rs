@@ -8,7 +8,8 @@ use std::fmt::Write as _;
 use comfy_table::{ContentArrangement, Table, presets};
 use rustc_hash::FxHashMap;
 
-use crate::check::finding::{Finding, FindingKind, KernelRef, Report, Severity};
+use crate::check::finding::{Finding, FindingKind, KernelRef, RankSummary, Report, Severity};
+use crate::check::ranks::rank_list;
 use crate::present::fmt::{AddrFmt, MIN_WIDTH, escape, shorten, wrap};
 
 const MAX_KERNELS_SHOWN: usize = 3;
@@ -133,11 +134,7 @@ pub(crate) fn plural(n: usize, word: &str) -> String {
 fn headline(r: &Report) -> String {
     let n = r.errors().count();
     let w = r.warnings().count();
-    let mode = if r.checked.contains(&FindingKind::Drifted) {
-        "capture and live checks"
-    } else {
-        "capture-time checks only: no live snapshot"
-    };
+    let mode = mode(r);
     // Warnings are counted apart: they do not fail the run.
     let warnings = if w == 0 {
         String::new()
@@ -154,8 +151,12 @@ fn headline(r: &Report) -> String {
             plural(r.unread_nodes, "node")
         )
     };
+    let ranks = match r.world_size {
+        Some(w) if multi(r) => format!("{} of world size {w}, ", plural(r.ranks.len(), "rank")),
+        _ => String::new(),
+    };
     let scope = format!(
-        "{}, {}",
+        "{ranks}{}, {}",
         plural(r.graphs, "graph"),
         plural(r.subjects, "touched tensor")
     );
@@ -168,6 +169,69 @@ fn headline(r: &Report) -> String {
             by_kind(r.errors()),
         )
     }
+}
+
+/// What the run could check: with several ranks, the ranks that had a live snapshot and
+/// those that had only their manifest.
+fn mode(r: &Report) -> String {
+    const LIVE: &str = "capture and live checks";
+    const CAPTURE: &str = "capture-time checks only: no live snapshot";
+    if !multi(r) {
+        return if r.checked.contains(&FindingKind::Drifted) {
+            LIVE
+        } else {
+            CAPTURE
+        }
+        .into();
+    }
+    let (live, alone): (Vec<_>, Vec<_>) = r.ranks.iter().partition(|s| s.live);
+    let list = |v: &[&RankSummary]| rank_list(&v.iter().map(|s| s.rank).collect::<Vec<_>>());
+    match (live.is_empty(), alone.is_empty()) {
+        (_, true) => LIVE.into(),
+        (true, _) => CAPTURE.into(),
+        _ => format!(
+            "{LIVE} on {}; capture-time only on {}, which had no live snapshot",
+            list(&live),
+            list(&alone)
+        ),
+    }
+}
+
+/// With several ranks, one line per rank and one for the ranks that had no manifest (empty
+/// for one manifest). Findings about several ranks are counted in the headline only.
+fn rank_lines(r: &Report) -> Vec<String> {
+    let mut out: Vec<String> = r
+        .ranks
+        .iter()
+        .map(|s| {
+            let n: usize = s.summary.values().sum();
+            let counts = s
+                .summary
+                .iter()
+                .map(|(k, c)| format!("{c} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let verdict = match (n, s.ok) {
+                (0, _) => "ok".to_string(),
+                (_, true) => format!("ok — {} ({counts})", plural(n, "warning")),
+                _ => format!("{} ({counts})", plural(n, "finding")),
+            };
+            format!(
+                "rank {}: {verdict} in {}, {}{}",
+                s.rank,
+                plural(s.graphs, "graph"),
+                plural(s.subjects, "touched tensor"),
+                if s.live { "" } else { " (no live snapshot)" }
+            )
+        })
+        .collect();
+    if let (false, Some(w)) = (r.missing_ranks.is_empty(), r.world_size) {
+        out.push(format!(
+            "warning: no manifest for {} of world size {w}: not verified",
+            rank_list(&r.missing_ranks)
+        ));
+    }
+    out
 }
 
 /// The kind as a report shows it: `unused_allow (warning)` where it does not fail the run.
@@ -209,7 +273,11 @@ impl Lines<'_> {
 
     /// A detail line: `  label        text`.
     fn detail(&mut self, label: &str, text: &str) {
-        let first = format!("  {label:<13}");
+        // A label as wide as the column (`rank_mismatch`) still gets a space after it.
+        let first = match label.chars().count() {
+            n if n >= LABEL - 2 => format!("  {label} "),
+            _ => format!("  {label:<13}"),
+        };
         self.push(&first, &" ".repeat(LABEL.max(first.chars().count())), text);
     }
 }
@@ -223,64 +291,87 @@ fn frame(columns: usize) -> usize {
 /// folds tensor, address and graphs into one column.
 const MIN_OWNER: usize = 40;
 
+/// Whether the report covers several ranks (`verify DIR`): its findings then show a rank.
+fn multi(r: &Report) -> bool {
+    !r.ranks.is_empty()
+}
+
+/// A finding's rank as a report of several ranks shows it: `all` for a finding about
+/// several ranks (`rank_mismatch`, `unused_allow`).
+fn rank_cell(f: &Finding) -> String {
+    f.rank.map_or("all".into(), |r| r.to_string())
+}
+
 /// The findings table. Without a width, or where its natural layout fits, every column is
 /// as wide as its content. Where it does not fit, comfy-table's dynamic arrangement wraps
 /// the cells to the width; where even that would leave the owner column less than
 /// [`MIN_OWNER`] columns (80 columns do: five columns of borders and the fixed-width ones
 /// leave about 15), tensor, address and graphs share one column, so owner paths wrap into
-/// a few long lines instead of many short ones.
+/// a few long lines instead of many short ones. A report of several ranks has a `rank`
+/// column first.
 fn findings_table(r: &Report, fmt: &dyn AddrFmt, width: Option<usize>) -> String {
-    let rows: Vec<[String; 5]> = r
+    // The columns before the owner's: `rank` where there are several ranks, then `kind`.
+    let lead = if multi(r) { 2 } else { 1 };
+    let mut header: Vec<&str> = HEADER.to_vec();
+    if multi(r) {
+        header.insert(0, "rank");
+    }
+    let rows: Vec<Vec<String>> = r
         .findings
         .iter()
         .map(|f| {
-            [
+            let mut row = vec![
                 kind_label(f),
                 owner_cell(f),
                 tensor_cell(f),
                 address_cell(f, fmt),
                 graphs_cell(f, "\n"),
-            ]
+            ];
+            if multi(r) {
+                row.insert(0, rank_cell(f));
+            }
+            row
         })
         .collect();
     let mut t = Table::new();
     // The layout depends only on `width`, never on where stdout goes.
     t.force_no_tty().load_style(presets::UTF8_FULL_CONDENSED);
-    let natural = column_widths(HEADER, &rows);
+    let natural = column_widths(&header, &rows);
     let w = match width {
-        Some(w) if natural.iter().sum::<usize>() + frame(5) > w => w,
+        Some(w) if natural.iter().sum::<usize>() + frame(header.len()) > w => w,
         _ => {
             t.set_content_arrangement(ContentArrangement::Disabled)
-                .set_header(HEADER)
+                .set_header(header)
                 .add_rows(rows);
             return t.to_string();
         }
     };
     t.set_content_arrangement(ContentArrangement::Dynamic)
         .set_width(w as u16);
-    let beside_owner = natural[0] + natural[2] + natural[3] + natural[4] + frame(5);
+    let beside_owner = natural.iter().sum::<usize>() - natural[lead] + frame(header.len());
     if w.saturating_sub(beside_owner) >= MIN_OWNER {
-        t.set_header(HEADER).add_rows(rows);
+        t.set_header(header).add_rows(rows);
     } else {
         // The header names the shared column's lines in the order they come.
-        t.set_header(["kind", "owner", "tensor\naddress\ngraphs"]);
-        for [kind, owner, tensor, address, graphs] in rows {
+        let mut folded = header[..=lead].to_vec();
+        folded.push("tensor\naddress\ngraphs");
+        t.set_header(folded);
+        for mut row in rows {
+            let mut rest = row.split_off(lead + 1);
             // `0x… → 0x…` as two lines keeps the shared column about as narrow as an address.
-            let address = address.replace(" → ", " →\n");
-            let place: Vec<String> = [tensor, address, graphs]
-                .into_iter()
-                .filter(|c| !c.is_empty())
-                .collect();
-            t.add_row([kind, owner, place.join("\n")]);
+            rest[1] = rest[1].replace(" → ", " →\n");
+            let place: Vec<String> = rest.into_iter().filter(|c| !c.is_empty()).collect();
+            row.push(place.join("\n"));
+            t.add_row(row);
         }
     }
     t.to_string()
 }
 
 /// The widest line of each column, header included.
-fn column_widths<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> [usize; N] {
+fn column_widths(header: &[&str], rows: &[Vec<String>]) -> Vec<usize> {
     let widest = |s: &str| s.lines().map(|l| l.chars().count()).max().unwrap_or(0);
-    let mut w = header.map(widest);
+    let mut w: Vec<usize> = header.iter().map(|h| widest(h)).collect();
     for row in rows {
         for (w, cell) in w.iter_mut().zip(row) {
             *w = (*w).max(widest(cell));
@@ -309,19 +400,24 @@ pub fn render_table_fit(r: &Report, fmt: &dyn AddrFmt, width: Option<u16>) -> St
         width,
     };
     lines.push("", "  ", &headline(r));
+    for l in rank_lines(r) {
+        lines.push("  ", "    ", &l);
+    }
     if !r.findings.is_empty() {
         lines.out.push_str(&findings_table(r, fmt, width));
         lines.out.push('\n');
 
         // Details, one block per subject, in table order. Grouped in one pass: a report
         // can hold tens of thousands of findings.
-        let mut order: FxHashMap<&str, usize> = FxHashMap::default();
+        let mut order: FxHashMap<(Option<u32>, &str), usize> = FxHashMap::default();
         let mut groups: Vec<Vec<&Finding>> = Vec::new();
         for f in &r.findings {
-            let g = *order.entry(f.subject.as_str()).or_insert_with(|| {
-                groups.push(Vec::new());
-                groups.len() - 1
-            });
+            let g = *order
+                .entry((f.rank, f.subject.as_str()))
+                .or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
             groups[g].push(f);
         }
         let kernel_room = width.map(|w| w.saturating_sub(LABEL));
@@ -345,6 +441,10 @@ pub fn render_table_fit(r: &Report, fmt: &dyn AddrFmt, width: Option<u16>) -> St
                         .map_or(subject.to_string(), |a| fmt.addr(a))
                 ),
                 _ => subject.into_owned(),
+            };
+            let head = match first.rank {
+                Some(rank) if multi(r) => format!("rank {rank}: {head}"),
+                _ => head,
             };
             lines.push("", "    ", &head);
             for f in fs {
@@ -389,7 +489,10 @@ pub fn render_table_fit(r: &Report, fmt: &dyn AddrFmt, width: Option<u16>) -> St
         let _ = write!(lines.out, "\nallowed ({}):\n", r.allowed.len());
         for a in &r.allowed {
             let line = format!(
-                "{} {} — by `{}`: {}",
+                "{}{} {} — by `{}`: {}",
+                a.finding
+                    .rank
+                    .map_or(String::new(), |r| format!("rank {r}: ")),
                 a.finding.kind,
                 escape(&a.finding.subject),
                 escape(&a.allowed_by),
@@ -409,16 +512,35 @@ fn md_escape(s: &str) -> String {
 /// Markdown for a CI step summary (`$GITHUB_STEP_SUMMARY`).
 pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
     let mut out = String::new();
-    let icon = match (r.ok, r.warnings().next().is_some() || r.unread_nodes > 0) {
+    let warn = r.warnings().next().is_some() || r.unread_nodes > 0 || !r.missing_ranks.is_empty();
+    let icon = match (r.ok, warn) {
         (false, _) => "❌",
         (true, true) => "⚠️",
         (true, false) => "✅",
     };
     let _ = write!(out, "### {icon} {}\n\n", headline(r));
+    let per_rank = rank_lines(r);
+    for l in &per_rank {
+        let _ = writeln!(out, "- {}", md_escape(l));
+    }
+    if !per_rank.is_empty() {
+        out.push('\n');
+    }
     if !r.findings.is_empty() {
-        out.push_str("| kind | owner | tensor | address | graphs | kernels | why |\n");
-        out.push_str("|---|---|---|---|---|---|---|\n");
+        let (rank_head, rank_rule) = if multi(r) {
+            ("| rank ", "|---")
+        } else {
+            ("", "")
+        };
+        let _ = writeln!(
+            out,
+            "{rank_head}| kind | owner | tensor | address | graphs | kernels | why |"
+        );
+        let _ = writeln!(out, "{rank_rule}|---|---|---|---|---|---|---|");
         for f in &r.findings {
+            if multi(r) {
+                let _ = write!(out, "| {} ", rank_cell(f));
+            }
             let owner = match f.kind {
                 FindingKind::UnusedAllow => format!("allow `{}`", md_escape(&f.subject)),
                 _ if ownerless(f) => "(no owner)".into(),
@@ -468,7 +590,10 @@ pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
         for a in &r.allowed {
             let _ = writeln!(
                 out,
-                "- {} `{}` — by `{}`: {}",
+                "- {}{} `{}` — by `{}`: {}",
+                a.finding
+                    .rank
+                    .map_or(String::new(), |r| format!("rank {r}: ")),
                 a.finding.kind,
                 escape(&a.finding.subject),
                 escape(&a.allowed_by),
@@ -666,6 +791,7 @@ mod tests {
             .map(|i| Finding {
                 kind: FindingKind::Unregistered,
                 severity: Severity::Error,
+                rank: None,
                 subject: format!(
                     "model.layers[{}].mlp.experts[{i}].quant_method.workspace",
                     i / 64
@@ -707,6 +833,9 @@ mod tests {
             subjects: n,
             graphs: 1,
             unread_nodes: 0,
+            world_size: None,
+            ranks: vec![],
+            missing_ranks: vec![],
         }
     }
 

@@ -19,6 +19,7 @@ mod identity;
 mod marlin;
 mod mla;
 mod moe;
+pub mod ranks;
 
 use dense::{
     allowlisted_workspace, clean_reload_inplace, freed_then_reused, inplace_reshape,
