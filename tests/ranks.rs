@@ -284,3 +284,43 @@ fn an_output_file_among_the_folders_documents_is_refused() {
         serde_json::to_vec_pretty(&doc("graphcheck-0-4100.json")).unwrap()
     );
 }
+
+/// The TP=2 run recorded on two H200s (fixtures/gpu/README.md): instrument's own files
+/// (`graphcheck-<rank>-<pid>.json`) and a live snapshot per rank, read as one run. Rank 1
+/// alone rebound its shard; rank 0 has nothing live; NCCL's communicator is no finding.
+#[test]
+fn the_gpu_recorded_tp2_run_is_one_report_with_the_reload_on_rank_1_only() {
+    let dir = root().join("fixtures/gpu/tp2_rebind_rank1");
+    let out = graphcheck(&["verify", dir.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["world_size"], 2);
+    let mut got: Vec<(u64, String, String)> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["rank"].as_u64().unwrap(),
+                f["kind"].as_str().unwrap().to_string(),
+                f["subject"].as_str().unwrap().to_string(),
+            )
+        })
+        .filter(|(_, kind, _)| kind != "unowned")
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (1, "drifted".to_string(), "model.down.weight".to_string()),
+            (1, "freed".to_string(), "model.down.weight".to_string()),
+        ]
+    );
+    // The one unowned per rank is the scenario's unregistered input, read by a GEMM.
+    for f in report["findings"].as_array().unwrap() {
+        if f["kind"] == "unowned" {
+            let kernels = f["kernels"].to_string();
+            assert!(!kernels.contains("nccl"), "{kernels}");
+        }
+    }
+}
