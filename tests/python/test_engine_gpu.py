@@ -257,3 +257,61 @@ def test_piecewise_eager_intermediate_that_moves_is_freed_naming_the_piece(cuda)
         assert hex(captured) in freed[0].detail, report.table
     finally:
         gt.uninstrument(ins)
+
+
+ZERO_CODE = r"""
+import json, site, sys
+site.addsitedir(sys.argv[1])  # processes graphcheck-instrument.pth, as an installed wheel's site dir does
+import torch
+
+class TinyLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(256, 512)
+        self.fc2 = torch.nn.Linear(512, 256)
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+m = TinyLM().cuda()
+cm = torch.compile(m, mode="reduce-overhead")
+x = torch.randn(8, 256, device="cuda")
+with torch.no_grad():
+    for _ in range(4):
+        cm(x)
+torch.cuda.synchronize()
+import graphcheck.torch as gt
+ins = gt.instrumented()
+print(json.dumps({"instrumented": len(ins), "discovered": ins[0].discovered if ins else None,
+                  "errors": [str(e) for e in ins[0].errors] if ins else None}))
+"""
+
+
+def test_zero_code_attach_finds_the_model_under_torch_compile(cuda, tmp_path):
+    # Only GRAPHCHECK_DIR: no register_model, no import of graphcheck before torch.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    site_dir = str(Path(graphcheck.__file__).resolve().parent.parent)
+    assert (Path(site_dir) / "graphcheck-instrument.pth").exists(), site_dir
+    env = dict(os.environ, GRAPHCHECK_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", ZERO_CODE, site_dir], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    print(facts)
+    assert facts["instrumented"] == 1 and facts["discovered"] == ["tiny_lm"], facts
+    assert facts["errors"] == []
+    (path,) = tmp_path.glob("graphcheck-0-*.json")
+    manifest = json.loads(path.read_text())
+    names = [g["name"] for g in manifest["graphs"]]
+    print(names)
+    assert any(n.startswith("inductor_fn") and n.endswith("[8x256]") for n in names), names
+    paths = {o["path"] for o in manifest["owners"]}
+    assert {"tiny_lm.fc1.weight", "tiny_lm.fc2.weight"} <= paths, paths
+    report = graphcheck.verify(manifest)
+    print(report.table)
+    assert not report.of_kind("unowned") and not report.of_kind("unregistered"), report.table
