@@ -4,43 +4,15 @@
 //! the committed JSON Schema.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::{graphcheck, root, text, transcript};
 
 fn fixtures() -> PathBuf {
     root().join("fixtures")
-}
-
-/// Runs the binary from the repository root, so paths in its output are stable.
-fn graphcheck(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_graphcheck"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("graphcheck runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8(b.to_vec()).expect("utf-8 output")
-}
-
-/// stdout, stderr and exit code as one snapshot.
-fn transcript(args: &[&str], out: &Output) -> String {
-    format!(
-        "$ graphcheck {}\nexit: {}\n--- stdout\n{}--- stderr\n{}",
-        args.join(" "),
-        out.status.code().map_or("signal".into(), |c| c.to_string()),
-        text(&out.stdout),
-        text(&out.stderr)
-    )
 }
 
 fn read_index(p: &Path) -> Value {

@@ -4,40 +4,12 @@
 //! allowlist over `rank_mismatch`; and every way a folder is refused (exit 2, naming files).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Runs the binary from the repository root, so paths in its output are stable.
-fn graphcheck(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_graphcheck"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("graphcheck runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8(b.to_vec()).expect("utf-8 output")
-}
-
-/// stdout, stderr and exit code as one snapshot.
-fn transcript(args: &[&str], out: &Output) -> String {
-    format!(
-        "$ graphcheck {}\nexit: {}\n--- stdout\n{}--- stderr\n{}",
-        args.join(" "),
-        out.status.code().map_or("signal".into(), |c| c.to_string()),
-        text(&out.stdout),
-        text(&out.stderr)
-    )
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::{graphcheck, root, text, transcript};
 
 /// The runs of several ranks the index lists.
 fn runs() -> Vec<Value> {

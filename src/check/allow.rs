@@ -267,31 +267,19 @@ impl Allowlist {
                 Some(k) => k.iter().any(|k| checked.contains(k)),
             };
             if !used && relevant {
-                reported.push(Finding {
-                    kind: FindingKind::UnusedAllow,
-                    severity: if self.deny_unused {
+                reported.push(Finding::about(
+                    FindingKind::UnusedAllow,
+                    if self.deny_unused {
                         Severity::Error
                     } else {
                         Severity::Warning
                     },
-                    rank: None,
-                    subject: e.describe(),
-                    owners: Vec::new(),
-                    new_owners: Vec::new(),
-                    dtype: None,
-                    shape: None,
-                    stride: None,
-                    captured_addr: None,
-                    live_addr: None,
-                    pool: None,
-                    graphs: Vec::new(),
-                    kernels: Vec::new(),
-                    detail: format!(
+                    e.describe(),
+                    format!(
                         "allowed nothing in this run; remove it if the cause is gone (reason given: {})",
                         e.reason
                     ),
-                    alloc_site: Vec::new(),
-                });
+                ));
             }
         }
         (reported, allowed)

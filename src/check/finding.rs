@@ -200,6 +200,36 @@ pub struct Finding {
     pub alloc_site: Vec<Frame>,
 }
 
+impl Finding {
+    /// A finding about no tensor, graph or address (an allowlist entry, an owner path
+    /// across ranks): every other field empty, to be filled by struct update.
+    pub fn about(
+        kind: FindingKind,
+        severity: Severity,
+        subject: String,
+        detail: String,
+    ) -> Finding {
+        Finding {
+            kind,
+            severity,
+            rank: None,
+            subject,
+            owners: Vec::new(),
+            new_owners: Vec::new(),
+            dtype: None,
+            shape: None,
+            stride: None,
+            captured_addr: None,
+            live_addr: None,
+            pool: None,
+            graphs: Vec::new(),
+            kernels: Vec::new(),
+            detail,
+            alloc_site: Vec::new(),
+        }
+    }
+}
+
 /// A finding an allowlist entry silenced.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Allowed {

@@ -155,22 +155,11 @@ pub fn rank_mismatches(ranks: &[(u32, &Manifest, &Tables)]) -> Vec<Finding> {
         };
         let registration = seen.values().next().expect("a path some rank records").0;
         out.push(Finding {
-            kind: FindingKind::RankMismatch,
-            severity: Severity::Error,
-            rank: None,
-            subject: path.clone(),
-            owners: vec![OwnerRef { path, registration }],
-            new_owners: Vec::new(),
-            dtype: None,
-            shape: None,
-            stride: None,
-            captured_addr: None,
-            live_addr: None,
-            pool: None,
-            graphs: Vec::new(),
-            kernels: Vec::new(),
-            detail,
-            alloc_site: Vec::new(),
+            owners: vec![OwnerRef {
+                path: path.clone(),
+                registration,
+            }],
+            ..Finding::about(FindingKind::RankMismatch, Severity::Error, path, detail)
         });
     }
     out
