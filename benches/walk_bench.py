@@ -146,8 +146,17 @@ def main():
             v = (ctypes.c_double * 4)()
             if prof(gs[0][0].raw_cuda_graph(), v) == 0:
                 per_call = {"get_nodes_ns": v[0], "get_type_ns": v[1], "kernel_params_ns": v[2]}
+        phases = None
+        ph = getattr(lib, "graphcheck_phases", None)
+        if ph is not None:
+            ph.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(ctypes.c_double)]
+            ph.restype = ctypes.c_int
+            v = (ctypes.c_double * 7)()
+            if ph(gs[-1][0].raw_cuda_graph(), args.runs, v) == 0:
+                phases = {"types_ns": v[0], "kernel_params_ns": v[1], "function_cache_ns": v[2],
+                          "copy_params_ns": v[3], "walk_ns": v[4], "function_handles": v[5], "nodes": v[6]}
         rows.append({
-            "graph": name, "graphs": len(gs), "nodes": n_ours, "nodes_ref": n_ref,
+            "graph": name, "phases_ns_per_node": phases, "graphs": len(gs), "nodes": n_ours, "nodes_ref": n_ref,
             "words": words_ours, "words_ref": n_words_ref, "addresses": addrs, "kernels": kernels,
             "capture_ms": t_capture * 1e3, "instantiate_ms": t_inst * 1e3,
             "ref_ms": r * 1e3, "ours_ms": o * 1e3, "speedup": r / o,
@@ -170,6 +179,13 @@ def main():
             print(f"{x['graph']}: driver per node: cuGraphGetNodes {d['get_nodes_ns']:.0f} ns, "
                   f"cuGraphNodeGetType {d['get_type_ns']:.0f} ns, cuGraphKernelNodeGetParams {d['kernel_params_ns']:.0f} ns; "
                   f"our walk {1e6 * x['ours_ms'] / x['nodes']:.0f} ns per node")
+    for x in rows:
+        if x["phases_ns_per_node"]:
+            d = x["phases_ns_per_node"]
+            print(f"{x['graph']}: cumulative ns per node (best of {args.runs}, last graph, {d['nodes']:.0f} nodes, "
+                  f"{d['function_handles']:.0f} function handles): types {d['types_ns']:.0f}, + kernel params "
+                  f"{d['kernel_params_ns']:.0f}, + function cache {d['function_cache_ns']:.0f}, + copy param bytes "
+                  f"{d['copy_params_ns']:.0f}; whole walk {d['walk_ns']:.0f}")
     print("targets: >= 50x the reference, < 5% of the capture's own time")
     if args.json:
         with open(args.json, "w") as f:

@@ -113,3 +113,90 @@ pub unsafe extern "C" fn graphcheck_profile(graph: u64, out: *mut f64) -> i32 {
         }
     }
 }
+
+/// Times a walk in cumulative phases, each over every node of `graph`, best of `reps`
+/// (nanoseconds per node): [0] node list and types; [1] + each kernel node's parameters;
+/// [2] + the function-handle cache of a walk (name key read once per handle); [3] + a copy
+/// of every kernel's parameter bytes (its layout read once per function): the least a
+/// capture must do before the graph can change; [4] the whole walk (`walk_graph`).
+/// [5] the distinct function handles, [6] the nodes. Returns 0 or -1.
+///
+/// # Safety
+/// As [`graphcheck_walk`]; `out` must be valid for seven writes.
+// Allowed: a C entry point (the workspace's lint list).
+#[allow(unsafe_code)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn graphcheck_phases(graph: u64, reps: u32, out: *mut f64) -> i32 {
+    use std::collections::HashMap;
+    use std::time::Instant;
+    let run = |g: GraphRef<'_>| -> Result<[f64; 7], graphcheck::cuda::CudaError> {
+        let mut best = [f64::MAX; 5];
+        let mut handles = 0usize;
+        let mut n = 1usize;
+        for _ in 0..reps.max(1) {
+            for phase in 0..5 {
+                let t = Instant::now();
+                if phase == 4 {
+                    std::hint::black_box(graphcheck::cuda::walk_graph(g)?);
+                } else {
+                    let nodes = g.nodes()?;
+                    n = nodes.len().max(1);
+                    let mut funcs: HashMap<(usize, usize), Vec<(usize, usize)>> = HashMap::new();
+                    let mut bytes: Vec<u8> = Vec::new();
+                    for node in &nodes {
+                        if node.type_number()? != 0 || phase == 0 {
+                            continue;
+                        }
+                        let k = node.kernel()?;
+                        if phase == 1 {
+                            std::hint::black_box(k.grid);
+                            continue;
+                        }
+                        let key = k.function_key();
+                        let layout = match funcs.get(&key) {
+                            Some(l) => l,
+                            None => {
+                                std::hint::black_box(k.name_key().ok());
+                                let l = k.param_layout().unwrap_or_default();
+                                funcs.entry(key).or_insert(l)
+                            }
+                        };
+                        if phase == 3 {
+                            if k.has_kernel_params() {
+                                for (i, &(_, size)) in layout.iter().enumerate() {
+                                    bytes.extend_from_slice(k.param(i, size));
+                                }
+                            } else if let Some(b) = k.packed_params() {
+                                bytes.extend_from_slice(b);
+                            }
+                        }
+                    }
+                    handles = funcs.len();
+                    std::hint::black_box(&bytes);
+                }
+                let ns = t.elapsed().as_nanos() as f64 / n as f64;
+                best[phase] = best[phase].min(ns);
+            }
+        }
+        Ok([
+            best[0],
+            best[1],
+            best[2],
+            best[3],
+            best[4],
+            handles as f64,
+            n as f64,
+        ])
+    };
+    match GraphRef::with_raw_handle(graph, run).unwrap_or_else(|e| Err(e.into())) {
+        Ok(v) => {
+            // SAFETY: seven writable slots, per the contract.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, 7) };
+            0
+        }
+        Err(e) => {
+            eprintln!("graphcheck_phases: {e}");
+            -1
+        }
+    }
+}

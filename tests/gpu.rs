@@ -347,7 +347,7 @@ fn child_graph_bodies_are_walked() -> Result<(), CudaError> {
         .iter()
         .find(|n| n.kind == NodeKind::Kernel)
         .expect("the body's kernel");
-    assert_eq!(kernel.name, "scale");
+    assert_eq!(&*kernel.name, "scale");
     assert!(
         kernel.parent.is_some(),
         "the kernel is marked as inside the child graph"

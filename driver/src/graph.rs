@@ -427,6 +427,17 @@ impl<'a> KernelNode<'a> {
         Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
     }
 
+    /// The kernel's raw name's bytes (no NUL), borrowed from its loaded module; `None`
+    /// where the driver gives no name.
+    pub fn raw_name_bytes(&self) -> Option<&'a [u8]> {
+        let p = self.name_ptr().ok()?;
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: NUL-terminated, owned by the loaded module, alive while the node is.
+        Some(unsafe { CStr::from_ptr(p) }.to_bytes())
+    }
+
     /// The parameter layout, (offset, size) per parameter, read by asking for parameter
     /// 0, 1, … until the driver says there is no such parameter (`CUDA_ERROR_INVALID_VALUE`).
     /// Any other answer to the first question is an error: the layout is unknown.

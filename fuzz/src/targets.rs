@@ -501,7 +501,7 @@ pub fn signature(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
         nodes: vec![WalkedNode {
             index: 0,
             kind: graphcheck::document::format::NodeKind::Kernel,
-            name: name.clone(),
+            name: name.as_str().into(),
             grid: None,
             block: None,
             parent: None,

@@ -4,9 +4,9 @@
 //! address word (parameter index, byte offset, address, allocation). Nodes whose types
 //! hold addresses graphcheck does not read are counted and listed, never skipped silently.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::CudaError;
 use super::driver::{self, DriverError, GraphRef, NodeRef};
@@ -158,7 +158,7 @@ impl RangeCache {
 }
 
 /// A function's demangled name and parameter layout (or why the layout is unknown).
-type FunctionInfo = std::rc::Rc<(String, Result<Vec<(usize, usize)>, String>)>;
+type FunctionInfo = Arc<(Arc<str>, Result<Vec<(usize, usize)>, String>)>;
 
 /// Reads a kernel's demangled name and parameter layout.
 fn function_info(k: &driver::KernelNode<'_>) -> FunctionInfo {
@@ -166,17 +166,45 @@ fn function_info(k: &driver::KernelNode<'_>) -> FunctionInfo {
         .raw_name()
         .map(|n| demangle(&n))
         .unwrap_or_else(|e| format!("(name unavailable: {e})"));
-    std::rc::Rc::new((name, k.param_layout().map_err(|e| e.to_string())))
+    Arc::new((name.into(), k.param_layout().map_err(|e| e.to_string())))
+}
+
+/// Function facts across walks, by the address of the kernel's name string in its loaded
+/// module (what `cuFuncGetName` hands out, equal for every handle of one kernel), with the
+/// raw name read there: a module loaded later where an unloaded one was does not match
+/// unless the very same name is at the very same address. A graph captured after the
+/// first reads no layout and demangles no name it has seen before.
+static FUNCTIONS: Mutex<Option<FxHashMap<usize, (Box<[u8]>, FunctionInfo)>>> = Mutex::new(None);
+
+/// The facts of the kernel `k` launches, from [`FUNCTIONS`] or read (and kept there).
+fn shared_function_info(k: &driver::KernelNode<'_>) -> FunctionInfo {
+    let Ok(key) = k.name_key() else {
+        return function_info(k);
+    };
+    let raw = k.raw_name_bytes();
+    let mut cache = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = cache.get_or_insert_with(FxHashMap::default);
+    if let Some((name, info)) = cache.get(&key)
+        && Some(&**name) == raw
+    {
+        return info.clone();
+    }
+    let info = function_info(k);
+    if let Some(raw) = raw {
+        cache.insert(key, (raw.into(), info.clone()));
+    }
+    info
 }
 
 struct Walker {
     /// Nodes per driver type 0..=13; other types are counted in `out.node_counts`.
     counts: [u64; 14],
     cache: RangeCache,
-    /// By function handle; then by name string, for launches of one kernel through
-    /// different handles (the runtime API can hand out one per launch).
-    functions: rustc_hash::FxHashMap<(usize, usize), FunctionInfo>,
-    by_name: rustc_hash::FxHashMap<usize, FunctionInfo>,
+    /// By function handle (then [`FUNCTIONS`], by name string, for launches of one kernel
+    /// through different handles: the runtime API can hand out one per launch).
+    functions: FxHashMap<(usize, usize), FunctionInfo>,
+    /// The distinct kernels of this walk (by their facts' address), for the stats.
+    distinct: FxHashSet<usize>,
     out: WalkedGraph,
     next: u32,
     stats: WalkStats,
@@ -193,7 +221,7 @@ pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError
         counts: [0; 14],
         cache: RangeCache::default(),
         functions: Default::default(),
-        by_name: Default::default(),
+        distinct: Default::default(),
         out: WalkedGraph::default(),
         next: 0,
         stats: WalkStats::default(),
@@ -208,7 +236,7 @@ pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError
         }
     }
     w.stats.driver_lookups = w.cache.lookups;
-    w.stats.functions = w.by_name.len();
+    w.stats.functions = w.distinct.len();
     Ok((w.out, w.stats))
 }
 
@@ -316,7 +344,7 @@ impl Walker {
                 return self.push(WalkedNode {
                     index,
                     kind: NodeKind::Kernel,
-                    name: "(unreadable kernel node)".into(),
+                    name: Arc::from("(unreadable kernel node)"),
                     grid: None,
                     block: None,
                     parent,
@@ -329,17 +357,8 @@ impl Walker {
         let info = match self.functions.get(&k.function_key()) {
             Some(info) => info.clone(),
             None => {
-                let info = match k.name_key() {
-                    Ok(key) => match self.by_name.get(&key) {
-                        Some(info) => info.clone(),
-                        None => {
-                            let info = function_info(&k);
-                            self.by_name.insert(key, info.clone());
-                            info
-                        }
-                    },
-                    Err(_) => function_info(&k),
-                };
+                let info = shared_function_info(&k);
+                self.distinct.insert(Arc::as_ptr(&info) as usize);
                 self.functions.insert(k.function_key(), info.clone());
                 info
             }
@@ -436,7 +455,7 @@ impl Walker {
         self.push(WalkedNode {
             index,
             kind,
-            name,
+            name: name.into(),
             grid: None,
             block: None,
             parent,

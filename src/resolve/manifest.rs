@@ -3,7 +3,10 @@
 //! through the address index, or left a bare allocation. GPU-free, so CI tests it; the
 //! CUDA walker (`cuda` feature) and the Python front both feed it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -95,7 +98,7 @@ pub struct ManifestBuilder {
     views: HashMap<(Addr, Vec<u64>, Vec<i64>, String), TensorId>,
     owners: Vec<Owner>,
     owner_paths: HashMap<String, TensorId>,
-    graphs: Vec<(String, Option<PoolId>, WalkedGraph)>,
+    graphs: Vec<(String, Option<PoolId>, Arc<WalkedGraph>)>,
     /// Memory the allocator holds free (`[start, end)`), for [`IgnoredReason::FreeMemory`].
     free_ranges: Vec<(u64, u64)>,
 }
@@ -220,7 +223,15 @@ impl ManifestBuilder {
     /// Memory the graph allocates itself (its `mem_alloc` nodes) is declared as a graph
     /// pool of its own, named after the graph: what lies there is the graph's, not an
     /// owner's, and sleep or reload does not concern it.
-    pub fn add_graph(&mut self, name: &str, pool: Option<PoolId>, walked: WalkedGraph) -> GraphId {
+    /// Adds a walked graph (taken as it is or shared: a recorder builds manifests of the
+    /// same walked graphs again and again, and nothing is copied for that).
+    pub fn add_graph(
+        &mut self,
+        name: &str,
+        pool: Option<PoolId>,
+        walked: impl Into<Arc<WalkedGraph>>,
+    ) -> GraphId {
+        let walked = walked.into();
         if !walked.graph_allocations.is_empty() {
             let own = self.add_pool(
                 &format!("{name} graph allocations"),
@@ -245,10 +256,13 @@ impl ManifestBuilder {
         place_tensors(&mut tensors, &allocations, &pools);
         let mut nodes = NodeResolver {
             views: ViewResolver::new(&tensors, &self.owners),
+            view_of: FxHashMap::default(),
             by_base: allocations.iter().map(|a| (a.base, a.id)).collect(),
             free: RangeSet::new(self.free_ranges),
             pools: &pools,
-            layouts_of: HashMap::new(),
+            layouts: Vec::new(),
+            layout_by_ptr: FxHashMap::default(),
+            layout_by_name: FxHashMap::default(),
         };
         let graphs = self
             .graphs
@@ -258,9 +272,9 @@ impl ManifestBuilder {
                 id: GraphId(gi as u32),
                 name,
                 pool,
-                node_counts: walked.node_counts,
-                unread: walked.unread,
-                nodes: walked.nodes.into_iter().map(|n| nodes.node(n)).collect(),
+                node_counts: walked.node_counts.clone(),
+                unread: walked.unread.clone(),
+                nodes: walked.nodes.iter().map(|n| nodes.node(n)).collect(),
             })
             .collect();
         drop(nodes);
@@ -304,20 +318,23 @@ impl PoolMap {
 
 /// Every allocation the walk saw, plus the declared ones, numbered by base address.
 fn allocations(
-    graphs: &[(String, Option<PoolId>, WalkedGraph)],
+    graphs: &[(String, Option<PoolId>, Arc<WalkedGraph>)],
     known: &[(Addr, u64)],
     pools: &PoolMap,
 ) -> Vec<Allocation> {
-    let mut ranges: BTreeMap<Addr, u64> = BTreeMap::new();
+    // Words come in runs into one allocation: hashed first, sorted once.
+    let mut by_base: FxHashMap<Addr, u64> = FxHashMap::default();
     let seen = graphs
         .iter()
         .flat_map(|(_, _, g)| &g.nodes)
         .flat_map(|n| &n.words)
         .filter_map(|w| w.allocation);
     for (base, size) in seen.chain(known.iter().copied()) {
-        let e = ranges.entry(base).or_insert(size);
+        let e = by_base.entry(base).or_insert(size);
         *e = (*e).max(size);
     }
+    let mut ranges: Vec<(Addr, u64)> = by_base.into_iter().collect();
+    ranges.sort_unstable();
     ranges
         .into_iter()
         .filter(|&(_, size)| size > 0)
@@ -395,25 +412,49 @@ impl<'a> ViewResolver<'a> {
 /// Resolves the words of one walked node into touches and set-aside words.
 struct NodeResolver<'a> {
     views: ViewResolver<'a>,
-    by_base: HashMap<Addr, AllocationId>,
+    /// The view each address resolved to: graphs of one model read the same weights and
+    /// buffers again and again (one per batch size), so each address is resolved once.
+    view_of: FxHashMap<u64, Option<TensorId>>,
+    by_base: FxHashMap<Addr, AllocationId>,
     /// Memory the allocator holds free, for [`IgnoredReason::FreeMemory`].
     free: RangeSet,
     pools: &'a PoolMap,
-    /// Parameter layouts per kernel name: a name's signature is parsed once.
-    layouts_of: HashMap<String, Vec<ParamLayout>>,
+    /// Parameter layouts per kernel name: a name's signature is parsed once. Found by the
+    /// address of the node's shared name (nodes of one kernel share it), then by the name.
+    layouts: Vec<Vec<ParamLayout>>,
+    layout_by_ptr: FxHashMap<usize, usize>,
+    layout_by_name: FxHashMap<Arc<str>, usize>,
 }
 
 impl NodeResolver<'_> {
-    fn node(&mut self, n: WalkedNode) -> Node {
-        let layouts = self
-            .layouts_of
-            .entry(n.name.clone())
-            .or_insert_with(|| param_layouts(&n.name));
+    fn node(&mut self, n: &WalkedNode) -> Node {
+        let ptr = Arc::as_ptr(&n.name) as *const u8 as usize;
+        let at = match self.layout_by_ptr.get(&ptr) {
+            Some(&at) => at,
+            None => {
+                let at = match self.layout_by_name.get(&n.name) {
+                    Some(&at) => at,
+                    None => {
+                        self.layouts.push(param_layouts(&n.name));
+                        self.layout_by_name
+                            .insert(n.name.clone(), self.layouts.len() - 1);
+                        self.layouts.len() - 1
+                    }
+                };
+                self.layout_by_ptr.insert(ptr, at);
+                at
+            }
+        };
+        let layouts = &self.layouts[at];
         let sig = NodeSignature::new(layouts, &slots(&n.words));
         let mut touches = Vec::with_capacity(n.words.len());
         let mut ignored = Vec::new();
-        for w in n.words {
-            let tensor = self.views.tensor_at(w.addr);
+        for w in &n.words {
+            let views = &self.views;
+            let tensor = *self
+                .view_of
+                .entry(w.addr.0)
+                .or_insert_with(|| views.tensor_at(w.addr));
             let reason = match sig.role(w.param, w.offset) {
                 WordRole::SetAside(reason) => Some(reason),
                 // A word inside a by-value struct (offset > 0) into free memory that names
@@ -450,11 +491,11 @@ impl NodeResolver<'_> {
         Node {
             index: n.index,
             kind: n.kind,
-            name: n.name,
+            name: n.name.to_string(),
             grid: n.grid,
             block: n.block,
             parent: n.parent,
-            opaque: n.opaque,
+            opaque: n.opaque.clone(),
             touches,
             ignored,
         }

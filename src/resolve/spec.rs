@@ -182,14 +182,16 @@ pub fn build(
     }
     for (i, g) in spec.graphs.into_iter().enumerate() {
         let graph = match (g.walked, g.walked_index) {
-            (Some(w), None) => w,
-            (None, Some(k)) => (**walked.get(k).ok_or_else(|| {
-                reference(
-                    format!("graphs[{i}].walked_index"),
-                    format!("no walked graph at position {k} ({} given)", walked.len()),
-                )
-            })?)
-            .clone(),
+            (Some(w), None) => Arc::new(w),
+            (None, Some(k)) => walked
+                .get(k)
+                .ok_or_else(|| {
+                    reference(
+                        format!("graphs[{i}].walked_index"),
+                        format!("no walked graph at position {k} ({} given)", walked.len()),
+                    )
+                })?
+                .clone(),
             _ => {
                 return Err(reference(
                     format!("graphs[{i}]"),

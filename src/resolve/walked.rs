@@ -3,6 +3,7 @@
 //! front hands it over as JSON; [`super::manifest::ManifestBuilder`] resolves it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +25,8 @@ pub struct RawWord {
 pub struct WalkedNode {
     pub index: u32,
     pub kind: NodeKind,
-    pub name: String,
+    /// Shared by every node that launches the same kernel (read once per function).
+    pub name: Arc<str>,
     pub grid: Option<[u32; 3]>,
     pub block: Option<[u32; 3]>,
     pub parent: Option<u32>,
@@ -82,7 +84,7 @@ impl WalkedGraph {
                 continue;
             }
             let layouts = layouts_of
-                .entry(n.name.as_str())
+                .entry(&*n.name)
                 .or_insert_with(|| param_layouts(&n.name));
             let sig = NodeSignature::new(layouts, &slots(&n.words));
             out.extend(

@@ -1,0 +1,188 @@
+"""Capture-path profile (GPU): where the time graphcheck adds to a capture goes, on the
+anchor model of DESIGN.md (64 bf16 layers of RMSNorm, two Linears and SiLU; 8 batch sizes
+into one pool), each variant side by side in one process, alternating, medians:
+
+  plain      torch.cuda.graph(g, pool=pool) per batch size (instantiates at capture end)
+  keep       the same with CUDAGraph(keep_graph=True) and g.instantiate() after: torch's
+             own cost of keeping the graph for graphcheck to read
+  walk       keep + graphcheck._native.walk(raw graph) before instantiate (the walker alone)
+  recorded   graphcheck.torch.graph(...) into a fresh Recorder: the whole capture path
+  manifest   rec.manifest_json() after the recorded captures
+
+and, for the recorded path, a cProfile of one run (top functions by own time) and the
+registry walk alone (Recorder.rewalk on a fresh recorder).
+
+Run on a GPU machine with graphcheck installed:
+    python3 benches/capture_profile.py --runs 5 [--json OUT] [--cprofile]
+"""
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--json")
+    ap.add_argument("--cprofile", action="store_true", help="print a cProfile of one recorded run")
+    ap.add_argument("--dump", help="write the recorded run's build spec, walked graphs inline, to this file "
+                                   "(for profiling the manifest build without a GPU)")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn as nn
+
+    import graphcheck.torch as gt
+    from graphcheck import _native
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.norm = nn.RMSNorm(d, device="cuda", dtype=torch.bfloat16)
+            self.up = nn.Linear(d, 4 * d, device="cuda", dtype=torch.bfloat16)
+            self.down = nn.Linear(4 * d, d, device="cuda", dtype=torch.bfloat16)
+
+        def forward(self, x):
+            return x + self.down(torch.nn.functional.silu(self.up(self.norm(x))))
+
+    model = nn.Sequential(*[Block(1024) for _ in range(64)])
+    bss = [1, 2, 4, 8, 16, 32, 64, 128]
+    xs = {b: torch.randn(b, 1024, device="cuda", dtype=torch.bfloat16) for b in bss}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(s):
+        for b in bss:
+            for _ in range(2):
+                model(xs[b])
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+
+    def plain():
+        pool = torch.cuda.graph_pool_handle()
+        gs = []
+        t0 = time.perf_counter()
+        for b in bss:
+            g = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(g, pool=pool):
+                model(xs[b])
+            gs.append(g)
+        torch.cuda.synchronize()
+        return {"total": time.perf_counter() - t0}, gs
+
+    def keep(walk=False):
+        pool = torch.cuda.graph_pool_handle()
+        gs = []
+        tw = 0.0
+        t0 = time.perf_counter()
+        for b in bss:
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.no_grad(), torch.cuda.graph(g, pool=pool):
+                model(xs[b])
+            if walk:
+                t1 = time.perf_counter()
+                _native.walk(g.raw_cuda_graph())
+                tw += time.perf_counter() - t1
+            g.instantiate()
+            gs.append(g)
+        torch.cuda.synchronize()
+        return {"total": time.perf_counter() - t0, "walk": tw}, gs
+
+    def recorded():
+        pool = torch.cuda.graph_pool_handle()
+        rec = gt.Recorder(model)
+        gs = []
+        t0 = time.perf_counter()
+        for b in bss:
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.no_grad(), gt.graph(g, recorder=rec, name=f"bs{b}", pool=pool, inputs={"x": xs[b]}):
+                model(xs[b])
+            gs.append(g)
+        torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rec.manifest_json()
+        t_man = time.perf_counter() - t0
+        # The manifest's two halves: the build spec (Python: owners, the allocator's
+        # segments, JSON) and the core's build (resolving every word, checking, JSON).
+        t0 = time.perf_counter()
+        spec = json.dumps(rec.build_spec())
+        t_spec = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        _native.build_manifest(spec, rec.walked_graphs)
+        t_native = time.perf_counter() - t0
+        return {"total": t, "manifest": t_man, "spec": t_spec, "native": t_native, "walks": rec.walks}, gs
+
+    def rewalk():
+        rec = gt.Recorder(model)
+        t0 = time.perf_counter()
+        rec.rewalk()
+        return {"total": time.perf_counter() - t0}, []
+
+    variants = {"plain": plain, "keep": keep, "walk": lambda: keep(True), "recorded": recorded, "rewalk": rewalk}
+    times = {k: [] for k in variants}
+    for i in range(args.runs):
+        for k, f in variants.items():
+            r, gs = f()
+            times[k].append(r)
+            del gs
+        torch.cuda.synchronize()
+        print(f"[profile] run {i + 1}/{args.runs}: " + ", ".join(
+            f"{k} {times[k][-1]['total'] * 1e3:.1f} ms" for k in variants), file=sys.stderr)
+
+    def med(k, field="total"):
+        return statistics.median(r[field] for r in times[k]) * 1e3
+
+    p = med("plain")
+    rows = {
+        "plain_ms": p, "keep_ms": med("keep"), "walk_total_ms": med("walk"), "walk_only_ms": med("walk", "walk"),
+        "recorded_ms": med("recorded"), "manifest_ms": med("recorded", "manifest"), "rewalk_ms": med("rewalk"),
+        "spec_ms": med("recorded", "spec"), "native_ms": med("recorded", "native"),
+        "runs": args.runs,
+    }
+    print(f"anchor model, {len(bss)} graphs, medians of {args.runs}")
+    print(f"{'variant':<28} {'ms':>8} {'vs plain':>9}")
+    for label, key in [("plain capture", "plain_ms"), ("keep_graph + instantiate", "keep_ms"),
+                       ("  + walk", "walk_total_ms"), ("recorded (whole path)", "recorded_ms")]:
+        print(f"{label:<28} {rows[key]:8.2f} {100 * (rows[key] - p) / p:+8.1f}%")
+    print(f"{'walk alone (8 graphs)':<28} {rows['walk_only_ms']:8.2f} {100 * rows['walk_only_ms'] / p:8.1f}% of plain")
+    print(f"{'registry walk (rewalk)':<28} {rows['rewalk_ms']:8.2f} {100 * rows['rewalk_ms'] / p:8.1f}% of plain")
+    print(f"{'manifest_json':<28} {rows['manifest_ms']:8.2f} {100 * rows['manifest_ms'] / p:8.1f}% of plain")
+    print(f"{'  build spec (Python)':<28} {rows['spec_ms']:8.2f} {100 * rows['spec_ms'] / p:8.1f}% of plain")
+    print(f"{'  core build + JSON':<28} {rows['native_ms']:8.2f} {100 * rows['native_ms'] / p:8.1f}% of plain")
+    if args.cprofile:
+        pr = cProfile.Profile()
+        pr.enable()
+        _, gs = recorded()
+        pr.disable()
+        del gs
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(30)
+        print(out.getvalue())
+    if args.dump:
+        pool = torch.cuda.graph_pool_handle()
+        rec = gt.Recorder(model)
+        gs = []
+        for b in bss:
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.no_grad(), gt.graph(g, recorder=rec, name=f"bs{b}", pool=pool, inputs={"x": xs[b]}):
+                model(xs[b])
+            gs.append(g)
+        spec = rec.build_spec()
+        for entry, g in zip(spec["graphs"], gs):
+            entry.pop("walked_index")
+            entry["walked"] = json.loads(_native.walk_graph(g.raw_cuda_graph()))
+        with open(args.dump, "w") as f:
+            json.dump(spec, f)
+        del gs
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
