@@ -151,10 +151,11 @@ def main():
         if ph is not None:
             ph.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(ctypes.c_double)]
             ph.restype = ctypes.c_int
-            v = (ctypes.c_double * 7)()
+            v = (ctypes.c_double * 9)()
             if ph(gs[-1][0].raw_cuda_graph(), args.runs, v) == 0:
                 phases = {"types_ns": v[0], "kernel_params_ns": v[1], "function_cache_ns": v[2],
-                          "copy_params_ns": v[3], "walk_ns": v[4], "function_handles": v[5], "nodes": v[6]}
+                          "copy_params_ns": v[3], "walk_ns": v[4], "function_handles": v[5], "nodes": v[6],
+                          "driver_lookups": v[7], "words": v[8]}
         rows.append({
             "graph": name, "phases_ns_per_node": phases, "graphs": len(gs), "nodes": n_ours, "nodes_ref": n_ref,
             "words": words_ours, "words_ref": n_words_ref, "addresses": addrs, "kernels": kernels,
@@ -185,7 +186,8 @@ def main():
             print(f"{x['graph']}: cumulative ns per node (best of {args.runs}, last graph, {d['nodes']:.0f} nodes, "
                   f"{d['function_handles']:.0f} function handles): types {d['types_ns']:.0f}, + kernel params "
                   f"{d['kernel_params_ns']:.0f}, + function cache {d['function_cache_ns']:.0f}, + copy param bytes "
-                  f"{d['copy_params_ns']:.0f}; whole walk {d['walk_ns']:.0f}")
+                  f"{d['copy_params_ns']:.0f}; whole walk {d['walk_ns']:.0f} ({d['words']:.0f} words, "
+                  f"{d['driver_lookups']:.0f} driver range lookups)")
     print("targets: >= 50x the reference, < 5% of the capture's own time")
     if args.json:
         with open(args.json, "w") as f:

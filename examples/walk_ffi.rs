@@ -119,25 +119,30 @@ pub unsafe extern "C" fn graphcheck_profile(graph: u64, out: *mut f64) -> i32 {
 /// [2] + the function-handle cache of a walk (name key read once per handle); [3] + a copy
 /// of every kernel's parameter bytes (its layout read once per function): the least a
 /// capture must do before the graph can change; [4] the whole walk (`walk_graph`).
-/// [5] the distinct function handles, [6] the nodes. Returns 0 or -1.
+/// [5] the distinct function handles, [6] the nodes, [7] the walk's driver range lookups
+/// (`cuMemGetAddressRange`, words its cache could not answer), [8] the words scanned.
+/// Returns 0 or -1.
 ///
 /// # Safety
-/// As [`graphcheck_walk`]; `out` must be valid for seven writes.
+/// As [`graphcheck_walk`]; `out` must be valid for nine writes.
 // Allowed: a C entry point (the workspace's lint list).
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn graphcheck_phases(graph: u64, reps: u32, out: *mut f64) -> i32 {
     use std::collections::HashMap;
     use std::time::Instant;
-    let run = |g: GraphRef<'_>| -> Result<[f64; 7], graphcheck::cuda::CudaError> {
+    let run = |g: GraphRef<'_>| -> Result<[f64; 9], graphcheck::cuda::CudaError> {
         let mut best = [f64::MAX; 5];
         let mut handles = 0usize;
         let mut n = 1usize;
+        let mut stats = graphcheck::cuda::WalkStats::default();
         for _ in 0..reps.max(1) {
             for phase in 0..5 {
                 let t = Instant::now();
                 if phase == 4 {
-                    std::hint::black_box(graphcheck::cuda::walk_graph(g)?);
+                    let (walked, s) = graphcheck::cuda::walk_graph(g)?;
+                    std::hint::black_box(walked);
+                    stats = s;
                 } else {
                     let nodes = g.nodes()?;
                     n = nodes.len().max(1);
@@ -186,12 +191,14 @@ pub unsafe extern "C" fn graphcheck_phases(graph: u64, reps: u32, out: *mut f64)
             best[4],
             handles as f64,
             n as f64,
+            stats.driver_lookups as f64,
+            stats.words as f64,
         ])
     };
     match GraphRef::with_raw_handle(graph, run).unwrap_or_else(|e| Err(e.into())) {
         Ok(v) => {
-            // SAFETY: seven writable slots, per the contract.
-            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, 7) };
+            // SAFETY: nine writable slots, per the contract.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, 9) };
             0
         }
         Err(e) => {
