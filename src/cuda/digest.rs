@@ -82,6 +82,21 @@ pub fn nvrtc(path: Option<&Path>) -> Result<Arc<Nvrtc>, NvrtcError> {
     Ok(n)
 }
 
+/// NVRTC where the GPU digest has loaded it.
+pub fn loaded_nvrtc() -> Option<Arc<Nvrtc>> {
+    NVRTC.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// Bytes of device scratch memory the kernel of device `ordinal` holds (0 where it has not
+/// been loaded).
+pub fn scratch_bytes(ordinal: i32) -> usize {
+    let kernels = KERNELS.lock().unwrap_or_else(PoisonError::into_inner);
+    kernels
+        .as_ref()
+        .and_then(|k| k.get(&ordinal))
+        .map_or(0, |k| k.scratch_bytes())
+}
+
 /// The kernel loaded on device `ordinal`, compiled first where this architecture has no
 /// CUBIN yet. Loading and compiling happen under the lock: two threads never compile twice.
 pub fn kernel_for(
