@@ -258,9 +258,15 @@ def _host_copies(tensors: list) -> list:
 _GPU_UNAVAILABLE: list = [None]
 
 
+def _current_stream(device: int) -> int:
+    """The ``CUstream`` of torch's current stream on ``device``: the digest runs there,
+    after what the caller enqueued before it."""
+    return _torch().cuda.current_stream(device).cuda_stream
+
+
 def _cuda_gc128(device: int, tensors: list) -> list:
     if _GPU_UNAVAILABLE[0] is None:
-        stream = _torch().cuda.current_stream(device).cuda_stream
+        stream = _current_stream(device)
         try:
             return _native.digest_cuda(device, stream, [_view(t) for t in tensors], nvrtc_path())
         except _native.GpuDigestUnavailable as e:
