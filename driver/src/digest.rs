@@ -93,10 +93,14 @@ impl From<DriverError> for DigestError {
     }
 }
 
-/// Device scratch memory, kept between launches and grown when too small.
+/// Device scratch memory, kept between launches and grown when too small; and the two
+/// events that time the last launch.
 struct Scratch {
     ptr: sys::CUdeviceptr,
     size: usize,
+    events: Option<(sys::CUevent, sys::CUevent)>,
+    /// The kernel's own time in the last call, in milliseconds (its events).
+    last_kernel_ms: f32,
 }
 
 /// The kernel loaded in one device's primary context.
@@ -178,7 +182,12 @@ impl DigestKernel {
             module,
             func,
             resident: 0,
-            scratch: Mutex::new(Scratch { ptr: 0, size: 0 }),
+            scratch: Mutex::new(Scratch {
+                ptr: 0,
+                size: 0,
+                events: None,
+                last_kernel_ms: 0.0,
+            }),
         };
         let dev =
             result::device::get(ordinal).map_err(|e| DriverError::from_cudarc("cuDeviceGet", e))?;
@@ -239,15 +248,30 @@ impl DigestKernel {
                 // SAFETY: allocated below by an earlier call, which waited for its stream
                 // before returning: no launch uses it any more.
                 let _ = unsafe { result::memory_free(scratch.ptr) };
-                *scratch = Scratch { ptr: 0, size: 0 };
+                (scratch.ptr, scratch.size) = (0, 0);
             }
             let size = need.next_power_of_two().max(1 << 16);
             // SAFETY: plain device memory, freed by the next growth or never (the kernel is
             // kept for the process).
             let ptr = unsafe { result::malloc_sync(size) }
                 .map_err(|e| DriverError::from_cudarc("cuMemAlloc", e))?;
-            *scratch = Scratch { ptr, size };
+            (scratch.ptr, scratch.size) = (ptr, size);
         }
+        if scratch.events.is_none() {
+            let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+            let start = result::event::create(flags)
+                .map_err(|e| DriverError::from_cudarc("cuEventCreate", e))?;
+            let end = match result::event::create(flags) {
+                Ok(end) => end,
+                Err(e) => {
+                    // SAFETY: created above, destroyed once.
+                    let _ = unsafe { result::event::destroy(start) };
+                    return Err(DriverError::from_cudarc("cuEventCreate", e).into());
+                }
+            };
+            scratch.events = Some((start, end));
+        }
+        let (start, end) = scratch.events.expect("made above");
         let base = scratch.ptr;
         let mut acc = vec![0u64; 2 * views.len()];
         let (segs_ptr, layouts_ptr) = (base + segs_at as u64, base + layouts_at as u64);
@@ -285,6 +309,8 @@ impl DigestKernel {
                 (&mut a4 as *mut u64).cast(),
                 (&mut a5 as *mut u64).cast(),
             ];
+            result::event::record(start, stream)
+                .map_err(|e| DriverError::from_cudarc("cuEventRecord", e))?;
             result::launch_kernel(
                 self.func,
                 (grid, 1, 1),
@@ -294,15 +320,27 @@ impl DigestKernel {
                 &mut params,
             )
             .map_err(|e| DriverError::from_cudarc("cuLaunchKernel", e))?;
+            result::event::record(end, stream)
+                .map_err(|e| DriverError::from_cudarc("cuEventRecord", e))?;
             result::memcpy_dtoh_async(&mut acc, base, stream)
                 .map_err(|e| DriverError::from_cudarc("cuMemcpyDtoHAsync", e))?;
             result::stream::synchronize(stream)
                 .map_err(|e| DriverError::from_cudarc("cuStreamSynchronize", e))?;
+            // Both events were recorded on `stream`, which has been waited for.
+            scratch.last_kernel_ms = result::event::elapsed(start, end)
+                .map_err(|e| DriverError::from_cudarc("cuEventElapsedTime", e))?;
         }
         for (o, pair) in out.iter_mut().zip(acc.chunks_exact(2)) {
             *o = [pair[0], pair[1]];
         }
         Ok(out)
+    }
+
+    /// The kernel's own time in the last call (between events recorded on the stream right
+    /// before and after the launch), in seconds; 0 before the first launch.
+    pub fn last_kernel_seconds(&self) -> f64 {
+        let scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        f64::from(scratch.last_kernel_ms) / 1e3
     }
 
     /// Bytes of device scratch memory held (accumulators and packed views of the largest
@@ -325,6 +363,12 @@ impl Drop for DigestKernel {
             if scratch.ptr != 0 {
                 // SAFETY: allocated by `lanes`, whose launches have all been waited for.
                 let _ = unsafe { result::memory_free(scratch.ptr) };
+            }
+            if let Some((start, end)) = scratch.events.take() {
+                // SAFETY: created by `lanes`, destroyed once; their streams were waited for.
+                let _ = unsafe { result::event::destroy(start) };
+                // SAFETY: as above.
+                let _ = unsafe { result::event::destroy(end) };
             }
             // SAFETY: loaded by `load`, unloaded once; no launch is in flight.
             let _ = unsafe { result::module::unload(self.module) };

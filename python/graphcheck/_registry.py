@@ -225,23 +225,54 @@ def _digest_one(t, algorithm: str) -> str:
 def _view(t) -> tuple:
     """``(address of the first element, sizes, strides, element size)``: a view as the
     native digest functions read it."""
-    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size())
+    return (t.data_ptr(), t.shape, t.stride(), t.element_size())
+
+
+def _device_key(t):
+    """Where a tensor's bytes are read: ``None`` in place on the host, a CUDA ordinal, or
+    ``"copy"`` (any other device: through a host copy)."""
+    d = t.get_device()
+    if d < 0:
+        return None if t.is_cpu else "copy"
+    return d if t.is_cuda else "copy"
+
+
+# Device name (a view's metadata) -> where its bytes are read (as `_device_key`).
+_DEVICE_KEYS: dict = {"cpu": None}
+
+
+def _meta_device_key(name: str):
+    key = _DEVICE_KEYS.get(name, ...)
+    if key is ...:
+        key = int(name[5:]) if name.startswith("cuda:") and name[5:].isdigit() else "copy"
+        _DEVICE_KEYS[name] = key
+    return key
 
 
 def _gc128_all(tensors: list) -> list:
+    return _gc128([_device_key(t) for t in tensors], None, tensors)
+
+
+def _gc128(keys: list, views: Optional[list], tensors: list) -> list:
+    """gc128 of ``tensors`` read where ``keys`` say (:func:`_device_key`): one native call
+    per device. ``views`` are their native views where the caller has them already."""
     out: list = [None] * len(tensors)
-    groups: dict = {}  # None (CPU), a CUDA ordinal, or "copy" -> positions
-    for i, t in enumerate(tensors):
-        key = None if t.is_cpu else t.get_device() if t.is_cuda else "copy"
+    groups: dict = {}  # key -> positions
+    for i, key in enumerate(keys):
         groups.setdefault(key, []).append(i)
     for key, where in groups.items():
-        views = [tensors[i] for i in where]
-        if key is None:
-            values = _native.digest_host([_view(t) for t in views])
-        elif key == "copy":
-            values = _host_copies(views)
+        if views is None:
+            these = [_view(tensors[i]) for i in where]
+        elif len(where) == len(views):
+            these = views
         else:
-            values = _cuda_gc128(key, views)
+            these = [views[i] for i in where]
+        if key is None:
+            values = _native.digest_host(these)
+        elif key == "copy":
+            values = _host_copies([tensors[i] for i in where])
+        else:
+            values = _cuda_gc128(key, these, [tensors[i] for i in where])
         for i, v in zip(where, values):
             out[i] = v
     return out
@@ -264,11 +295,11 @@ def _current_stream(device: int) -> int:
     return _torch().cuda.current_stream(device).cuda_stream
 
 
-def _cuda_gc128(device: int, tensors: list) -> list:
+def _cuda_gc128(device: int, views: list, tensors: list) -> list:
     if _GPU_UNAVAILABLE[0] is None:
         stream = _current_stream(device)
         try:
-            return _native.digest_cuda(device, stream, [_view(t) for t in tensors], nvrtc_path())
+            return _native.digest_cuda(device, stream, views, nvrtc_path())
         except _native.GpuDigestUnavailable as e:
             _GPU_UNAVAILABLE[0] = str(e)
             warnings.warn(
@@ -485,8 +516,17 @@ class Registry:
             if digests and t is not None and rec.current():
                 todo.append((len(out), t))
             out.append(rec.spec)
-        if todo:
+        if todo and digests == "gc128":
+            # The views from the walk's metadata: no tensor property is read again.
+            metas = [self.tensors[i].meta for i, _ in todo]
+            values = _gc128(
+                [_meta_device_key(m[8]) for m in metas],
+                [(m[0] + m[2], m[4], m[5], m[7]) for m in metas],
+                [t for _, t in todo],
+            )
+        elif todo:
             values = digest_all([t for _, t in todo], digests)
+        if todo:
             for (i, _), value in zip(todo, values):
                 out[i]["digest"] = value
         return out

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use graphcheck::cuda::digest::{self as gpu, DeviceView, GpuDigestError};
 use graphcheck::document::digest::{Layout, View, gc128, gc128_layout};
 use pyo3::create_exception;
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::{GraphcheckError, NativeError, detached};
 
@@ -25,6 +27,43 @@ create_exception!(
 
 /// `(address, sizes, strides in elements, element size)`.
 type ViewArg = (u64, Vec<u64>, Vec<i64>, u32);
+
+/// The views of a call, read without PyO3's generic sequence extraction: a call may carry
+/// 100,000 of them, and tuples (`torch.Size` is one) read item by item cost a third as much.
+fn views_arg(views: &Bound<'_, PyAny>) -> PyResult<Vec<ViewArg>> {
+    fn ints<'py, T: for<'a> FromPyObject<'a, 'py>>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<T>>
+    where
+        for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+    {
+        match obj.cast::<PyTuple>() {
+            Ok(t) => t
+                .iter()
+                .map(|x| x.extract::<T>().map_err(Into::into))
+                .collect(),
+            Err(_) => obj.extract::<Vec<T>>().map_err(Into::into),
+        }
+    }
+    let one = |v: Bound<'_, PyAny>| -> PyResult<ViewArg> {
+        let t = v.cast::<PyTuple>().map_err(|_| {
+            PyTypeError::new_err("a view is a tuple (address, sizes, strides, element size)")
+        })?;
+        if t.len() != 4 {
+            return Err(PyTypeError::new_err(
+                "a view is a tuple (address, sizes, strides, element size)",
+            ));
+        }
+        Ok((
+            t.get_item(0)?.extract()?,
+            ints(&t.get_item(1)?)?,
+            ints(&t.get_item(2)?)?,
+            t.get_item(3)?.extract()?,
+        ))
+    };
+    match views.cast::<PyList>() {
+        Ok(list) => list.iter().map(one).collect(),
+        Err(_) => views.try_iter()?.map(|v| one(v?)).collect(),
+    }
+}
 
 /// The `gc128` digest of `data`.
 #[pyfunction]
@@ -65,7 +104,8 @@ fn host_digest(index: usize, (addr, shape, stride, itemsize): &ViewArg) -> Resul
 
 /// The `gc128` digests of views of CPU tensors, read where they are.
 #[pyfunction]
-fn digest_host(py: Python<'_>, views: Vec<ViewArg>) -> PyResult<Vec<String>> {
+fn digest_host(py: Python<'_>, views: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    let views = views_arg(views)?;
     detached(py, move || {
         views
             .iter()
@@ -84,10 +124,10 @@ fn digest_cuda(
     py: Python<'_>,
     device: i32,
     stream: u64,
-    views: Vec<ViewArg>,
+    views: &Bound<'_, PyAny>,
     nvrtc: Option<PathBuf>,
 ) -> PyResult<Vec<String>> {
-    let views: Vec<DeviceView> = views
+    let views: Vec<DeviceView> = views_arg(views)?
         .into_iter()
         .map(|(addr, shape, stride, itemsize)| DeviceView {
             addr,
@@ -113,16 +153,28 @@ fn digest_cuda(
     }
 }
 
-/// Where NVRTC was loaded from and its version, once the GPU digest has loaded it; and the
-/// device scratch memory the kernel of `device` holds (0 before its first launch).
+/// What the GPU digest has loaded, for diagnostics and the benchmark: `nvrtc_path` and
+/// `nvrtc_version` (`None` before NVRTC is loaded), and for `device`'s kernel
+/// `scratch_bytes` (device memory it keeps: accumulators and packed views) and
+/// `last_kernel_ms` (the kernel's own time in the last call, by events around the launch).
 #[pyfunction]
-fn gpu_digest_info(device: i32) -> (Option<String>, Option<(i32, i32)>, usize) {
+fn gpu_digest_info(py: Python<'_>, device: i32) -> PyResult<Bound<'_, PyDict>> {
     let nvrtc = gpu::loaded_nvrtc();
-    (
-        nvrtc.as_ref().map(|n| n.path().to_string()),
-        nvrtc.as_ref().map(|n| n.version()),
-        gpu::scratch_bytes(device),
-    )
+    let kernel = gpu::loaded_kernel(device);
+    let d = PyDict::new(py);
+    d.set_item("nvrtc_path", nvrtc.as_ref().map(|n| n.path().to_string()))?;
+    d.set_item("nvrtc_version", nvrtc.as_ref().map(|n| n.version()))?;
+    d.set_item(
+        "scratch_bytes",
+        kernel.as_ref().map_or(0, |k| k.scratch_bytes()),
+    )?;
+    d.set_item(
+        "last_kernel_ms",
+        kernel
+            .as_ref()
+            .map_or(0.0, |k| k.last_kernel_seconds() * 1e3),
+    )?;
+    Ok(d)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

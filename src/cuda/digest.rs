@@ -87,14 +87,10 @@ pub fn loaded_nvrtc() -> Option<Arc<Nvrtc>> {
     NVRTC.lock().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
-/// Bytes of device scratch memory the kernel of device `ordinal` holds (0 where it has not
-/// been loaded).
-pub fn scratch_bytes(ordinal: i32) -> usize {
+/// The kernel loaded on device `ordinal`, where it has been.
+pub fn loaded_kernel(ordinal: i32) -> Option<Arc<DigestKernel>> {
     let kernels = KERNELS.lock().unwrap_or_else(PoisonError::into_inner);
-    kernels
-        .as_ref()
-        .and_then(|k| k.get(&ordinal))
-        .map_or(0, |k| k.scratch_bytes())
+    kernels.as_ref().and_then(|k| k.get(&ordinal)).cloned()
 }
 
 /// The kernel loaded on device `ordinal`, compiled first where this architecture has no

@@ -158,8 +158,9 @@ def test_without_nvrtc_cuda_tensors_are_digested_through_host_copies(torch, monk
     ts = [torch.randn(5, 7).t(), torch.arange(9, dtype=torch.int8)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        first = registry._cuda_gc128(0, ts)
-        second = registry._cuda_gc128(0, ts)
+        views = [registry._view(t) for t in ts]
+        first = registry._cuda_gc128(0, views, ts)
+        second = registry._cuda_gc128(0, views, ts)
     assert first == second == [gt.digest(t) for t in ts]
     assert calls == [(0, 1234, 2)]  # not tried again
     messages = [str(w.message) for w in caught]
@@ -174,6 +175,19 @@ def test_nvrtc_is_found_from_the_environment_first(monkeypatch):
     if found is None:
         pytest.skip("no nvidia-cuda-nvrtc pip package here: the search found nothing to check")
     assert "nvrtc" in found and "builtins" not in found
+
+
+def test_a_registry_digests_its_views_as_walked(torch):
+    model = torch.nn.Module()
+    w = torch.randn(8, 6)
+    model.register_buffer("w", w)
+    model.wt = w.t()
+    model.col = w[:, 2]
+    model.s = torch.tensor(3, dtype=torch.int8)
+    reg = gt.walk(model)
+    specs = reg.tensor_specs("gc128")
+    assert [s["digest"] for s in specs] == [gt.digest(r.tensor) for r in reg.tensors]
+    assert len({s["digest"] for s in specs}) == len(specs) == 4
 
 
 def test_recordings_with_digests_true_are_gc128_and_catch_a_zeroed_weight(torch):

@@ -95,9 +95,10 @@ def test_the_digest_runs_on_the_current_stream_without_torch_memory(gpu):
     assert torch.cuda.max_memory_allocated() == before
     torch.cuda.synchronize()
     assert d == gt.digest(x.cpu())
-    path, version, scratch = native.gpu_digest_info(torch.cuda.current_device())
-    print(f"NVRTC {version} from {path}; device scratch {scratch} bytes")
-    assert path and version and 0 < scratch < (1 << 20)
+    info = native.gpu_digest_info(torch.cuda.current_device())
+    print(info)
+    assert info["nvrtc_path"] and info["nvrtc_version"]
+    assert 0 < info["scratch_bytes"] < (1 << 20) and info["last_kernel_ms"] > 0
 
 
 def test_a_capturing_stream_is_refused(gpu):
