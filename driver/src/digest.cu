@@ -15,7 +15,7 @@
 // view, so nothing outside the view's pages is touched. A strided view gathers each word's
 // elements through its sizes and strides: no copy of any view is made.
 
-#if !defined(GC_KEY_A) || !defined(GC_KEY_B) || !defined(GC_MIX_1) || !defined(GC_MIX_2)
+#if !defined(GC_KEY_A) || !defined(GC_KEY_B) || !defined(GC_FMIX_1) || !defined(GC_FMIX_2)
 #error "compile with the digest's constants (-DGC_KEY_A=... and the others)"
 #endif
 
@@ -45,22 +45,21 @@ struct Layout {
     u64 stride[MAX_DIMS];  // in bytes
 };
 
-// 32x32->64-bit products, written out: as 64-bit C multiplies of widened operands NVRTC
-// emits mul.lo.s64, which ptxas need not shrink back to one IMAD.WIDE.U32.
-__device__ __forceinline__ u64 mul_wide(u32 x, u32 y) {
-    u64 r;
-    asm("mul.wide.u32 %0, %1, %2;" : "=l"(r) : "r"(x), "r"(y));
-    return r;
-}
+// The 32x32->64-bit multiply-add of lane A, written out: as a 64-bit C multiply of widened
+// operands NVRTC emits mul.lo.s64, which ptxas need not shrink back to one IMAD.WIDE.U32.
 __device__ __forceinline__ u64 mad_wide(u32 x, u32 y, u64 c) {
     u64 r;
     asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(x), "r"(y), "l"(c));
     return r;
 }
-__device__ __forceinline__ u64 pack(u32 lo, u32 hi) {
-    u64 r;
-    asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(lo), "r"(hi));
-    return r;
+
+// MurmurHash3's 64-bit finalizer.
+__device__ __forceinline__ u64 fmix64(u64 x) {
+    x ^= x >> 33;
+    x *= GC_FMIX_1;
+    x ^= x >> 33;
+    x *= GC_FMIX_2;
+    return x ^ (x >> 33);
 }
 
 // Adds word w, whose keys are k = (i + 1) * KEY_A and q = (i + 1) * KEY_B, to the lanes.
@@ -68,15 +67,7 @@ __device__ __forceinline__ void add_word(u64 w, u64 k, u64 q, u64 &a, u64 &b) {
     u32 x = (u32)w + (u32)k;
     u32 y = (u32)(w >> 32) + (u32)(k >> 32);
     a = mad_wide(x, y, a);
-    u64 z = w ^ q;
-    u32 zl = (u32)z, zh = (u32)(z >> 32);
-    u64 p = mul_wide(zl, GC_MIX_1);
-    zh ^= (u32)(p >> 32);
-    zl = (u32)p;
-    u64 r = mul_wide(zh, GC_MIX_2);
-    zl ^= (u32)(r >> 32);
-    zh = (u32)r;
-    b += pack(zl, zh);
+    b += fmix64(w ^ q);
 }
 
 // Word i of a contiguous view (bytes [8i, 8i + 8) of it), zero-padded past its end.

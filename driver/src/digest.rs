@@ -40,10 +40,10 @@ pub struct Constants {
     pub key_a: u64,
     /// Lane B's key multiplier.
     pub key_b: u64,
-    /// Lane B's first mixing multiplier.
-    pub mix_1: u32,
-    /// Lane B's second mixing multiplier.
-    pub mix_2: u32,
+    /// `fmix64`'s first multiplier.
+    pub fmix_1: u64,
+    /// `fmix64`'s second multiplier.
+    pub fmix_2: u64,
 }
 
 /// One view to digest.
@@ -150,8 +150,8 @@ pub fn compile(nvrtc: &Nvrtc, arch: &str, constants: &Constants) -> Result<Vec<u
     let options = vec![
         format!("-DGC_KEY_A={:#x}ull", constants.key_a),
         format!("-DGC_KEY_B={:#x}ull", constants.key_b),
-        format!("-DGC_MIX_1={:#x}u", constants.mix_1),
-        format!("-DGC_MIX_2={:#x}u", constants.mix_2),
+        format!("-DGC_FMIX_1={:#x}ull", constants.fmix_1),
+        format!("-DGC_FMIX_2={:#x}ull", constants.fmix_2),
         "--std=c++17".to_string(),
     ];
     nvrtc.compile_cubin(SOURCE, "gc128_digest.cu", arch, &options)
@@ -531,8 +531,8 @@ mod tests {
         let constants = Constants {
             key_a: 3,
             key_b: 5,
-            mix_1: 7,
-            mix_2: 9,
+            fmix_1: 7,
+            fmix_2: 9,
         };
         let cubin = compile(&nvrtc, "sm_90", &constants).unwrap();
         // An ELF image.

@@ -46,8 +46,9 @@ snapshot uses the manifest's algorithm.
 
 - ``gc128:<32 hex>`` (the default): the view's elements in row-major order as bytes,
   little-endian 64-bit words (the last zero-padded), each word's two terms (an NH product
-  and a keyed bijection of the word, keyed by its position) summed mod 2^64 in two lanes,
-  the length mixed into the finalization (``graphcheck::document::digest`` defines it).
+  and MurmurHash3's fmix64 of the word, both keyed by its position) summed mod 2^64 in two
+  lanes, the length mixed into the finalization (``graphcheck::document::digest`` defines
+  it).
   Read where the tensor is, without a copy: CPU tensors in place, CUDA tensors by one
   kernel launch per device for all of them, on the device's current stream, at memory
   bandwidth (compiled at first use through NVRTC: ``$GRAPHCHECK_NVRTC``, the libnvrtc the

@@ -40,7 +40,7 @@ fn views_arg(views: &Bound<'_, PyAny>) -> PyResult<Vec<ViewArg>> {
                 .iter()
                 .map(|x| x.extract::<T>().map_err(Into::into))
                 .collect(),
-            Err(_) => obj.extract::<Vec<T>>().map_err(Into::into),
+            Err(_) => obj.extract::<Vec<T>>(),
         }
     }
     let one = |v: Bound<'_, PyAny>| -> PyResult<ViewArg> {

@@ -61,8 +61,8 @@ pub struct DeviceView {
 pub const CONSTANTS: Constants = Constants {
     key_a: gc::KEY_A,
     key_b: gc::KEY_B,
-    mix_1: gc::MIX_1,
-    mix_2: gc::MIX_2,
+    fmix_1: gc::FMIX_1,
+    fmix_2: gc::FMIX_2,
 };
 
 static NVRTC: Mutex<Option<Arc<Nvrtc>>> = Mutex::new(None);
@@ -136,7 +136,7 @@ pub fn plan(views: &[DeviceView]) -> Result<Vec<DigestView>, GpuDigestError> {
             })
             .map_err(|error| GpuDigestError::View { index, error })?;
             let nbytes = layout.nbytes();
-            let strided = (!layout.is_contiguous()).then(|| (layout.itemsize, layout.dims));
+            let strided = (!layout.is_contiguous()).then_some((layout.itemsize, layout.dims));
             Ok(DigestView {
                 addr: v.addr,
                 nbytes,

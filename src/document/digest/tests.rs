@@ -40,15 +40,13 @@ fn reference(bytes: &[u8]) -> String {
         let x = (lo + k % (1 << 32)) % (1 << 32);
         let y = (hi + (k >> 32)) % (1 << 32);
         a = (a + x * y) % (1 << 64);
-        let z = u128::from(w) ^ q;
-        let (mut zl, mut zh) = (z % (1 << 32), z >> 32);
-        let p = zl * u128::from(MIX_1);
-        zh ^= p >> 32;
-        zl = p % (1 << 32);
-        let r = zh * u128::from(MIX_2);
-        zl ^= r >> 32;
-        zh = r % (1 << 32);
-        b = (b + (zh << 32) + zl) % (1 << 64);
+        let mut z = u128::from(w) ^ q;
+        for m in [FMIX_1, FMIX_2] {
+            z ^= z >> 33;
+            z = (z * u128::from(m)) % (1 << 64);
+        }
+        z ^= z >> 33;
+        b = (b + z) % (1 << 64);
     }
     let lanes = Lanes {
         a: a as u64,
@@ -79,10 +77,10 @@ fn fixed_vectors() {
     let counting: Vec<u8> = (0..=255u8).collect();
     let cases: [(&[u8], &str); 5] = [
         (b"", "gc128:f507e3d23ed59d2b2adfdbd3f5af067e"),
-        (b"a", "gc128:ccf543a9dabfb78521fcc20e55bcfc8b"),
-        (b"graphcheck", "gc128:f8a79bebbc82bc0918a87e46a949abcd"),
-        (&[0u8; 64], "gc128:fd65966662e94bd96c735de099c45ee9"),
-        (&counting, "gc128:6309d3303ac43dc7b526eaf7b428f168"),
+        (b"a", "gc128:d8176c6070bf755d306ba4f96a5dbe2e"),
+        (b"graphcheck", "gc128:bd6a24c16fd5111765fc215f776e4c55"),
+        (&[0u8; 64], "gc128:44c2a7d8c4093d581190d33add6dbe58"),
+        (&counting, "gc128:8e313adb15acb3327d03c6e7111bbbb5"),
     ];
     for (bytes, want) in cases {
         assert_eq!(d(bytes), want, "{} bytes", bytes.len());
@@ -135,24 +133,25 @@ fn lane_b(i: u64, w: u64) -> u64 {
     Lanes::of_words(i, [w]).b
 }
 
-fn inverse_mul(m: u32) -> u32 {
-    // Newton's iteration for the inverse of an odd number modulo 2^32.
+fn inverse_mul(m: u64) -> u64 {
+    // Newton's iteration for the inverse of an odd number modulo 2^64.
     let mut x = m;
-    for _ in 0..5 {
-        x = x.wrapping_mul(2u32.wrapping_sub(m.wrapping_mul(x)));
+    for _ in 0..6 {
+        x = x.wrapping_mul(2u64.wrapping_sub(m.wrapping_mul(x)));
     }
     x
 }
 
+/// The inverse of `x ^= x >> 33` (two steps recover the 64 bits).
+fn unshift(y: u64) -> u64 {
+    y ^ (y >> 33)
+}
+
 fn lane_b_inverse(i: u64, t: u64) -> u64 {
-    let (mut zl, mut zh) = (t as u32, (t >> 32) as u32);
-    let old_zh = zh.wrapping_mul(inverse_mul(MIX_2));
-    zl ^= ((u64::from(old_zh) * u64::from(MIX_2)) >> 32) as u32;
-    zh = old_zh;
-    let old_zl = zl.wrapping_mul(inverse_mul(MIX_1));
-    zh ^= ((u64::from(old_zl) * u64::from(MIX_1)) >> 32) as u32;
-    zl = old_zl;
-    ((u64::from(zh) << 32) | u64::from(zl)) ^ (i + 1).wrapping_mul(KEY_B)
+    let mut x = unshift(t);
+    x = unshift(x.wrapping_mul(inverse_mul(FMIX_2)));
+    x = unshift(x.wrapping_mul(inverse_mul(FMIX_1)));
+    x ^ (i + 1).wrapping_mul(KEY_B)
 }
 
 #[test]
@@ -161,6 +160,22 @@ fn lane_b_is_a_bijection_of_the_word() {
     for _ in 0..100_000 {
         let (i, w) = (rng.next() >> 20, rng.next());
         assert_eq!(lane_b_inverse(i, lane_b(i, w)), w);
+    }
+}
+
+#[test]
+fn the_same_bit_flipped_in_two_words_changes_lane_b() {
+    // Regression: lane B's first design (two 32-bit multiply-xor steps) cancelled for bit 32
+    // flipped in two words in about one case of seven.
+    let mut rng = Rng(11);
+    for bit in 0..64 {
+        for _ in 0..2000 {
+            let (i, j) = (rng.next() % 100_000, 100_000 + rng.next() % 100_000);
+            let (wi, wj) = (rng.next(), rng.next());
+            let before = lane_b(i, wi).wrapping_add(lane_b(j, wj));
+            let after = lane_b(i, wi ^ (1 << bit)).wrapping_add(lane_b(j, wj ^ (1 << bit)));
+            assert_ne!(before, after, "bit {bit}, words {i} and {j}");
+        }
     }
 }
 
@@ -202,7 +217,7 @@ fn swapped_elements_change_the_digest() {
     let mut rng = Rng(7);
     let mut tried = 0;
     for itemsize in [1usize, 2, 4, 8, 16] {
-        for _ in 0..40_000 {
+        for _ in 0..12_000 {
             let count = 2 + rng.below(300);
             let bytes = rng.bytes(itemsize * count);
             let (p, q) = (rng.below(count), rng.below(count));
@@ -221,13 +236,13 @@ fn swapped_elements_change_the_digest() {
             tried += 1;
         }
     }
-    assert!(tried > 190_000, "{tried}");
+    assert!(tried > 55_000, "{tried}");
 }
 
 #[test]
 fn random_multi_word_changes_change_the_digest() {
     let mut rng = Rng(8);
-    for _ in 0..50_000 {
+    for _ in 0..20_000 {
         let n = 16 + rng.below(500);
         let bytes = rng.bytes(n);
         let mut x = bytes.clone();
