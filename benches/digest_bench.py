@@ -31,12 +31,19 @@ as one large one") the kernel over the small tensors at least half as fast per b
 one tensor of their bytes. ``--check`` also compares the GPU digests with the
 CPU twin's of host copies. Exit code 1 where a check fails; ``--strict`` also where a target
 is missed.
+
+``--sweep "unroll=4;unroll=8;unroll=8,min_blocks=3"`` runs the benchmark once per kernel
+tuning (``GRAPHCHECK_DIGEST_TUNING``; a process each, as the kernel is compiled once per
+process) and prints their gc128 rows side by side; the digests do not depend on the tuning.
 """
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -145,6 +152,7 @@ def run(args) -> dict:
         })
     bw = {r["method"]: r["gb_per_s"] for r in table}
     info = native.gpu_digest_info(dev)
+    tuning = os.environ.get("GRAPHCHECK_DIGEST_TUNING", "default")
     checks = {}
     if args.check:
         checks["gc128 1 GiB == CPU twin of a host copy"] = gt.digest(x) == gt.digest(x.cpu())
@@ -169,6 +177,7 @@ def run(args) -> dict:
         "small": {"count": args.small, "bytes": args.small_bytes},
         "nvrtc": {"path": info["nvrtc_path"], "version": info["nvrtc_version"]},
         "gc128_scratch_bytes": info["scratch_bytes"],
+        "gc128_tuning": tuning,
         "hash_tensor_note": hash_note,
         "rows": table,
         "targets": {k: {"value": v, "target": t} for k, (v, t) in targets.items()},
@@ -186,7 +195,7 @@ def render(result: dict) -> str:
         f"{result['small']['count']} x {result['small']['bytes']} B small tensors, "
         f"median of {result['reps']} alternating rounds",
         f"NVRTC {result['nvrtc']['version']} ({result['nvrtc']['path']}); gc128 device scratch "
-        f"{result['gc128_scratch_bytes']} B",
+        f"{result['gc128_scratch_bytes']} B; tuning {result['gc128_tuning']}",
         "",
         f"{'method':<48} {'median ms':>10} {'min ms':>9} {'GB/s':>8} {'temp MiB':>9}",
         f"{'-' * 48} {'-' * 10} {'-' * 9} {'-' * 8} {'-' * 9}",
@@ -207,6 +216,40 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def sweep(args) -> int:
+    """One run per tuning, each in its own process; their gc128 rows side by side."""
+    results = []
+    for spec in [t.strip() for t in args.sweep.split(";") if t.strip()]:
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "r.json")
+            cmd = [
+                sys.executable, __file__, "--gib", str(args.gib), "--reps", str(args.reps),
+                "--small", str(args.small), "--small-bytes", str(args.small_bytes),
+                "--no-sum64", "--json", out,
+            ]
+            env = {**os.environ, "GRAPHCHECK_DIGEST_TUNING": spec}
+            print(f"== tuning {spec}", file=sys.stderr)
+            r = subprocess.run(cmd, env=env, stdout=sys.stderr)
+            if r.returncode != 0:
+                print(f"tuning {spec}: the run failed ({r.returncode})", file=sys.stderr)
+                return 1
+            with open(out) as f:
+                results.append((spec, json.load(f)))
+    names = [r["method"] for r in results[0][1]["rows"] if r["method"].startswith(("gc128", "int64"))]
+    print(f"{'method':<48} " + " ".join(f"{spec:>22}" for spec, _ in results))
+    for name in names:
+        cells = []
+        for _, res in results:
+            row = next(r for r in res["rows"] if r["method"] == name)
+            cells.append(f"{row['median_ms']:>9.3f} ms {row['gb_per_s']:>6.0f} GB/s")
+        print(f"{name:<48} " + " ".join(f"{c:>22}" for c in cells))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({spec: res for spec, res in results}, f, indent=1)
+            f.write("\n")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gib", type=float, default=1.0)
@@ -217,9 +260,12 @@ def main() -> int:
     p.add_argument("--check", action="store_true", help="compare with the CPU twin")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--strict", action="store_true", help="exit 1 where a target is missed")
+    p.add_argument("--sweep", help="tunings to compare, ';'-separated (see above)")
     args = p.parse_args()
     if args.reps < 5:
         p.error("--reps: at least 5 (medians of at least 5 rounds)")
+    if args.sweep:
+        return sweep(args)
     result = run(args)
     print(render(result))
     if args.json:

@@ -8,6 +8,9 @@
 // start), so 100,000 small views cost about what one large one of the same bytes does. Each
 // warp sums its terms and adds them atomically to its view's two accumulators when the
 // block moves to the next view: sums mod 2^64 do not depend on the order of the adds.
+// Contiguous and strided views go to two kernels (gc128_lanes, gc128_lanes_strided) built
+// from the same code: the gather's index arithmetic took the contiguous kernel from 60 to 80
+// registers (ptxas -v, sm_90), i.e. from 4 to 3 blocks of 256 threads per SM.
 //
 // Reads: a contiguous view aligned to 16 bytes reads whole 16-byte pairs of words, all loads
 // of a thread issued before any arithmetic; anything else reads one aligned 8-byte word (two
@@ -22,8 +25,18 @@
 typedef unsigned long long u64;
 typedef unsigned int u32;
 
+// Tuning, from the host (-DGC_UNROLL, -DGC_MIN_BLOCKS; GRAPHCHECK_DIGEST_TUNING): 16-byte
+// loads in flight per thread, and the blocks per SM the contiguous kernel's registers must
+// allow (0: no such bound).
+#ifndef GC_UNROLL
+#define GC_UNROLL 4
+#endif
+#ifndef GC_MIN_BLOCKS
+#define GC_MIN_BLOCKS 0
+#endif
+
 #define BLOCK 256
-#define UNROLL 4
+#define UNROLL GC_UNROLL
 #define CHUNK_WORDS (2 * BLOCK * UNROLL)
 #define MAX_DIMS 12
 #define CONTIGUOUS 0xffffffffu
@@ -124,13 +137,14 @@ __device__ u64 gather_word(u64 addr, u64 nbytes, const Layout *L, u64 i) {
 }
 
 // Adds the terms of chunk `chunk` of view s to this thread's lanes.
+template <bool STRIDED>
 __device__ __forceinline__ void chunk_lanes(const Seg &s, const Layout *__restrict__ layouts,
                                             u64 chunk, u64 &a, u64 &b) {
     u64 nwords = (s.nbytes + 7) >> 3;
     u64 w0 = chunk * CHUNK_WORDS;
     u64 wend = w0 + CHUNK_WORDS < nwords ? w0 + CHUNK_WORDS : nwords;
     u32 t = threadIdx.x;
-    if (s.layout != CONTIGUOUS) {
+    if (STRIDED) {
         const Layout *L = layouts + s.layout;
         for (u64 i = w0 + t; i < wend; i += BLOCK)
             add_word(gather_word(s.addr, s.nbytes, L, i), (i + 1) * GC_KEY_A, (i + 1) * GC_KEY_B,
@@ -182,9 +196,10 @@ __device__ __forceinline__ void flush(u64 *__restrict__ acc, u32 out, u64 a, u64
 }
 
 // Block x takes chunks [x * per_block, (x + 1) * per_block) of all views' `total` chunks.
-extern "C" __global__ void __launch_bounds__(BLOCK)
-gc128_lanes(const Seg *__restrict__ segs, u32 nsegs, const Layout *__restrict__ layouts,
-            u64 *__restrict__ acc, u64 total, u64 per_block) {
+template <bool STRIDED>
+__device__ __forceinline__ void lanes(const Seg *__restrict__ segs, u32 nsegs,
+                                      const Layout *__restrict__ layouts, u64 *__restrict__ acc,
+                                      u64 total, u64 per_block) {
     u64 c = (u64)blockIdx.x * per_block;
     u64 cend = c + per_block < total ? c + per_block : total;
     if (c >= cend) return;
@@ -207,7 +222,26 @@ gc128_lanes(const Seg *__restrict__ segs, u32 nsegs, const Layout *__restrict__ 
             seg = segs[s];
             next = s + 1 < nsegs ? segs[s + 1].first_chunk : total;
         }
-        chunk_lanes(seg, layouts, c - seg.first_chunk, a, b);
+        chunk_lanes<STRIDED>(seg, layouts, c - seg.first_chunk, a, b);
     }
     flush(acc, seg.out, a, b);
+}
+
+// Contiguous views (every `layout` is CONTIGUOUS). A minimum of blocks per SM is asked for
+// only when tuned: `__launch_bounds__(256, 1)` took ptxas from 60 to 76 registers.
+#if GC_MIN_BLOCKS > 0
+extern "C" __global__ void __launch_bounds__(BLOCK, GC_MIN_BLOCKS)
+#else
+extern "C" __global__ void __launch_bounds__(BLOCK)
+#endif
+gc128_lanes(const Seg *__restrict__ segs, u32 nsegs, const Layout *__restrict__ layouts,
+            u64 *__restrict__ acc, u64 total, u64 per_block) {
+    lanes<false>(segs, nsegs, layouts, acc, total, per_block);
+}
+
+// Strided views (every `layout` indexes `layouts`).
+extern "C" __global__ void __launch_bounds__(BLOCK)
+gc128_lanes_strided(const Seg *__restrict__ segs, u32 nsegs, const Layout *__restrict__ layouts,
+                    u64 *__restrict__ acc, u64 total, u64 per_block) {
+    lanes<true>(segs, nsegs, layouts, acc, total, per_block);
 }

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use graphcheck_driver::digest::{self as kernel, Constants, DigestError, DigestKernel, DigestView};
+use graphcheck_driver::digest::{
+    self as kernel, Constants, DigestError, DigestKernel, DigestView, Tuning,
+};
 use graphcheck_driver::nvrtc::{Nvrtc, NvrtcError};
 
 use crate::document::digest::{self as gc, Lanes, Layout, View, ViewError};
@@ -30,7 +32,15 @@ pub enum GpuDigestError {
     /// The driver or the launch failed.
     #[error("failed to digest on the GPU: {0}")]
     Kernel(DigestError),
+    /// `GRAPHCHECK_DIGEST_TUNING` does not parse.
+    #[error("{TUNING_ENV}: {0}")]
+    Tuning(String),
 }
+
+/// The environment variable that tunes the kernel's launch (`unroll=8,min_blocks=3`; see
+/// `graphcheck_driver::digest::Tuning`), read when a device's kernel is first loaded. The
+/// digests do not depend on it.
+pub const TUNING_ENV: &str = "GRAPHCHECK_DIGEST_TUNING";
 
 impl From<DigestError> for GpuDigestError {
     fn from(e: DigestError) -> Self {
@@ -66,8 +76,9 @@ pub const CONSTANTS: Constants = Constants {
 };
 
 static NVRTC: Mutex<Option<Arc<Nvrtc>>> = Mutex::new(None);
-/// CUBINs by architecture (`sm_90`).
-static CUBINS: Mutex<Option<HashMap<String, Arc<Vec<u8>>>>> = Mutex::new(None);
+/// CUBINs by architecture (`sm_90`) and tuning.
+type Cubins = HashMap<(String, Tuning), Arc<Vec<u8>>>;
+static CUBINS: Mutex<Option<Cubins>> = Mutex::new(None);
 /// Loaded kernels by device ordinal.
 static KERNELS: Mutex<Option<HashMap<i32, Arc<DigestKernel>>>> = Mutex::new(None);
 
@@ -104,20 +115,26 @@ pub fn kernel_for(
     if let Some(k) = kernels.get(&ordinal) {
         return Ok(k.clone());
     }
+    let tuning = match std::env::var(TUNING_ENV) {
+        Ok(text) => Tuning::parse(&text).map_err(GpuDigestError::Tuning)?,
+        Err(_) => Tuning::default(),
+    };
     let arch = kernel::architecture(ordinal)?;
     let cubin = {
         let mut cubins = CUBINS.lock().unwrap_or_else(PoisonError::into_inner);
         let cubins = cubins.get_or_insert_with(HashMap::new);
-        match cubins.get(&arch) {
+        let key = (arch, tuning);
+        match cubins.get(&key) {
             Some(c) => c.clone(),
             None => {
-                let c = Arc::new(kernel::compile(&*nvrtc(nvrtc_path)?, &arch, &CONSTANTS)?);
-                cubins.insert(arch, c.clone());
+                let nvrtc = nvrtc(nvrtc_path)?;
+                let c = Arc::new(kernel::compile(&nvrtc, &key.0, &CONSTANTS, tuning)?);
+                cubins.insert(key, c.clone());
                 c
             }
         }
     };
-    let k = Arc::new(DigestKernel::load(ordinal, &cubin)?);
+    let k = Arc::new(DigestKernel::load(ordinal, &cubin, tuning)?);
     kernels.insert(ordinal, k.clone());
     Ok(k)
 }
@@ -216,7 +233,7 @@ mod tests {
             return;
         };
         let n = Nvrtc::load(Some(Path::new(&path))).unwrap();
-        let cubin = kernel::compile(&n, "sm_90", &CONSTANTS).unwrap();
+        let cubin = kernel::compile(&n, "sm_90", &CONSTANTS, Tuning::default()).unwrap();
         assert_eq!(&cubin[..4], b"\x7fELF");
     }
 }
