@@ -31,6 +31,8 @@ const CONTIGUOUS: u32 = u32::MAX;
 const SEG_BYTES: usize = 32;
 /// Bytes of one packed layout (`struct Layout`).
 const LAYOUT_BYTES: usize = 8 + 16 * MAX_DIMS;
+/// Device scratch allocated with the kernels: 1,300 views' accumulators and packed views.
+const INITIAL_SCRATCH: usize = 1 << 16;
 
 /// The algorithm's constants, compiled into the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,6 +281,18 @@ impl DigestKernel {
                 resident: (sms.max(1) * per_sm.max(1)) as u32,
             };
         }
+        // Scratch and events made now, so that a later call allocates only for a larger
+        // batch: a device allocation is refused while another stream captures in global
+        // mode.
+        let scratch = kernel
+            .scratch
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        scratch.events = Some(events()?);
+        // SAFETY: plain device memory, freed by a growth in `lanes` or the drop.
+        scratch.ptr = unsafe { result::malloc_sync(INITIAL_SCRATCH) }
+            .map_err(|e| DriverError::from_cudarc("cuMemAlloc", e))?;
+        scratch.size = INITIAL_SCRATCH;
         Ok(kernel)
     }
 
@@ -332,16 +346,13 @@ impl DigestKernel {
                 let _ = unsafe { result::memory_free(scratch.ptr) };
                 (scratch.ptr, scratch.size) = (0, 0);
             }
-            let size = need.next_power_of_two().max(1 << 16);
+            let size = need.next_power_of_two().max(INITIAL_SCRATCH);
             // SAFETY: plain device memory, freed by the next growth or the drop.
             let ptr = unsafe { result::malloc_sync(size) }
                 .map_err(|e| DriverError::from_cudarc("cuMemAlloc", e))?;
             (scratch.ptr, scratch.size) = (ptr, size);
         }
-        if scratch.events.is_none() {
-            scratch.events = Some(events()?);
-        }
-        let (start, end) = scratch.events.expect("made above");
+        let (start, end) = scratch.events.expect("made by `load`");
         let base = scratch.ptr;
         let layouts_ptr = base + layouts_at as u64;
         let mut acc = vec![0u64; 2 * views.len()];

@@ -98,7 +98,9 @@ def test_the_digest_runs_on_the_current_stream_without_torch_memory(gpu):
     info = native.gpu_digest_info(torch.cuda.current_device())
     print(info)
     assert info["nvrtc_path"] and info["nvrtc_version"]
-    assert 0 < info["scratch_bytes"] < (1 << 20) and info["last_kernel_ms"] > 0
+    # 48 bytes a view (accumulators and the packed view), kept and grown to a power of two:
+    # at most what the 100,000-tensor test asked for.
+    assert (1 << 16) <= info["scratch_bytes"] <= (8 << 20) and info["last_kernel_ms"] > 0
 
 
 def test_a_capturing_stream_is_refused(gpu):
