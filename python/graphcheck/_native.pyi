@@ -69,7 +69,8 @@ class SleepOutOfMemoryError(SleepError):
     """The device ran out of memory on wake; the allocator is still asleep."""
 
 class GpuDigestUnavailable(GraphcheckError):
-    """NVRTC could not be loaded or could not compile the GPU digest's kernel."""
+    """NVRTC could not be loaded or could not compile the GPU digest's kernel, or the
+    driver could not load it."""
 
 FORMAT_VERSION: int
 EXIT_OK: int

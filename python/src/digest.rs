@@ -3,8 +3,8 @@
 //! `(address of its first element, sizes, strides in elements, element size)`.
 //!
 //! The GPU path raises `GpuDigestUnavailable` (a `GraphcheckError`) where NVRTC cannot be
-//! loaded or cannot compile the kernel: the Python layer then digests host copies with the
-//! CPU twin, which gives the same digests.
+//! loaded or cannot compile the kernel, or the driver cannot load it: the Python layer then
+//! digests host copies with the CPU twin, which gives the same digests.
 
 use std::path::PathBuf;
 
@@ -22,7 +22,8 @@ create_exception!(
     GpuDigestUnavailable,
     GraphcheckError,
     "The GPU digest cannot run here: NVRTC (libnvrtc) could not be loaded or could not \
-     compile the kernel. Digests of host copies are the same, only slower."
+     compile the kernel, or the driver could not load it. Digests of host copies are the \
+     same, only slower."
 );
 
 /// `(address, sizes, strides in elements, element size)`.

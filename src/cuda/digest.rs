@@ -5,7 +5,8 @@
 //!
 //! NVRTC is loaded once per process (from the path the caller found, else by name), the
 //! kernel compiled once per GPU architecture and loaded once per device; a failure to load
-//! or compile is [`GpuDigestError::Unavailable`], after which callers digest on the host.
+//! NVRTC, to compile, or to load the CUBIN (a driver that cannot take it) is
+//! [`GpuDigestError::Unavailable`], after which callers digest on the host.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,9 +24,10 @@ use crate::document::format::Digest;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GpuDigestError {
-    /// NVRTC could not be loaded or could not compile the kernel: digest on the host.
+    /// NVRTC could not be loaded or could not compile the kernel, or the driver could not
+    /// load it: digest on the host.
     #[error("the GPU digest is unavailable: {0}")]
-    Unavailable(#[from] NvrtcError),
+    Unavailable(String),
     /// A view that cannot be read (a bad layout), by its position in the call.
     #[error("view {index}: {error}")]
     View { index: usize, error: ViewError },
@@ -45,9 +47,15 @@ pub const TUNING_ENV: &str = "GRAPHCHECK_DIGEST_TUNING";
 impl From<DigestError> for GpuDigestError {
     fn from(e: DigestError) -> Self {
         match e {
-            DigestError::Nvrtc(e) => GpuDigestError::Unavailable(e),
+            DigestError::Nvrtc(e) => GpuDigestError::Unavailable(e.to_string()),
             e => GpuDigestError::Kernel(e),
         }
+    }
+}
+
+impl From<NvrtcError> for GpuDigestError {
+    fn from(e: NvrtcError) -> Self {
+        GpuDigestError::Unavailable(e.to_string())
     }
 }
 
@@ -134,7 +142,10 @@ pub fn kernel_for(
             }
         }
     };
-    let k = Arc::new(DigestKernel::load(ordinal, &cubin, tuning)?);
+    let k = DigestKernel::load(ordinal, &cubin, tuning).map_err(|e| {
+        GpuDigestError::Unavailable(format!("the driver could not load the kernel: {e}"))
+    })?;
+    let k = Arc::new(k);
     kernels.insert(ordinal, k.clone());
     Ok(k)
 }
