@@ -145,7 +145,7 @@ pub fn finish(lanes: Lanes, len: u64) -> [u64; 2] {
 }
 
 /// The `gc128` digest of bytes fed in pieces: a view's elements, run by run.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Gc128 {
     lanes: Lanes,
     /// Bytes taken so far.
@@ -157,12 +157,21 @@ pub struct Gc128 {
     q: u64,
 }
 
+impl Default for Gc128 {
+    fn default() -> Self {
+        Gc128::new()
+    }
+}
+
 impl Gc128 {
+    /// A digest of no bytes yet (word 0's keys are `1 · KEY_A` and `1 · KEY_B`).
     pub fn new() -> Gc128 {
         Gc128 {
+            lanes: Lanes::default(),
+            len: 0,
+            pending: 0,
             k: KEY_A,
             q: KEY_B,
-            ..Gc128::default()
         }
     }
 
