@@ -105,6 +105,10 @@ fn pieces_of_any_size_give_the_digest_of_the_whole() {
             assert_eq!(h.finish().0, whole);
         }
     }
+    // Regression: a derived `Default` started with zero keys.
+    let mut h = Gc128::default();
+    h.update(b"graphcheck");
+    assert_eq!(h.finish(), gc128(b"graphcheck"));
 }
 
 #[test]
