@@ -6,6 +6,9 @@
 //!   `MaybeUninit`, enum fields as integers.
 //! - [`owned`]: graphs and memory this process creates and destroys itself (an owned graph,
 //!   captures into it, pinned host buffers): what the GPU tests build.
+//! - [`nvrtc`]: the CUDA runtime compiler, loaded from a path or a name (source to CUBIN).
+//! - [`digest`]: the GPU kernel of the `gc128` content digest, compiled through NVRTC,
+//!   loaded per device, and launched over many tensor views on a caller's stream.
 //! - [`vmm`]: the virtual-memory calls of the sleep allocator (`graphcheck-sleep`), on owned
 //!   reservations, physical memory and pinned host buffers.
 //!
@@ -21,8 +24,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod digest;
 mod error;
 pub mod graph;
+pub mod nvrtc;
 pub mod owned;
 mod raw;
 pub mod vmm;

@@ -1,5 +1,5 @@
 """Type stubs of ``graphcheck._native``, the PyO3 module built from ``python/src/`` (the
-``#[pyfunction]``s of ``lib.rs`` and ``sleep.rs``). Documents are a path (``str`` or
+``#[pyfunction]``s of ``lib.rs``, ``sleep.rs`` and ``digest.rs``). Documents are a path (``str`` or
 ``os.PathLike``) or JSON text (a ``str`` whose first non-blank character is ``{``, or
 ``bytes``). ``tests/python/test_native_stubs.py`` fails when these drift from the module.
 """
@@ -48,6 +48,11 @@ __all__ = [
     "sleep_take_error",
     "sleep_release_host_cache",
     "sleep_mem_info",
+    "GpuDigestUnavailable",
+    "gc128_bytes",
+    "digest_host",
+    "digest_cuda",
+    "gpu_digest_info",
 ]
 
 # A document: a path, or JSON text.
@@ -62,6 +67,10 @@ class SleepError(GraphcheckError):
 
 class SleepOutOfMemoryError(SleepError):
     """The device ran out of memory on wake; the allocator is still asleep."""
+
+class GpuDigestUnavailable(GraphcheckError):
+    """NVRTC could not be loaded or could not compile the GPU digest's kernel, or the
+    driver could not load it."""
 
 FORMAT_VERSION: int
 EXIT_OK: int
@@ -141,3 +150,14 @@ def sleep_stats() -> dict[str, int]: ...
 def sleep_take_error() -> str | None: ...
 def sleep_release_host_cache() -> int: ...
 def sleep_mem_info(device: int) -> tuple[int, int]: ...
+
+# A view for the digest functions: (address of its first element, sizes, strides in
+# elements, element size).
+_View = tuple[int, Sequence[int], Sequence[int], int]
+
+def gc128_bytes(data: bytes) -> str: ...
+def digest_host(views: Sequence[_View]) -> list[str]: ...
+def digest_cuda(
+    device: int, stream: int, views: Sequence[_View], nvrtc: str | os.PathLike[str] | None = None
+) -> list[str]: ...
+def gpu_digest_info(device: int) -> dict[str, object]: ...

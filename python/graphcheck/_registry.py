@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import glob
 import hashlib
+import os
 import re
+import sys
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from . import _args
+from . import _args, _native
 from ._native import GraphcheckError
 
 
@@ -156,37 +160,213 @@ def _flat_bytes(t):
 
 
 #: The content digest algorithms (:func:`digest`; :mod:`graphcheck.torch` says what each is).
-DIGEST_ALGORITHMS = ("sha256", "sum64")
+DIGEST_ALGORITHMS = ("gc128", "sha256", "sum64")
+
+#: What ``digests=True`` records, and :func:`digest`'s default: read where the tensor is (a
+#: kernel at memory bandwidth on CUDA), many tensors per call.
+DEFAULT_DIGEST = "gc128"
 
 
-def _digests_arg(name: str, value: Union[bool, str, None]) -> Union[bool, str, None]:
+def _digests_choice(name: str, value: Union[bool, str, None]) -> Union[bool, str, None]:
     """A ``digests=`` argument: ``True``/``False``/``None`` or an algorithm's name."""
     if value is None or isinstance(value, bool):
         return value
     return _args.choice(name, value, DIGEST_ALGORITHMS)
 
 
-def digest(t, algorithm: str = "sha256") -> str:
+def _digests_arg(name: str, value: Union[bool, str, None]) -> Union[bool, str, None]:
+    """A recording's ``digests=`` argument: ``True`` is :data:`DEFAULT_DIGEST`."""
+    value = _digests_choice(name, value)
+    return DEFAULT_DIGEST if value is True else value
+
+
+def digest(t, algorithm: str = DEFAULT_DIGEST) -> str:
     """The content digest of a view, ``<algorithm>:<hex>`` (see :mod:`graphcheck.torch`)."""
+    return digest_all([_tensor_arg("t", t)], algorithm)[0]
+
+
+def digest_all(tensors, algorithm: str = DEFAULT_DIGEST) -> list:
+    """The content digests of many views, in order: for ``gc128``, one native call for the
+    CPU tensors (read in place) and one kernel launch per CUDA device, on its current
+    stream."""
+    algorithm = _args.choice("algorithm", algorithm, DIGEST_ALGORITHMS)
     torch = _torch()
-    x = _flat_bytes(_tensor_arg("t", t))
+    if isinstance(tensors, torch.Tensor) or not _args.iterable(tensors):
+        raise GraphcheckError(f"tensors is a list of torch.Tensor, not {_args.show(tensors)}")
+    tensors = list(tensors)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise GraphcheckError(f"tensors[{i}] is a torch.Tensor, not {_args.show(t)}")
+    if algorithm == "gc128":
+        return _gc128_all(tensors)
+    return [_digest_one(t, algorithm) for t in tensors]
+
+
+def _digest_one(t, algorithm: str) -> str:
+    torch = _torch()
+    x = _flat_bytes(t)
     if algorithm == "sha256":
         host = x.cpu()
         data = ctypes.string_at(host.data_ptr(), host.numel()) if host.numel() else b""
         return "sha256:" + hashlib.sha256(data).hexdigest()
-    if algorithm == "sum64":
-        pad = (-x.numel()) % 8
-        if pad:
-            x = torch.cat([x, x.new_zeros(pad)])
-        if x.numel() == 0:
-            return "sum64:" + "0" * 16
-        # Two 32-bit halves summed in int64 cannot overflow below 16 GiB; the 64-bit sum
-        # is then exact in Python integers.
-        halves = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        lo = int(halves[0::2].sum().item())
-        hi = int(halves[1::2].sum().item())
-        return f"sum64:{(lo + (hi << 32)) & 0xFFFFFFFFFFFFFFFF:016x}"
-    raise GraphcheckError(f"unknown digest algorithm {algorithm!r} (sha256 or sum64)")
+    pad = (-x.numel()) % 8
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad)])
+    if x.numel() == 0:
+        return "sum64:" + "0" * 16
+    # Two 32-bit halves summed in int64 cannot overflow below 16 GiB; the 64-bit sum
+    # is then exact in Python integers.
+    halves = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    lo = int(halves[0::2].sum().item())
+    hi = int(halves[1::2].sum().item())
+    return f"sum64:{(lo + (hi << 32)) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def _view(t) -> tuple:
+    """``(address of the first element, sizes, strides, element size)``: a view as the
+    native digest functions read it."""
+    return (t.data_ptr(), t.shape, t.stride(), t.element_size())
+
+
+def _device_key(t):
+    """Where a tensor's bytes are read: ``None`` in place on the host, a CUDA ordinal, or
+    ``"copy"`` (any other device: through a host copy)."""
+    d = t.get_device()
+    if d < 0:
+        return None if t.is_cpu else "copy"
+    return d if t.is_cuda else "copy"
+
+
+# Device name (a view's metadata) -> where its bytes are read (as `_device_key`).
+_DEVICE_KEYS: dict = {"cpu": None}
+
+
+def _meta_device_key(name: str):
+    key = _DEVICE_KEYS.get(name, ...)
+    if key is ...:
+        key = int(name[5:]) if name.startswith("cuda:") and name[5:].isdigit() else "copy"
+        _DEVICE_KEYS[name] = key
+    return key
+
+
+def _gc128_all(tensors: list) -> list:
+    return _gc128([_device_key(t) for t in tensors], None, tensors)
+
+
+def _gc128(keys: list, views: Optional[list], tensors: list) -> list:
+    """gc128 of ``tensors`` read where ``keys`` say (:func:`_device_key`): one native call
+    per device. ``views`` are their native views where the caller has them already."""
+    out: list = [None] * len(tensors)
+    groups: dict = {}  # key -> positions
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    for key, where in groups.items():
+        if views is None:
+            these = [_view(tensors[i]) for i in where]
+        elif len(where) == len(views):
+            these = views
+        else:
+            these = [views[i] for i in where]
+        if key is None:
+            values = _native.digest_host(these)
+        elif key == "copy":
+            values = _host_copies([tensors[i] for i in where])
+        else:
+            values = _cuda_gc128(key, these, [tensors[i] for i in where])
+        for i, v in zip(where, values):
+            out[i] = v
+    return out
+
+
+def _host_copies(tensors: list) -> list:
+    """gc128 of host copies: the same digests as where the tensors are, slower."""
+    copies = [t.detach().cpu() for t in tensors]
+    return _native.digest_host([_view(c) for c in copies])
+
+
+#: Why the GPU digest is unavailable in this process (``None`` until it fails): CUDA tensors
+#: are then digested through host copies, with a warning the first time.
+_GPU_UNAVAILABLE: list = [None]
+
+
+def _current_stream(device: int) -> int:
+    """The ``CUstream`` of torch's current stream on ``device``: the digest runs there,
+    after what the caller enqueued before it."""
+    return _torch().cuda.current_stream(device).cuda_stream
+
+
+def _cuda_gc128(device: int, views: list, tensors: list) -> list:
+    if _GPU_UNAVAILABLE[0] is None:
+        stream = _current_stream(device)
+        try:
+            return _native.digest_cuda(device, stream, views, nvrtc_path())
+        except _native.GpuDigestUnavailable as e:
+            _GPU_UNAVAILABLE[0] = str(e)
+            warnings.warn(
+                f"graphcheck: {e}. CUDA tensors are digested through host copies instead "
+                "(the same gc128 digests, much slower); set GRAPHCHECK_NVRTC to libnvrtc's "
+                "path to use the GPU",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    return _host_copies(tensors)
+
+
+#: The environment variable naming libnvrtc for the GPU digest.
+ENV_NVRTC = "GRAPHCHECK_NVRTC"
+
+_NVRTC_PATH: list = []
+
+
+def nvrtc_path() -> Optional[str]:
+    """libnvrtc for the GPU digest: ``$GRAPHCHECK_NVRTC``; else the one this process has
+    loaded already (PyTorch loads it for some operations); else one in the ``nvidia`` pip
+    packages (PyTorch's CUDA wheels depend on them; CUDA 13 puts it in
+    ``nvidia/cu13/lib``), preferring the CUDA major version PyTorch was built with; else
+    ``None``, and the native side tries the usual library names."""
+    env = os.environ.get(ENV_NVRTC)
+    if env:
+        return env
+    if not _NVRTC_PATH:
+        _NVRTC_PATH.append(_loaded_nvrtc() or _packaged_nvrtc())
+    return _NVRTC_PATH[0]
+
+
+def _is_nvrtc(name: str) -> bool:
+    return name.startswith("libnvrtc.so") or (
+        name.startswith("nvrtc64_") and name.endswith(".dll")
+    )
+
+
+def _loaded_nvrtc() -> Optional[str]:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if path.startswith("/") and _is_nvrtc(os.path.basename(path)):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _packaged_nvrtc() -> Optional[str]:
+    found = []
+    for root in dict.fromkeys(p for p in sys.path if p and os.path.isdir(p)):
+        for lib in glob.glob(os.path.join(root, "nvidia", "*", "lib", "*nvrtc*")) + glob.glob(
+            os.path.join(root, "nvidia", "*", "bin", "*nvrtc*")
+        ):
+            if _is_nvrtc(os.path.basename(lib)) and "builtins" not in lib:
+                found.append(lib)
+    if not found:
+        return None
+    try:
+        major = (_torch().version.cuda or "").split(".")[0]
+    except Exception:  # noqa: BLE001 - no torch or no CUDA build: any will do
+        major = ""
+    # The CUDA major version of torch's build first, then by name.
+    found.sort(key=lambda p: (not (major and (f".so.{major}" in p or f"cu{major}" in p)), p))
+    return found[0]
 
 
 # -- the registry -------------------------------------------------------------------------
@@ -326,15 +506,29 @@ class Registry:
         return None if o is None else self.tensors[o.tensor].tensor
 
     def tensor_specs(self, digests: Optional[str] = None) -> list:
-        """``TensorSpec`` dicts in registry order, with digests of ``digests``' algorithm."""
+        """``TensorSpec`` dicts in registry order, with digests of ``digests``' algorithm
+        (all of one device in one call, for ``gc128``)."""
         out = []
+        todo: list = []  # (position, tensor)
         for rec in self.tensors:
-            spec = rec.spec
             t = rec.tensor
             # A record whose storage moved would digest other bytes than its address's.
             if digests and t is not None and rec.current():
-                spec["digest"] = digest(t, digests)
-            out.append(spec)
+                todo.append((len(out), t))
+            out.append(rec.spec)
+        if todo and digests == "gc128":
+            # The views from the walk's metadata: no tensor property is read again.
+            metas = [self.tensors[i].meta for i, _ in todo]
+            values = _gc128(
+                [_meta_device_key(m[8]) for m in metas],
+                [(m[0] + m[2], m[4], m[5], m[7]) for m in metas],
+                [t for _, t in todo],
+            )
+        elif todo:
+            values = digest_all([t for _, t in todo], digests)
+        if todo:
+            for (i, _), value in zip(todo, values):
+                out[i]["digest"] = value
         return out
 
     def owner_specs(self) -> list:

@@ -14,7 +14,7 @@ from . import sleep as _sleep_module
 from ._allocator import _AllocSites, _pool_key, _producer
 from ._api import _source, load
 from ._native import GraphcheckError
-from ._registry import _digests_arg
+from ._registry import DEFAULT_DIGEST, _digests_choice
 from ._walk import DEFAULT_MAX_DEPTH, _root_pairs, walk, walk_roots
 
 
@@ -23,7 +23,7 @@ from ._walk import DEFAULT_MAX_DEPTH, _root_pairs, walk, walk_roots
 
 def _algorithm(digests: Union[bool, str], manifest: dict) -> Optional[str]:
     """The digest algorithm to use: the manifest's own where it has digests, so that the
-    two compare; else sha256."""
+    two compare; else the default (gc128)."""
     if not digests:
         return None
     if isinstance(digests, str):
@@ -31,7 +31,7 @@ def _algorithm(digests: Union[bool, str], manifest: dict) -> Optional[str]:
     for t in manifest["tensors"]:
         if t.get("digest"):
             return t["digest"].split(":", 1)[0]
-    return "sha256"
+    return DEFAULT_DIGEST
 
 
 def snapshot(
@@ -63,7 +63,7 @@ def snapshot(
     wrong argument is a :class:`GraphcheckError` naming it."""
     event = _args.text("event", event)
     contents = _args.choice("contents", contents, ("preserved", "updated"))
-    digests = _digests_arg("digests", digests)
+    digests = _digests_choice("digests", digests)
     root = _args.text("root", root)
     pools = _args.optional_mapping("pools", pools)
     producer = _args.optional_mapping("producer", producer)

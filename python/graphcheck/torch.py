@@ -41,12 +41,31 @@ found is ``active`` and any other address ``unmapped``: a tensor the model no lo
 reaches counts as freed, whether or not the C allocator has released it.
 
 **Digests** (``digests=True`` or an algorithm name) name their algorithm in their prefix,
-and verify compares only digests of one algorithm:
+and verify compares only digests of one algorithm. ``digests=True`` records ``gc128``; a
+snapshot uses the manifest's algorithm.
 
+- ``gc128:<32 hex>`` (the default): the view's elements in row-major order as bytes,
+  little-endian 64-bit words (the last zero-padded), each word's two terms (an NH product
+  and MurmurHash3's fmix64 of the word, both keyed by its position) summed mod 2^64 in two
+  lanes, the length mixed into the finalization (``graphcheck::document::digest`` defines
+  it).
+  Read where the tensor is, without a copy: CPU tensors in place, CUDA tensors by one
+  kernel launch per device for all of them, on the device's current stream, at memory
+  bandwidth (compiled at first use through NVRTC: ``$GRAPHCHECK_NVRTC``, the libnvrtc the
+  process has loaded, or the one in the ``nvidia`` pip packages; without one, CUDA tensors
+  are digested through host copies, with the same digests, and a warning). Not
+  cryptographic. Guaranteed to change when one aligned 8-byte word of the bytes changes
+  (one element up to 8 bytes: a zeroed scalar, flipped bits, two elements swapped inside
+  one word) and when zero bytes are appended inside the last word; any other change is
+  missed only by a coincidence of both 64-bit lanes, not bounded against data chosen to
+  collide;
 - ``sha256:<hex>``: SHA-256 of the view's elements in row-major order (copied to host);
+  for data an adversary may choose;
 - ``sum64:<16 hex>``: the view's elements in row-major order as bytes, zero-padded to a
   multiple of 8, read as little-endian 64-bit words and summed modulo 2^64 (on the tensor's
-  device; weaker, but reads at memory bandwidth).
+  device; blind to reordering).
+
+:func:`digest_all` digests many views at once (``gc128``: one call per device).
 """
 
 # This module is the public face; the code lives in private modules, whose imports run one
@@ -73,7 +92,16 @@ from ._instrument import (
     uninstrument,
 )
 from ._recorder import Recorder, graph
-from ._registry import OwnerRecord, Registry, TensorRecord, digest, tensor_spec
+from ._registry import (
+    DEFAULT_DIGEST,
+    DIGEST_ALGORITHMS,
+    OwnerRecord,
+    Registry,
+    TensorRecord,
+    digest,
+    digest_all,
+    tensor_spec,
+)
 from ._snapshot import snapshot
 from ._walk import DEFAULT_MAX_DEPTH, walk, walk_roots
 from .sleep import SleepAllocator, SleepError, SleepOutOfMemoryError, sleep, sleep_pool, wake
@@ -85,7 +113,10 @@ __all__ = [
     "Recorder",
     "Registry",
     "TensorRecord",
+    "DEFAULT_DIGEST",
+    "DIGEST_ALGORITHMS",
     "digest",
+    "digest_all",
     "graph",
     "snapshot",
     "tensor_spec",

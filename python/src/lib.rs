@@ -21,6 +21,7 @@ use graphcheck::resolve::spec::{self, BuildSpec};
 use graphcheck::resolve::walked::WalkedGraph;
 use graphcheck_cli::ops::{self, Format};
 // The sleep allocator's functions, and its malloc/free symbols for torch.
+mod digest;
 mod sleep;
 
 use pyo3::create_exception;
@@ -679,6 +680,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_path, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     sleep::register(m)?;
+    digest::register(m)?;
     Ok(())
 }
 

@@ -2,8 +2,10 @@
 //! (which reads records from JSON objects only, as the schema says) and schema, whether a
 //! live snapshot belongs with a manifest (pair), owner paths, the indexes built over a
 //! loaded document (ids, addresses, the ownership graph), and writing outputs without
-//! harming the user's files.
+//! harming the user's files; and `gc128`, the content digest graphcheck computes itself (the
+//! CPU twin of the GPU kernel).
 
+pub mod digest;
 pub mod format;
 pub mod ids;
 pub mod index;

@@ -293,7 +293,9 @@ def test_a_broken_persistent_tensors_is_reported_not_raised(torch):
 def test_digests(torch):
     t = torch.arange(10, dtype=torch.int16)
     assert gt.digest(t) == gt.digest(t.clone())
-    assert gt.digest(t).startswith("sha256:")
+    assert gt.digest(t).startswith("gc128:")  # the default (test_digest.py tests it)
+    assert gt.digest(t, "sha256") == gt.digest(t.clone(), "sha256")
+    assert gt.digest(t, "sha256").startswith("sha256:")
     # sum64: bytes as little-endian 64-bit words, zero-padded, summed mod 2^64.
     raw = t.numpy().tobytes() if hasattr(t, "numpy") and _has_numpy() else bytes(
         b for v in range(10) for b in int(v).to_bytes(2, "little")
@@ -304,6 +306,7 @@ def test_digests(torch):
     # A strided view digests its elements, not the span.
     m = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     assert gt.digest(m[:, 1]) == gt.digest(m[:, 1].contiguous())
+    assert gt.digest(m[:, 1], "sha256") == gt.digest(m[:, 1].contiguous(), "sha256")
     assert gt.digest(m[:, 1], "sum64") == gt.digest(m[:, 1].contiguous(), "sum64")
     # Overflowing words wrap.
     big = torch.full((4,), -1, dtype=torch.int64)

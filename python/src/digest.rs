@@ -1,0 +1,191 @@
+//! The `gc128` content digest in `graphcheck._native`: of bytes, of CPU tensors read in
+//! place (no copy), and of CUDA tensors, many per call in one kernel launch. A view is
+//! `(address of its first element, sizes, strides in elements, element size)`.
+//!
+//! The GPU path raises `GpuDigestUnavailable` (a `GraphcheckError`) where NVRTC cannot be
+//! loaded or cannot compile the kernel, or the driver cannot load it: the Python layer then
+//! digests host copies with the CPU twin, which gives the same digests.
+
+use std::path::PathBuf;
+
+use graphcheck::cuda::digest::{self as gpu, DeviceView, GpuDigestError};
+use graphcheck::document::digest::{Layout, View, gc128, gc128_layout};
+use pyo3::create_exception;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::{GraphcheckError, NativeError, detached};
+
+create_exception!(
+    graphcheck,
+    GpuDigestUnavailable,
+    GraphcheckError,
+    "The GPU digest cannot run here: NVRTC (libnvrtc) could not be loaded or could not \
+     compile the kernel, or the driver could not load it. Digests of host copies are the \
+     same, only slower."
+);
+
+/// `(address, sizes, strides in elements, element size)`.
+type ViewArg = (u64, Vec<u64>, Vec<i64>, u32);
+
+/// The views of a call, read without PyO3's generic sequence extraction: a call may carry
+/// 100,000 of them, and tuples (`torch.Size` is one) read item by item cost a third as much.
+fn views_arg(views: &Bound<'_, PyAny>) -> PyResult<Vec<ViewArg>> {
+    fn ints<'py, T: for<'a> FromPyObject<'a, 'py>>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<T>>
+    where
+        for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+    {
+        match obj.cast::<PyTuple>() {
+            Ok(t) => t
+                .iter()
+                .map(|x| x.extract::<T>().map_err(Into::into))
+                .collect(),
+            Err(_) => obj.extract::<Vec<T>>(),
+        }
+    }
+    let one = |v: Bound<'_, PyAny>| -> PyResult<ViewArg> {
+        let t = v.cast::<PyTuple>().map_err(|_| {
+            PyTypeError::new_err("a view is a tuple (address, sizes, strides, element size)")
+        })?;
+        if t.len() != 4 {
+            return Err(PyTypeError::new_err(
+                "a view is a tuple (address, sizes, strides, element size)",
+            ));
+        }
+        Ok((
+            t.get_item(0)?.extract()?,
+            ints(&t.get_item(1)?)?,
+            ints(&t.get_item(2)?)?,
+            t.get_item(3)?.extract()?,
+        ))
+    };
+    match views.cast::<PyList>() {
+        Ok(list) => list.iter().map(one).collect(),
+        Err(_) => views.try_iter()?.map(|v| one(v?)).collect(),
+    }
+}
+
+/// The `gc128` digest of `data`.
+#[pyfunction]
+fn gc128_bytes(py: Python<'_>, data: &[u8]) -> PyResult<String> {
+    detached(py, move || Ok::<_, NativeError>(gc128(data).0))
+}
+
+/// The view's bytes in host memory, from its first element over its span.
+///
+/// The caller (Python, holding the tensors) promises that each view's span is readable host
+/// memory that nothing writes until the call returns: PyTorch hands out CPU storages by
+/// address, and no Rust code can check an address.
+// Allowed: the one place host memory is read by an address Python hands over (the
+// workspace's lint list).
+#[allow(unsafe_code)]
+fn host_digest(index: usize, (addr, shape, stride, itemsize): &ViewArg) -> Result<String, String> {
+    let layout = Layout::of(View {
+        shape,
+        stride,
+        itemsize: *itemsize,
+    })
+    .map_err(|e| format!("view {index}: {e}"))?;
+    let span = layout.span().map_err(|e| format!("view {index}: {e}"))?;
+    let memory: &[u8] = if span == 0 {
+        &[]
+    } else if *addr == 0 {
+        return Err(format!("view {index}: a null address for {span} bytes"));
+    } else {
+        let len = usize::try_from(span).map_err(|_| format!("view {index}: too large"))?;
+        // SAFETY: the caller's promise above: `len` bytes from `addr` are readable and not
+        // written during the call; bytes need no alignment.
+        unsafe { std::slice::from_raw_parts(*addr as usize as *const u8, len) }
+    };
+    gc128_layout(memory, &layout)
+        .map(|d| d.0)
+        .map_err(|e| format!("view {index}: {e}"))
+}
+
+/// The `gc128` digests of views of CPU tensors, read where they are.
+#[pyfunction]
+fn digest_host(py: Python<'_>, views: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    let views = views_arg(views)?;
+    detached(py, move || {
+        views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| host_digest(i, v))
+            .collect::<Result<Vec<_>, _>>()
+    })
+}
+
+/// The `gc128` digests of views of CUDA tensors of device `device`, in one kernel launch
+/// on `stream` (`torch.cuda.current_stream(device).cuda_stream`), waited for. `nvrtc` is
+/// libnvrtc's path where the caller found one (else it is looked up by name).
+#[pyfunction]
+#[pyo3(signature = (device, stream, views, nvrtc=None))]
+fn digest_cuda(
+    py: Python<'_>,
+    device: i32,
+    stream: u64,
+    views: &Bound<'_, PyAny>,
+    nvrtc: Option<PathBuf>,
+) -> PyResult<Vec<String>> {
+    let views: Vec<DeviceView> = views_arg(views)?
+        .into_iter()
+        .map(|(addr, shape, stride, itemsize)| DeviceView {
+            addr,
+            shape,
+            stride,
+            itemsize,
+        })
+        .collect();
+    let r = py.detach(move || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gpu::digests(device, stream, &views, nvrtc.as_deref())
+        }))
+    });
+    match r {
+        Ok(Ok(d)) => Ok(d.into_iter().map(|d| d.0).collect()),
+        Ok(Err(e @ GpuDigestError::Unavailable(_))) => {
+            Err(GpuDigestUnavailable::new_err(e.to_string()))
+        }
+        Ok(Err(e)) => Err(GraphcheckError::new_err(e.to_string())),
+        Err(_) => Err(GraphcheckError::new_err(
+            "internal error in graphcheck (a bug; please report it): the GPU digest panicked",
+        )),
+    }
+}
+
+/// What the GPU digest has loaded, for diagnostics and the benchmark: `nvrtc_path` and
+/// `nvrtc_version` (`None` before NVRTC is loaded), and for `device`'s kernel
+/// `scratch_bytes` (device memory it keeps: accumulators and packed views) and
+/// `last_kernel_ms` (the kernel's own time in the last call, by events around the launch).
+#[pyfunction]
+fn gpu_digest_info(py: Python<'_>, device: i32) -> PyResult<Bound<'_, PyDict>> {
+    let nvrtc = gpu::loaded_nvrtc();
+    let kernel = gpu::loaded_kernel(device);
+    let d = PyDict::new(py);
+    d.set_item("nvrtc_path", nvrtc.as_ref().map(|n| n.path().to_string()))?;
+    d.set_item("nvrtc_version", nvrtc.as_ref().map(|n| n.version()))?;
+    d.set_item(
+        "scratch_bytes",
+        kernel.as_ref().map_or(0, |k| k.scratch_bytes()),
+    )?;
+    d.set_item(
+        "last_kernel_ms",
+        kernel
+            .as_ref()
+            .map_or(0.0, |k| k.last_kernel_seconds() * 1e3),
+    )?;
+    Ok(d)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add(
+        "GpuDigestUnavailable",
+        m.py().get_type::<GpuDigestUnavailable>(),
+    )?;
+    m.add_function(wrap_pyfunction!(gc128_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_host, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_cuda, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_digest_info, m)?)?;
+    Ok(())
+}
