@@ -114,6 +114,9 @@ impl RangeCache {
         (v.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize
     }
 
+    /// The allocation holding `v`: the common answers (not an address, the range of the
+    /// last hit, a recent miss) inline, the rest out of line.
+    #[inline(always)]
     fn lookup(&mut self, v: u64) -> Option<(u64, u64)> {
         // Small integers and non-canonical values are never device addresses.
         if !(0x10000..(1u64 << 57)).contains(&v) {
@@ -126,6 +129,11 @@ impl RangeCache {
         if self.recent_misses[slot] == v {
             return None;
         }
+        self.lookup_slow(v, slot)
+    }
+
+    #[inline(never)]
+    fn lookup_slow(&mut self, v: u64, slot: usize) -> Option<(u64, u64)> {
         let i = self.ranges.partition_point(|&(b, _)| b <= v);
         if i > 0 {
             let (b, s) = self.ranges[i - 1];
@@ -206,6 +214,9 @@ struct Walker {
     /// The distinct kernels of this walk (by their facts' address), for the stats.
     distinct: FxHashSet<usize>,
     out: WalkedGraph,
+    /// A kernel's words are gathered here and copied out at their size: one allocation per
+    /// node instead of a vector grown word by word.
+    scratch: Vec<RawWord>,
     next: u32,
     stats: WalkStats,
 }
@@ -223,6 +234,7 @@ pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError
         functions: Default::default(),
         distinct: Default::default(),
         out: WalkedGraph::default(),
+        scratch: Vec::new(),
         next: 0,
         stats: WalkStats::default(),
     };
@@ -379,7 +391,8 @@ impl Walker {
                 });
             }
         };
-        let mut words = Vec::new();
+        let mut words = std::mem::take(&mut self.scratch);
+        words.clear();
         let mut opaque = None;
         if k.has_kernel_params() {
             for (i, &(_, size)) in layout.iter().enumerate() {
@@ -398,6 +411,8 @@ impl Walker {
                 layout.len()
             ));
         }
+        let exact = words.as_slice().to_vec();
+        self.scratch = words;
         self.push(WalkedNode {
             index,
             kind: NodeKind::Kernel,
@@ -406,7 +421,7 @@ impl Walker {
             block: Some(k.block),
             parent,
             opaque,
-            words,
+            words: exact,
         });
     }
 
