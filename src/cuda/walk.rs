@@ -182,7 +182,10 @@ fn function_info(k: &driver::KernelNode<'_>) -> FunctionInfo {
 /// raw name read there: a module loaded later where an unloaded one was does not match
 /// unless the very same name is at the very same address. A graph captured after the
 /// first reads no layout and demangles no name it has seen before.
-static FUNCTIONS: Mutex<Option<FxHashMap<usize, (Box<[u8]>, FunctionInfo)>>> = Mutex::new(None);
+static FUNCTIONS: Mutex<Option<FunctionCache>> = Mutex::new(None);
+
+/// Name address → (raw name, facts).
+type FunctionCache = FxHashMap<usize, (Box<[u8]>, FunctionInfo)>;
 
 /// The facts of the kernel `k` launches, from [`FUNCTIONS`] or read (and kept there).
 fn shared_function_info(k: &driver::KernelNode<'_>) -> FunctionInfo {
