@@ -5,7 +5,7 @@
 //! caller sets `format_version` to 1 ([`Manifest::in_version`]).
 //!
 //! Format 2 is written straight from the model, column by column, without building the
-//! columns in memory.
+//! columns in memory; a touch's address is written as an offset from what it names.
 
 use std::cell::RefCell;
 
@@ -336,13 +336,6 @@ impl Serialize for GraphOut<'_> {
             m.serialize_entry("unread", &g.unread)?;
         }
         m.serialize_entry("nodes", &NodesOut(self))?;
-        let touches = || g.nodes.iter().flat_map(|n| &n.touches);
-        if touches().next().is_some() {
-            m.serialize_entry("touches", &TouchesOut(self))?;
-        }
-        if g.nodes.iter().any(|n| !n.ignored.is_empty()) {
-            m.serialize_entry("ignored", &IgnoredOut(g))?;
-        }
         m.end()
     }
 }
@@ -361,48 +354,28 @@ impl Serialize for NodesOut<'_> {
         optional(&mut m, "parent", r, |n| n.parent)?;
         optional(&mut m, "opaque", r, |n| n.opaque.as_ref())?;
         if r.iter().any(|n| !n.touches.is_empty()) {
-            entry(&mut m, "touches", r, |n| n.touches.len())?;
+            let bases = self.0.bases;
+            entry(&mut m, "touches", r, |n| {
+                column(n.touches.iter().map(move |t| {
+                    (
+                        t.param,
+                        t.offset,
+                        bases.addr(t.addr, t.tensor, t.allocation),
+                        t.tensor,
+                        t.allocation,
+                    )
+                }))
+            })?;
         }
         if r.iter().any(|n| !n.ignored.is_empty()) {
-            entry(&mut m, "ignored", r, |n| n.ignored.len())?;
+            entry(&mut m, "ignored", r, |n| {
+                column(
+                    n.ignored
+                        .iter()
+                        .map(|w| (w.param, w.offset, w.addr, w.reason)),
+                )
+            })?;
         }
-        m.end()
-    }
-}
-
-struct TouchesOut<'a>(&'a GraphOut<'a>);
-
-impl Serialize for TouchesOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (g, bases) = (self.0.g, self.0.bases);
-        let all = || g.nodes.iter().flat_map(|n| &n.touches);
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("param", &column(all().map(|t| t.param)))?;
-        m.serialize_entry("offset", &column(all().map(|t| t.offset)))?;
-        m.serialize_entry(
-            "addr",
-            &column(all().map(|t| bases.addr(t.addr, t.tensor, t.allocation))),
-        )?;
-        if all().any(|t| t.tensor.is_some()) {
-            m.serialize_entry("tensor", &column(all().map(|t| t.tensor)))?;
-        }
-        if all().any(|t| t.allocation.is_some()) {
-            m.serialize_entry("allocation", &column(all().map(|t| t.allocation)))?;
-        }
-        m.end()
-    }
-}
-
-struct IgnoredOut<'a>(&'a Graph);
-
-impl Serialize for IgnoredOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let all = || self.0.nodes.iter().flat_map(|n| &n.ignored);
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("param", &column(all().map(|w| w.param)))?;
-        m.serialize_entry("offset", &column(all().map(|w| w.offset)))?;
-        m.serialize_entry("addr", &column(all().map(|w| w.addr)))?;
-        m.serialize_entry("reason", &column(all().map(|w| w.reason)))?;
         m.end()
     }
 }

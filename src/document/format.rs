@@ -666,17 +666,17 @@ pub struct Event {
 }
 
 /// The document written at capture.
-///
-/// Serializing writes the layout of its `format_version` ([`crate::document::encode`]);
-/// `Deserialize` and the `JsonSchema` read and describe format 1's layout, which is these
-/// types record for record. [`crate::document::load`] reads either version.
+// Serializing writes the layout of its `format_version` (`crate::document::encode`);
+// `Deserialize` and the `JsonSchema` read and describe format 1's layout, which is these
+// types record for record. `crate::document::load` reads either version. (Plain comments:
+// doc comments here are the schema's descriptions.)
 #[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct Manifest {
-    /// The version the document was read in, and is written in: 1 or 2 (new documents
-    /// get [`FORMAT_VERSION`]).
-    // Format 1's schema says 1, as the loader does: a document of another version is not
-    // a valid v1 document, whatever its body.
+    /// Always 1.
+    // In memory: the version the document was read in, and is written in, 1 or 2 (new
+    // documents get `FORMAT_VERSION`). Format 1's schema says 1, as the loader does: a
+    // document of another version is not a valid v1 document, whatever its body.
     #[schemars(extend("const" = 1))]
     pub format_version: u32,
     /// Always `manifest`.
@@ -708,12 +708,13 @@ impl Manifest {
     }
 }
 
-/// The document written after sleep/wake or a reload; serialized and read as [`Manifest`]
-/// is.
+/// The document written after sleep/wake or a reload.
+// Serialized and read as `Manifest` is.
 #[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct Live {
-    /// The version the document was read in, and is written in (see [`Manifest`]).
+    /// Always 1.
+    // In memory: the version the document was read in, and is written in (see `Manifest`).
     #[schemars(extend("const" = 1))]
     pub format_version: u32,
     /// Always `live`.

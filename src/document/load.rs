@@ -15,8 +15,8 @@ use crate::document::v2::{self, LiveV2, ManifestV2};
 use crate::document::wording::{describe, shorten_quoted};
 
 // The reference checks live in `refs`; they are part of loading, and named from here too.
-pub use crate::document::refs::{Invalid, Tables, check_live, check_manifest, in_range};
 use crate::document::refs::version_message;
+pub use crate::document::refs::{Invalid, Tables, check_live, check_manifest, in_range};
 
 /// Why a document could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -243,14 +243,14 @@ fn read_live(bytes: &[u8], path: &Path) -> Result<Live, LoadError> {
 fn checked_manifest(m: &Manifest, path: &Path) -> Result<Tables, LoadError> {
     check_manifest(m).map_err(|e| match m.format_version {
         1 => e.in_file(path),
-        _ => v2::locate(e, &m.graphs).in_file(path),
+        _ => v2::locate(e).in_file(path),
     })
 }
 
 fn checked_live(l: &Live, path: &Path) -> Result<Tables, LoadError> {
     check_live(l).map_err(|e| match l.format_version {
         1 => e.in_file(path),
-        _ => v2::locate(e, &[]).in_file(path),
+        _ => v2::locate(e).in_file(path),
     })
 }
 
@@ -747,7 +747,12 @@ mod tests {
             b"[",
             b"",
         ] {
-            assert_eq!(leading_version(other), None, "{}", String::from_utf8_lossy(other));
+            assert_eq!(
+                leading_version(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
         }
     }
 }

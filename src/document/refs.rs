@@ -8,8 +8,8 @@ use rustc_hash::FxHashMap;
 use std::fmt::Write as _;
 
 use crate::document::format::{
-    Addr, Allocation, AllocationId, DocKind, FORMAT_VERSIONS, Live, Manifest, Owner, Pool,
-    PoolId, Tensor, TensorId,
+    Addr, Allocation, AllocationId, DocKind, FORMAT_VERSIONS, Live, Manifest, Owner, Pool, PoolId,
+    Tensor, TensorId,
 };
 use crate::document::ids::IdIndex;
 use crate::document::wording::shorten;
@@ -60,7 +60,6 @@ impl Invalid {
         }
     }
 }
-
 
 /// Lookups over the records both documents share, built while checking them.
 #[derive(Debug, Default, Clone)]

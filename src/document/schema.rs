@@ -166,7 +166,11 @@ pub fn expected_at(kind: DocKind, version: u32, path: &[Step]) -> Option<String>
                 .get("properties")
                 .and_then(|p| p.get(k.as_str()))
                 .or_else(|| n.get("additionalProperties").filter(|a| a.is_object()))?,
-            Step::Index(_) => n.get("items")?,
+            // A fixed-length array (a touch) names each element's schema.
+            Step::Index(i) => match n.get("prefixItems").and_then(|p| p.get(*i)) {
+                Some(item) => item,
+                None => n.get("items")?,
+            },
         };
     }
     expected(defs, node)

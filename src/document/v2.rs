@@ -1,20 +1,20 @@
 //! Format version 2: the compact layout of both documents, and reading it into the model of
 //! [`crate::document::format`].
 //!
-//! What is big in a manifest is stored as columns: `allocations`, `tensors` and `owners`
-//! are objects of arrays (one value per record, the key the v1 field), node names are
-//! stored once in `names` and referred to by position, and each graph holds its `nodes`,
-//! their `touches` and `ignored` words as column tables, a node's touches being the next
-//! `nodes.touches[i]` rows. A touch's `addr` is an integer offset from the first element of
-//! the tensor it names, or else from the base of the allocation it names; a `"0x…"` string
-//! is the address itself. A live snapshot stores `allocations`, `tensors`, `owners` and
-//! `probes` as columns. Small records (producer, pools, event, unread nodes, allocation
-//! sites) keep format 1's layout. A column of a field that format 1 may omit may be
-//! omitted: every value is then absent. At the default benchmark size (1,000,000 touches)
-//! this layout is less than half the size of format 1's and parses several times faster.
+//! What is big is stored compactly. `allocations`, `tensors` and `owners` (and a live
+//! snapshot's `probes`) are column tables: objects of arrays, one value per record in each,
+//! the key the field of format 1's record. Node names are stored once, in `names`, and
+//! nodes refer to them by position. Each graph's `nodes` is a column table too, whose
+//! `touches` column holds each node's touches as arrays `[param, offset, addr, tensor,
+//! allocation]`; a touch's `addr` is an integer offset from the first element of the tensor
+//! it names, or else from the base of the allocation it names, or a `"0x…"` string, the
+//! address itself. Small records (producer, pools, event, unread nodes, allocation sites)
+//! keep format 1's layout. A column of a field that format 1 may omit may be omitted:
+//! every value is then absent. At the benchmark's default size (1,000,000 touches) this
+//! layout is about a quarter of format 1's size.
 //!
-//! Errors name the column and element, as the file spells it: `graphs[3].touches.tensor[17]`,
-//! with the node and touch it belongs to where that helps.
+//! Errors name the column and element as the file spells them
+//! (`graphs[3].nodes.touches[7][2][3]`), and say which node, touch and field that is.
 
 use std::collections::BTreeMap;
 
@@ -23,8 +23,8 @@ use serde::{Deserialize, Deserializer};
 
 use crate::document::format::{
     Addr, AllocState, Allocation, AllocationId, Digest, DocKind, Event, Frame, Graph, GraphId,
-    IgnoredReason, IgnoredWord, Live, Manifest, Node, NodeKind, Owner, Pool, PoolId, Probe,
-    Producer, Registration, Tensor, TensorId, Touch, Unread,
+    Live, Manifest, Node, NodeKind, Owner, Pool, PoolId, Probe, Producer, Registration, Tensor,
+    TensorId, Touch, Unread,
 };
 use crate::document::ids::IdIndex;
 use crate::document::owner_path::OwnerPath;
@@ -138,8 +138,7 @@ pub struct ProbeColumns {
     pub allocation: Option<Vec<Option<AllocationId>>>,
 }
 
-/// One captured graph: format 1's graph record with its nodes, their touches and their
-/// ignored words as column tables.
+/// One captured graph: format 1's graph record with its nodes as a column table.
 #[derive(Deserialize, JsonSchema)]
 #[schemars(rename = "Graph")]
 pub struct GraphV2 {
@@ -151,12 +150,6 @@ pub struct GraphV2 {
     #[serde(default)]
     pub unread: Vec<Unread>,
     pub nodes: NodeColumns,
-    /// Every node's touches, node after node.
-    #[serde(default)]
-    pub touches: Option<TouchColumns>,
-    /// Every node's ignored words, node after node.
-    #[serde(default)]
-    pub ignored: Option<IgnoredColumns>,
 }
 
 /// A graph's nodes as columns.
@@ -175,37 +168,12 @@ pub struct NodeColumns {
     pub parent: Option<Vec<Option<u32>>>,
     #[serde(default)]
     pub opaque: Option<Vec<Option<String>>>,
-    /// How many rows of the graph's `touches` each node has (absent: none).
+    /// Each node's touches (absent: none).
     #[serde(default)]
-    pub touches: Option<Vec<u32>>,
-    /// How many rows of the graph's `ignored` each node has (absent: none).
+    pub touches: Option<Vec<TouchList>>,
+    /// Each node's ignored words (absent: none).
     #[serde(default)]
-    pub ignored: Option<Vec<u32>>,
-}
-
-/// A graph's touches as columns.
-#[derive(Deserialize, JsonSchema)]
-#[schemars(rename = "Touches")]
-pub struct TouchColumns {
-    pub param: Vec<u32>,
-    pub offset: Vec<u32>,
-    /// Offsets from the named tensor's first element (or the named allocation's base), or
-    /// addresses.
-    pub addr: Vec<TouchAddr>,
-    #[serde(default)]
-    pub tensor: Option<Vec<Option<TensorId>>>,
-    #[serde(default)]
-    pub allocation: Option<Vec<Option<AllocationId>>>,
-}
-
-/// A graph's ignored words as columns.
-#[derive(Deserialize, JsonSchema)]
-#[schemars(rename = "IgnoredWords")]
-pub struct IgnoredColumns {
-    pub param: Vec<u32>,
-    pub offset: Vec<u32>,
-    pub addr: Vec<Addr>,
-    pub reason: Vec<IgnoredReason>,
+    pub ignored: Option<Vec<IgnoredList>>,
 }
 
 /// A touch's address: an offset from what the touch names, or the address itself.
@@ -327,7 +295,10 @@ fn tensors(mut c: TensorColumns) -> Result<Vec<Tensor>, Invalid> {
             ("allocation", c.allocation.as_ref().map(Vec::len)),
             ("pool", c.pool.as_ref().map(Vec::len)),
             ("digest", c.digest.as_ref().map(Vec::len)),
-            ("reference_digest", c.reference_digest.as_ref().map(Vec::len)),
+            (
+                "reference_digest",
+                c.reference_digest.as_ref().map(Vec::len),
+            ),
             ("alloc_site", c.alloc_site.as_ref().map(Vec::len)),
         ],
     )?;
@@ -424,29 +395,11 @@ impl<'a> Bases<'a> {
     }
 }
 
-/// Node `n`'s row `j` of a graph's touches or ignored words, in words for an error.
-fn row_of(counts: &[u32], row: usize, what: &str) -> String {
-    let mut start = 0usize;
-    for (n, &c) in counts.iter().enumerate() {
-        let end = start + c as usize;
-        if row < end {
-            return format!("node {n}'s {what} {}", row - start);
-        }
-        start = end;
-    }
-    format!("{what} row {row}")
-}
-
-fn graph(
-    gi: usize,
-    g: GraphV2,
-    names: &[String],
-    bases: &Bases<'_>,
-) -> Result<Graph, Invalid> {
-    let at = |rest: &str| format!("graphs[{gi}].{rest}");
+fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases<'_>) -> Result<Graph, Invalid> {
+    let table = format!("graphs[{gi}].nodes");
     let mut c = g.nodes;
     let n = rows(
-        &at("nodes"),
+        &table,
         &[
             ("index", Some(c.index.len())),
             ("kind", Some(c.kind.len())),
@@ -459,15 +412,11 @@ fn graph(
             ("ignored", c.ignored.as_ref().map(Vec::len)),
         ],
     )?;
-    let touches = touch_rows(gi, g.touches, c.touches.as_deref(), bases)?;
-    let ignored = ignored_rows(gi, g.ignored, c.ignored.as_deref())?;
-    let mut touches = touches.into_iter();
-    let mut ignored = ignored.into_iter();
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
         let Some(name) = names.get(c.name[i] as usize) else {
             return Err(Invalid::at(
-                at(&format!("nodes.name[{i}]")),
+                format!("{table}.name[{i}]"),
                 format!(
                     "no name at position {}: `names` has {}",
                     c.name[i],
@@ -475,7 +424,10 @@ fn graph(
                 ),
             ));
         };
-        let count = |counts: &Option<Vec<u32>>| counts.as_ref().map_or(0, |c| c[i] as usize);
+        let touches = match c.touches.as_mut() {
+            Some(t) => resolve(std::mem::take(&mut t[i]), bases, &table, i)?,
+            None => Vec::new(),
+        };
         nodes.push(Node {
             index: c.index[i],
             kind: c.kind[i],
@@ -484,8 +436,12 @@ fn graph(
             block: opt(&c.block, i),
             parent: opt(&c.parent, i),
             opaque: take(&mut c.opaque, i),
-            touches: touches.by_ref().take(count(&c.touches)).collect(),
-            ignored: ignored.by_ref().take(count(&c.ignored)).collect(),
+            touches,
+            ignored: c
+                .ignored
+                .as_mut()
+                .map(|w| std::mem::take(&mut w[i].0))
+                .unwrap_or_default(),
         });
     }
     Ok(Graph {
@@ -498,125 +454,66 @@ fn graph(
     })
 }
 
-/// The rows of `counts` must add up to the rows of the table they count.
-fn counted(gi: usize, what: &str, counts: Option<&[u32]>, n: usize) -> Result<(), Invalid> {
-    let total: u64 = counts.unwrap_or_default().iter().map(|&c| u64::from(c)).sum();
-    if total == n as u64 {
-        return Ok(());
-    }
-    let path = format!("graphs[{gi}].nodes.{what}");
-    Err(Invalid::at(
-        path,
-        format!("the nodes' counts add up to {total} rows, but `graphs[{gi}].{what}` has {n}"),
-    ))
-}
-
-fn touch_rows(
-    gi: usize,
-    c: Option<TouchColumns>,
-    counts: Option<&[u32]>,
+/// Node `n`'s touches with every offset turned into the address it counts to.
+fn resolve(
+    list: TouchList,
     bases: &Bases<'_>,
+    table: &str,
+    n: usize,
 ) -> Result<Vec<Touch>, Invalid> {
-    let Some(c) = c else {
-        counted(gi, "touches", counts, 0)?;
-        return Ok(Vec::new());
-    };
-    let table = format!("graphs[{gi}].touches");
-    let n = rows(
-        &table,
-        &[
-            ("param", Some(c.param.len())),
-            ("offset", Some(c.offset.len())),
-            ("addr", Some(c.addr.len())),
-            ("tensor", c.tensor.as_ref().map(Vec::len)),
-            ("allocation", c.allocation.as_ref().map(Vec::len)),
-        ],
-    )?;
-    counted(gi, "touches", counts, n)?;
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let tensor = opt(&c.tensor, i);
-        let allocation = opt(&c.allocation, i);
-        let addr = match c.addr[i] {
-            TouchAddr::At(a) => a,
-            TouchAddr::Offset(off) => {
-                let whose = || row_of(counts.unwrap_or_default(), i, "touch");
-                let (base, from) = if let Some(id) = tensor {
-                    let Some(x) = bases.tensor_ix.get(&id) else {
-                        return Err(Invalid::at(
-                            format!("{table}.tensor[{i}]"),
-                            format!("no tensor has id {} ({})", id.0, whose()),
-                        ));
-                    };
-                    (bases.tensors[x].data_ptr(), format!("tensor {}'s first element", id.0))
-                } else if let Some(id) = allocation {
-                    let Some(x) = bases.alloc_ix.get(&id) else {
-                        return Err(Invalid::at(
-                            format!("{table}.allocation[{i}]"),
-                            format!("no allocation has id {} ({})", id.0, whose()),
-                        ));
-                    };
-                    (bases.allocations[x].base, format!("allocation {}'s base", id.0))
-                } else {
-                    return Err(Invalid::at(
-                        format!("{table}.addr[{i}]"),
-                        format!(
-                            "the offset {off} counts from the touch's tensor or allocation, \
-                             but it names neither ({}): write the address as a \"0x…\" string",
-                            whose()
-                        ),
-                    ));
-                };
-                base.checked_add(off).ok_or_else(|| {
-                    Invalid::at(
-                        format!("{table}.addr[{i}]"),
-                        format!(
-                            "the offset {off} from {from} ({base}) passes the end of the \
-                             address space ({})",
-                            whose()
-                        ),
-                    )
-                })?
-            }
+    let TouchList {
+        mut touches,
+        absolute,
+    } = list;
+    let mut absolute = absolute.into_iter().peekable();
+    for (k, t) in touches.iter_mut().enumerate() {
+        if absolute.next_if_eq(&(k as u32)).is_some() {
+            continue;
+        }
+        let at = |field: usize| format!("{table}.touches[{n}][{k}][{field}]");
+        let whose = |field: usize| format!("node {n}'s touch {k}, its `{}`", TOUCH_FIELDS[field]);
+        let off = t.addr.0;
+        let (base, from) = if let Some(id) = t.tensor {
+            let Some(x) = bases.tensor_ix.get(&id) else {
+                return Err(Invalid::at(
+                    at(3),
+                    format!("no tensor has id {} ({})", id.0, whose(3)),
+                ));
+            };
+            (bases.tensors[x].data_ptr(), "the first element of tensor")
+        } else if let Some(id) = t.allocation {
+            let Some(x) = bases.alloc_ix.get(&id) else {
+                return Err(Invalid::at(
+                    at(4),
+                    format!("no allocation has id {} ({})", id.0, whose(4)),
+                ));
+            };
+            (bases.allocations[x].base, "the base of allocation")
+        } else {
+            return Err(Invalid::at(
+                at(2),
+                format!(
+                    "the offset {off} counts from the touch's tensor or allocation, but it \
+                     names neither ({}): write the address as a \"0x…\" string",
+                    whose(2)
+                ),
+            ));
         };
-        out.push(Touch {
-            param: c.param[i],
-            offset: c.offset[i],
-            addr,
-            tensor,
-            allocation,
-        });
+        t.addr = base.checked_add(off).ok_or_else(|| {
+            let id = t
+                .tensor
+                .map_or_else(|| t.allocation.map_or(0, |a| a.0), |x| x.0);
+            Invalid::at(
+                at(2),
+                format!(
+                    "the offset {off} from {from} {id} ({base}) passes the end of the address \
+                     space ({})",
+                    whose(2)
+                ),
+            )
+        })?;
     }
-    Ok(out)
-}
-
-fn ignored_rows(
-    gi: usize,
-    c: Option<IgnoredColumns>,
-    counts: Option<&[u32]>,
-) -> Result<Vec<IgnoredWord>, Invalid> {
-    let Some(c) = c else {
-        counted(gi, "ignored", counts, 0)?;
-        return Ok(Vec::new());
-    };
-    let n = rows(
-        &format!("graphs[{gi}].ignored"),
-        &[
-            ("param", Some(c.param.len())),
-            ("offset", Some(c.offset.len())),
-            ("addr", Some(c.addr.len())),
-            ("reason", Some(c.reason.len())),
-        ],
-    )?;
-    counted(gi, "ignored", counts, n)?;
-    Ok((0..n)
-        .map(|i| IgnoredWord {
-            param: c.param[i],
-            offset: c.offset[i],
-            addr: c.addr[i],
-            reason: c.reason[i],
-        })
-        .collect())
+    Ok(touches)
 }
 
 impl ManifestV2 {
@@ -662,14 +559,15 @@ impl LiveV2 {
 }
 
 /// Where a reference check's error lies in a format 2 document: the model's path
-/// (format 1's layout, `tensors[4].nbytes`, `graphs[0].nodes[7].touches[2].tensor`) as the
+/// (format 1's layout: `tensors[4].nbytes`, `graphs[0].nodes[7].touches[2].tensor`) as the
 /// column and element that hold the value (`tensors.nbytes[4]`,
-/// `graphs[0].touches.tensor[k]`, the node and touch added to the message).
-pub fn locate(e: Invalid, graphs: &[Graph]) -> Invalid {
+/// `graphs[0].nodes.touches[7][2][3]`, with the node, touch and field in the message).
+pub fn locate(e: Invalid) -> Invalid {
     let Invalid { json_path, message } = e;
     let (table, rest) = json_path.split_at(json_path.find('[').unwrap_or(json_path.len()));
+    let unchanged = |json_path: String, message: String| Invalid { json_path, message };
     let Some((i, rest)) = index_then(rest) else {
-        return Invalid { json_path, message };
+        return unchanged(json_path, message);
     };
     match table {
         "allocations" | "tensors" | "owners" | "probes" => {
@@ -680,34 +578,24 @@ pub fn locate(e: Invalid, graphs: &[Graph]) -> Invalid {
             }
         }
         "graphs" => {
-            let Some(rest) = rest.strip_prefix(".nodes") else {
-                return Invalid { json_path, message };
-            };
-            let Some((n, rest)) = index_then(rest) else {
-                return Invalid { json_path, message };
+            let Some((n, rest)) = rest.strip_prefix(".nodes").and_then(index_then) else {
+                return unchanged(json_path, message);
             };
             let (field, tail) = field_then(rest);
-            let nodes = graphs.get(i).map_or(&[][..], |g| &g.nodes[..]);
-            let rows_before = |what: &str| -> usize {
-                nodes
-                    .iter()
-                    .take(n)
-                    .map(|node| match what {
-                        "touches" => node.touches.len(),
-                        _ => node.ignored.len(),
-                    })
-                    .sum()
+            let row = index_then(tail).map(|(k, tail)| (k, field_then(tail)));
+            let (what, fields): (_, &[&str]) = match field {
+                "touches" => ("touch", &TOUCH_FIELDS),
+                "ignored" => ("ignored word", &IGNORED_FIELDS),
+                _ => ("", &[]),
             };
-            match (field, index_then(tail)) {
-                ("touches" | "ignored", Some((t, tail))) => {
-                    let (column, tail) = field_then(tail);
-                    let what = if field == "touches" { "touch" } else { "ignored word" };
-                    Invalid {
-                        json_path: format!(
-                            "graphs[{i}].{field}.{column}[{}]{tail}",
-                            rows_before(field) + t
-                        ),
-                        message: format!("{message} (node {n}'s {what} {t})"),
+            match row {
+                Some((k, (column, ""))) if !what.is_empty() => {
+                    match fields.iter().position(|f| *f == column) {
+                        Some(f) => Invalid {
+                            json_path: format!("graphs[{i}].nodes.{field}[{n}][{k}][{f}]"),
+                            message: format!("{message} (node {n}'s {what} {k}, its `{column}`)"),
+                        },
+                        None => unchanged(json_path, message),
                     }
                 }
                 _ => Invalid {
@@ -716,7 +604,7 @@ pub fn locate(e: Invalid, graphs: &[Graph]) -> Invalid {
                 },
             }
         }
-        _ => Invalid { json_path, message },
+        _ => unchanged(json_path, message),
     }
 }
 
@@ -735,6 +623,9 @@ fn field_then(s: &str) -> (&str, &str) {
     let end = s.find(['.', '[']).unwrap_or(s.len());
     (&s[..end], &s[end..])
 }
+
+mod rows;
+pub use rows::{IGNORED_FIELDS, IgnoredList, TOUCH_FIELDS, TouchList};
 
 #[cfg(test)]
 mod tests;

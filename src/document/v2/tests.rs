@@ -111,43 +111,66 @@ fn new_documents_are_written_in_format_2() {
     assert_eq!(v["format_version"], 2);
     assert!(v["tensors"].is_object() && v["graphs"][0]["nodes"].is_object());
     let text = String::from_utf8(serde_json::to_vec(&manifest()).unwrap()).unwrap();
-    assert!(text.starts_with("{\"format_version\":2,\"kind\":\"manifest\","), "{text}");
+    assert!(
+        text.starts_with("{\"format_version\":2,\"kind\":\"manifest\","),
+        "{text}"
+    );
     let v: Value = serde_json::to_value(manifest().in_version(1)).unwrap();
     assert_eq!(v["format_version"], 1);
     assert!(v["tensors"].is_array());
     let e = serde_json::to_vec(&manifest().in_version(7)).unwrap_err();
-    assert!(e.to_string().contains("cannot write format_version 7"), "{e}");
+    assert!(
+        e.to_string().contains("cannot write format_version 7"),
+        "{e}"
+    );
 }
 
 #[test]
 fn touches_are_offsets_from_what_they_name_and_names_are_stored_once() {
     let v = v2_value(&rich());
-    // bs1: weight at its first element; graph-pool scratch 0x40 into its allocation.
-    assert_eq!(v["graphs"][0]["touches"]["addr"], json!([0, 64, 0]));
-    // bs8: 0x10 into the plain attribute; allocation 4's base; then an address alone.
+    // bs1: the weight at its first element, graph-pool scratch 0x40 into its allocation;
+    // then node 1's kv-pool buffer; node 2 (a memset) has none.
     assert_eq!(
-        v["graphs"][1]["touches"]["addr"],
-        json!([16, 0, "0x7f2c00004010"])
+        v["graphs"][0]["nodes"]["touches"],
+        json!([
+            [[0, 8, 0, 0, 0], [0, 8, 64, null, 3]],
+            [[0, 8, 0, 2, 2]],
+            []
+        ])
     );
-    assert_eq!(v["graphs"][1]["touches"]["tensor"], json!([1, null, null]));
+    // bs8: 0x10 into the plain attribute; allocation 4's base; an address alone.
+    assert_eq!(
+        v["graphs"][1]["nodes"]["touches"],
+        json!([[
+            [0, 8, 16, 1, 1],
+            [0, 8, 0, null, 4],
+            [2, 0, "0x7f2c00004010", null, null]
+        ]])
+    );
     assert_eq!(v["names"], json!(["k0", "k1", "memset"]));
     assert_eq!(v["graphs"][0]["nodes"]["name"], json!([0, 1, 2]));
     assert_eq!(v["graphs"][1]["nodes"]["name"], json!([0]));
-    assert_eq!(v["graphs"][0]["nodes"]["touches"], json!([2, 1, 0]));
-    assert_eq!(v["graphs"][0]["nodes"]["ignored"], json!([0, 1, 0]));
-    assert_eq!(v["graphs"][0]["ignored"]["reason"], json!(["index_slot"]));
+    assert_eq!(
+        v["graphs"][0]["nodes"]["ignored"],
+        json!([[], [[3, 16, "0x7f2c00005000", "index_slot"]], []])
+    );
     // Columns every record lacks are left out; those some record has are written whole.
     assert!(v["graphs"][1]["nodes"].get("grid").is_none());
-    assert_eq!(v["graphs"][0]["nodes"]["grid"], json!([[132, 1, 1], null, null]));
+    assert!(v["graphs"][1]["nodes"].get("ignored").is_none());
+    assert_eq!(
+        v["graphs"][0]["nodes"]["grid"],
+        json!([[132, 1, 1], null, null])
+    );
     assert!(v["tensors"].get("reference_digest").is_none());
     assert_eq!(v["owners"]["holder"], json!([null, "Linear", null, null]));
-    assert!(v["graphs"][1].get("ignored").is_none());
-    // A node-less graph has no touch table at all.
+    // A node-less graph has empty columns.
     let mut m = manifest();
     m.graphs[1].nodes.clear();
     let v = v2_value(&m);
-    assert!(v["graphs"][1].get("touches").is_none());
-    assert_eq!(v["graphs"][1]["nodes"], json!({"index": [], "kind": [], "name": []}));
+    assert_eq!(
+        v["graphs"][1]["nodes"],
+        json!({"index": [], "kind": [], "name": []})
+    );
     parse_manifest(&v2_text(&m), Path::new("m.json")).unwrap();
 }
 
@@ -158,12 +181,12 @@ fn an_address_below_its_tensor_is_written_whole_and_reported() {
     let mut m = manifest();
     m.graphs[0].nodes[0].touches[0].addr = Addr(0x10);
     let v = v2_value(&m);
-    assert_eq!(v["graphs"][0]["touches"]["addr"][0], "0x10");
+    assert_eq!(v["graphs"][0]["nodes"]["touches"][0][0][2], "0x10");
     let e = err(&v);
     assert!(
         e.contains(
-            "at `graphs[0].touches.addr[0]`: 0x10 lies outside tensor 0 (0x7f2c00000000+256) \
-             (node 0's touch 0)"
+            "at `graphs[0].nodes.touches[0][0][2]`: 0x10 lies outside tensor 0 \
+             (0x7f2c00000000+256) (node 0's touch 0, its `addr`)"
         ),
         "{e}"
     );
@@ -172,35 +195,45 @@ fn an_address_below_its_tensor_is_written_whole_and_reported() {
 #[test]
 fn reference_errors_name_the_column_and_element() {
     let m = rich();
+    let touch = |g: usize, n: usize, t: usize| format!("/graphs/{g}/nodes/touches/{n}/{t}");
     let mut v = v2_value(&m);
-    v["graphs"][0]["touches"]["tensor"][2] = 999.into();
-    v["graphs"][0]["touches"]["addr"][2] = "0x7f2c00002000".into();
+    *v.pointer_mut(&format!("{}/3", touch(0, 1, 0))).unwrap() = 999.into();
+    *v.pointer_mut(&format!("{}/2", touch(0, 1, 0))).unwrap() = "0x7f2c00002000".into();
     let e = err(&v);
     assert!(
         e.contains(
-            "m.json: invalid document at `graphs[0].touches.tensor[2]`: no tensor has id 999 \
-             (node 1's touch 0)"
+            "m.json: invalid document at `graphs[0].nodes.touches[1][0][3]`: no tensor has id \
+             999 (node 1's touch 0, its `tensor`)"
         ),
         "{e}"
     );
     // An offset from a tensor that does not exist cannot be resolved: said at the tensor.
     let mut v = v2_value(&m);
-    v["graphs"][1]["touches"]["tensor"][0] = 999.into();
+    *v.pointer_mut(&format!("{}/3", touch(1, 0, 0))).unwrap() = 999.into();
     let e = err(&v);
     assert!(
-        e.contains("at `graphs[1].touches.tensor[0]`: no tensor has id 999 (node 0's touch 0)"),
+        e.contains(
+            "at `graphs[1].nodes.touches[0][0][3]`: no tensor has id 999 (node 0's touch 0, \
+             its `tensor`)"
+        ),
         "{e}"
     );
     // A repeated id leaves the other one's touches dangling, which is said first.
     let mut v = v2_value(&m);
     v["tensors"]["id"][2] = 0.into();
     let e = err(&v);
-    assert!(e.contains("at `graphs[0].touches.tensor[2]`: no tensor has id 2"), "{e}");
+    assert!(
+        e.contains("at `graphs[0].nodes.touches[1][0][3]`: no tensor has id 2"),
+        "{e}"
+    );
     let mut v = v2_value(&m);
     v["owners"]["path"][2] = "model.w".into();
     let e = err(&v);
     assert!(
-        e.contains("at `owners.path[2]`: path \"model.w\" is given twice (also by the owner at position 0)"),
+        e.contains(
+            "at `owners.path[2]`: path \"model.w\" is given twice (also by the owner at \
+             position 0)"
+        ),
         "{e}"
     );
     let mut v = v2_value(&m);
@@ -227,72 +260,90 @@ fn reference_errors_name_the_column_and_element() {
     let e = live_err(&|v| v["probes"]["pool"] = json!([null, 9, null, null, null, null]));
     assert!(e.contains("at `probes.pool[1]`: no pool has id 9"), "{e}");
     let e = live_err(&|v| v["tensors"]["id"][2] = 0.into());
-    assert!(e.contains("at `tensors.id[2]`: two tensors claim id 0"), "{e}");
+    assert!(
+        e.contains("at `tensors.id[2]`: two tensors claim id 0"),
+        "{e}"
+    );
     let e = live_err(&|v| v["probes"]["state"][0] = "gone".into());
-    assert!(e.contains("at `probes.state[0]`: unknown variant `gone`"), "{e}");
+    assert!(
+        e.contains("at `probes.state[0]`: unknown variant `gone`"),
+        "{e}"
+    );
 }
 
 #[test]
 fn layout_errors_name_the_column_and_element() {
     let m = rich();
+    let set = |pointer: &'static str, x: Value| -> Box<dyn Fn(&mut Value)> {
+        Box::new(move |v: &mut Value| *v.pointer_mut(pointer).unwrap() = x.clone())
+    };
     let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
         (
-            Box::new(|v| v["tensors"]["dtype"] = json!(["bfloat16"])),
+            set("/tensors/dtype", json!(["bfloat16"])),
             "at `tensors.dtype`: 1 values, but `tensors.id` has 3: every column of a table \
              holds one value per row",
         ),
         (
-            Box::new(|v| v["graphs"][0]["touches"]["offset"] = json!([8, 8])),
-            "at `graphs[0].touches.offset`: 2 values, but `graphs[0].touches.param` has 3",
+            set("/graphs/0/nodes/touches", json!([[], []])),
+            "at `graphs[0].nodes.touches`: 2 values, but `graphs[0].nodes.index` has 3",
         ),
         (
-            Box::new(|v| v["graphs"][0]["nodes"]["touches"] = json!([2, 2, 0])),
-            "at `graphs[0].nodes.touches`: the nodes' counts add up to 4 rows, but \
-             `graphs[0].touches` has 3",
-        ),
-        (
-            Box::new(|v| v["graphs"][0]["nodes"]["ignored"] = json!([0, 0, 0])),
-            "at `graphs[0].nodes.ignored`: the nodes' counts add up to 0 rows",
-        ),
-        (
-            Box::new(|v| v["graphs"][1]["nodes"]["name"][0] = 7.into()),
+            set("/graphs/1/nodes/name/0", json!(7)),
             "at `graphs[1].nodes.name[0]`: no name at position 7: `names` has 3",
         ),
         (
-            Box::new(|v| v["graphs"][1]["touches"]["addr"][2] = 16.into()),
-            "at `graphs[1].touches.addr[2]`: the offset 16 counts from the touch's tensor or \
-             allocation, but it names neither (node 0's touch 2)",
+            set("/graphs/1/nodes/touches/0/2/2", json!(16)),
+            "at `graphs[1].nodes.touches[0][2][2]`: the offset 16 counts from the touch's \
+             tensor or allocation, but it names neither (node 0's touch 2, its `addr`)",
         ),
         (
-            Box::new(|v| v["graphs"][1]["touches"]["addr"][1] = u64::MAX.into()),
-            "at `graphs[1].touches.addr[1]`: the offset 18446744073709551615 from allocation \
-             4's base (0x7f2c00004000) passes the end of the address space",
+            set("/graphs/1/nodes/touches/0/1/2", json!(u64::MAX)),
+            "at `graphs[1].nodes.touches[0][1][2]`: the offset 18446744073709551615 from the \
+             base of allocation 4 (0x7f2c00004000) passes the end of the address space",
         ),
         (
-            Box::new(|v| v["graphs"][1]["touches"]["allocation"][1] = 77.into()),
-            "at `graphs[1].touches.allocation[1]`: no allocation has id 77",
+            set("/graphs/1/nodes/touches/0/1/4", json!(77)),
+            "at `graphs[1].nodes.touches[0][1][4]`: no allocation has id 77",
         ),
         // Parse errors: serde's path is the column and element.
         (
-            Box::new(|v| v["graphs"][1]["touches"]["addr"][0] = json!(-4)),
-            "at `graphs[1].touches.addr[0]`: expected an unsigned 64-bit integer or a string \
-             matching `^0x[0-9a-fA-F]{1,16}$`, found the number -4",
+            set("/graphs/1/nodes/touches/0/0/2", json!(-4)),
+            "at `graphs[1].nodes.touches[0][0][2]`: expected an unsigned 64-bit integer or \
+             a string matching `^0x[0-9a-fA-F]{1,16}$`, found the number -4",
         ),
         (
-            Box::new(|v| v["graphs"][1]["touches"]["addr"][0] = "0x+10".into()),
-            "at `graphs[1].touches.addr[0]`: invalid value: string \"0x+10\"",
+            set("/graphs/1/nodes/touches/0/0/2", json!("0x+10")),
+            "at `graphs[1].nodes.touches[0][0][2]`: invalid value: string \"0x+10\"",
         ),
         (
-            Box::new(|v| v["tensors"]["shape"][1][0] = "wide".into()),
+            set("/graphs/1/nodes/touches/0/0", json!([0, 8, 16, 1])),
+            "at `graphs[1].nodes.touches[0][0]`: invalid length 4, expected a touch: [param, \
+             offset, addr, tensor, allocation]",
+        ),
+        (
+            set("/graphs/1/nodes/touches/0/0", json!([0, 8, 16, 1, 1, 0])),
+            "invalid length 6, expected a touch",
+        ),
+        (
+            set("/graphs/1/nodes/touches/0/0/0", json!("zero")),
+            "at `graphs[1].nodes.touches[0][0][0]`: expected an unsigned 32-bit integer, \
+             found the string \"zero\"",
+        ),
+        (
+            set("/graphs/0/nodes/ignored/1/0/3", json!("why")),
+            "at `graphs[0].nodes.ignored[1][0][3]`: unknown variant `why`",
+        ),
+        (
+            set("/tensors/shape/1/0", json!("wide")),
             "at `tensors.shape[1][0]`: expected an unsigned 64-bit integer, found the string \
              \"wide\"",
         ),
         (
-            Box::new(|v| v["owners"]["path"][0] = "model..w".into()),
+            set("/owners/path/0", json!("model..w")),
             "at `owners.path[0]`",
         ),
         (
-            Box::new(|v| v["owners"]["registration"][0] = 3.into()),
+            set("/owners/registration/0", json!(3)),
             "at `owners.registration[0]`: expected one of \"parameter\"",
         ),
         (
@@ -355,12 +406,8 @@ fn the_version_may_come_anywhere() {
 
 #[test]
 fn locate_maps_model_paths_to_columns() {
-    let m = rich();
     let at = |p: &str| {
-        let e = super::locate(
-            crate::document::refs::Invalid::at(p, "bad"),
-            &m.graphs,
-        );
+        let e = super::locate(crate::document::refs::Invalid::at(p, "bad"));
         format!("{} | {}", e.json_path, e.message)
     };
     assert_eq!(at("tensors[4].nbytes"), "tensors.nbytes[4] | bad");
@@ -368,13 +415,16 @@ fn locate_maps_model_paths_to_columns() {
     assert_eq!(at("probes[2].allocation"), "probes.allocation[2] | bad");
     assert_eq!(
         at("graphs[0].nodes[1].touches[0].tensor"),
-        "graphs[0].touches.tensor[2] | bad (node 1's touch 0)"
+        "graphs[0].nodes.touches[1][0][3] | bad (node 1's touch 0, its `tensor`)"
     );
     assert_eq!(
-        at("graphs[0].nodes[1].ignored[0].addr"),
-        "graphs[0].ignored.addr[0] | bad (node 1's ignored word 0)"
+        at("graphs[0].nodes[1].ignored[2].addr"),
+        "graphs[0].nodes.ignored[1][2][2] | bad (node 1's ignored word 2, its `addr`)"
     );
-    assert_eq!(at("graphs[1].nodes[0].kind"), "graphs[1].nodes.kind[0] | bad");
+    assert_eq!(
+        at("graphs[1].nodes[0].kind"),
+        "graphs[1].nodes.kind[0] | bad"
+    );
     assert_eq!(at("graphs[1].pool"), "graphs[1].pool | bad");
     assert_eq!(at("pools[1].id"), "pools[1].id | bad");
     assert_eq!(at("format_version"), "format_version | bad");
