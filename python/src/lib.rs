@@ -448,7 +448,7 @@ fn diff(
 /// The JSON Schema of format `format_version` (default: 2, what graphcheck writes), as
 /// `graphcheck schema` prints it.
 #[pyfunction]
-#[pyo3(signature = (format_version=FORMAT_VERSION))]
+#[pyo3(signature = (format_version=2))]
 fn schema(format_version: u32) -> PyResult<String> {
     let v = version_arg(format_version)?;
     guarded(|| Ok::<_, String>(ops::schema_text(v)))
@@ -469,7 +469,7 @@ fn version_arg(v: u32) -> PyResult<u32> {
 /// every walked word to a tensor view, allocation and pool, checks the result, returns its
 /// JSON in format `format_version` (default 2).
 #[pyfunction]
-#[pyo3(signature = (spec, walked=None, format_version=FORMAT_VERSION))]
+#[pyo3(signature = (spec, walked=None, format_version=2))]
 fn build_manifest(
     py: Python<'_>,
     spec: &Bound<'_, PyAny>,
@@ -495,7 +495,7 @@ fn build_manifest(
 /// reference digests) against `manifest`; returns its JSON in format `format_version`
 /// (default 2), checked like a loaded document.
 #[pyfunction]
-#[pyo3(signature = (spec, manifest, format_version=FORMAT_VERSION))]
+#[pyo3(signature = (spec, manifest, format_version=2))]
 fn build_live(
     py: Python<'_>,
     spec: &Bound<'_, PyAny>,
