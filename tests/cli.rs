@@ -471,7 +471,11 @@ fn committed_schemas_are_what_the_binary_prints() {
     }
     let out = graphcheck(&["schema", "--format-version", "3"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("expected 1 or 2"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("expected 1 or 2"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -515,7 +519,12 @@ fn convert_writes_either_version_and_both_read_the_same() {
     let v2 = dir.join("v2.json");
     let path = |p: &std::path::Path| p.to_string_lossy().to_string();
     let out = graphcheck(&[
-        "convert", &manifest, "--format-version", "1", "--output", &path(&v1),
+        "convert",
+        &manifest,
+        "--format-version",
+        "1",
+        "--output",
+        &path(&v1),
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&v1).unwrap()).unwrap();

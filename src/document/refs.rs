@@ -229,6 +229,14 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
     let t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
     let mut graph_ids = FxHashMap::default();
     let mut at = String::new();
+    // Each tensor's span and each allocation's extent in compact arrays: a million touches
+    // look them up in no order, and the records are many times their size.
+    let spans: Vec<(u64, u64)> = m
+        .tensors
+        .iter()
+        .map(|x| (x.data_ptr().0, x.end().0))
+        .collect();
+    let extents: Vec<(u64, u64)> = m.allocations.iter().map(|a| (a.base.0, a.size)).collect();
     for (gi, g) in m.graphs.iter().enumerate() {
         if graph_ids.insert(g.id, gi).is_some() {
             return Err(Invalid::at(
@@ -258,8 +266,9 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
                             format!("no tensor has id {}", id.0),
                         ));
                     };
-                    let tensor = &m.tensors[x];
-                    if !tensor.contains(touch.addr) {
+                    let (start, end) = spans[x];
+                    if !(start <= touch.addr.0 && touch.addr.0 < end) {
+                        let tensor = &m.tensors[x];
                         return Err(Invalid::at(
                             here("addr"),
                             format!(
@@ -279,8 +288,9 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
                             format!("no allocation has id {}", id.0),
                         ));
                     };
-                    let al = &m.allocations[a];
-                    if !(al.base <= touch.addr && touch.addr.0 - al.base.0 < al.size) {
+                    let (base, size) = extents[a];
+                    if !(base <= touch.addr.0 && touch.addr.0 - base < size) {
+                        let al = &m.allocations[a];
                         return Err(Invalid::at(
                             here("addr"),
                             format!(

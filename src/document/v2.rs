@@ -377,25 +377,27 @@ fn probes(c: ProbeColumns) -> Result<Vec<Probe>, Invalid> {
 
 /// What a touch's offset counts from: tensors' first elements and allocations' bases, by
 /// id (the first record of an id: a repeated id is reported by the reference check).
-struct Bases<'a> {
-    tensors: &'a [Tensor],
+struct Bases {
+    /// First element of each tensor, by its position: a compact array, since a million
+    /// touches look it up in no order (the tensors themselves are 20 times the size).
+    tensor_ptr: Vec<Addr>,
     tensor_ix: IdIndex<TensorId>,
-    allocations: &'a [Allocation],
+    alloc_base: Vec<Addr>,
     alloc_ix: IdIndex<AllocationId>,
 }
 
-impl<'a> Bases<'a> {
-    fn new(tensors: &'a [Tensor], allocations: &'a [Allocation]) -> Bases<'a> {
+impl Bases {
+    fn new(tensors: &[Tensor], allocations: &[Allocation]) -> Bases {
         Bases {
             tensor_ix: IdIndex::positions(tensors.iter().map(|t| t.id)),
+            tensor_ptr: tensors.iter().map(Tensor::data_ptr).collect(),
             alloc_ix: IdIndex::positions(allocations.iter().map(|a| a.id)),
-            tensors,
-            allocations,
+            alloc_base: allocations.iter().map(|a| a.base).collect(),
         }
     }
 }
 
-fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases<'_>) -> Result<Graph, Invalid> {
+fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases) -> Result<Graph, Invalid> {
     let table = format!("graphs[{gi}].nodes");
     let mut c = g.nodes;
     let n = rows(
@@ -455,12 +457,7 @@ fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases<'_>) -> Result<G
 }
 
 /// Node `n`'s touches with every offset turned into the address it counts to.
-fn resolve(
-    list: TouchList,
-    bases: &Bases<'_>,
-    table: &str,
-    n: usize,
-) -> Result<Vec<Touch>, Invalid> {
+fn resolve(list: TouchList, bases: &Bases, table: &str, n: usize) -> Result<Vec<Touch>, Invalid> {
     let TouchList {
         mut touches,
         absolute,
@@ -480,7 +477,7 @@ fn resolve(
                     format!("no tensor has id {} ({})", id.0, whose(3)),
                 ));
             };
-            (bases.tensors[x].data_ptr(), "the first element of tensor")
+            (bases.tensor_ptr[x], "the first element of tensor")
         } else if let Some(id) = t.allocation {
             let Some(x) = bases.alloc_ix.get(&id) else {
                 return Err(Invalid::at(
@@ -488,7 +485,7 @@ fn resolve(
                     format!("no allocation has id {} ({})", id.0, whose(4)),
                 ));
             };
-            (bases.allocations[x].base, "the base of allocation")
+            (bases.alloc_base[x], "the base of allocation")
         } else {
             return Err(Invalid::at(
                 at(2),

@@ -47,6 +47,11 @@ fn end<'de, A: SeqAccess<'de>>(mut seq: A, n: usize, what: &'static str) -> Resu
     }
 }
 
+thread_local! {
+    /// The touches of the node being read ([`TouchList`]'s visitor).
+    static SCRATCH: std::cell::RefCell<Vec<Touch>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 const TOUCH: &str = "a touch: [param, offset, addr, tensor, allocation]";
 const IGNORED: &str = "an ignored word: [param, offset, addr, reason]";
 
@@ -96,14 +101,23 @@ impl<'de> Deserialize<'de> for TouchList {
                 f.write_str("a node's touches: an array of touch arrays")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TouchList, A::Error> {
-                let mut list = TouchList::default();
-                while let Some((touch, absolute)) = seq.next_element_seed(TouchRow)? {
-                    if absolute {
-                        list.absolute.push(list.touches.len() as u32);
+                // Gathered in a buffer kept per thread, then copied once at their count: a
+                // node's few touches would otherwise grow their vector two or three times,
+                // and keep the spare capacity.
+                SCRATCH.with_borrow_mut(|scratch| {
+                    scratch.clear();
+                    let mut absolute = Vec::new();
+                    while let Some((touch, at)) = seq.next_element_seed(TouchRow)? {
+                        if at {
+                            absolute.push(scratch.len() as u32);
+                        }
+                        scratch.push(touch);
                     }
-                    list.touches.push(touch);
-                }
-                Ok(list)
+                    Ok(TouchList {
+                        touches: scratch.to_vec(),
+                        absolute,
+                    })
+                })
             }
         }
         d.deserialize_seq(V)
