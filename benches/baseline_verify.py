@@ -229,6 +229,7 @@ def expand(doc):
         if t.get("alloc_site") == []:
             del t["alloc_site"]
     names = doc.get("names", [])
+    launches = doc.get("launches", [])
     graphs = []
     for g in doc.get("graphs", ()):
         g = dict(g)
@@ -237,7 +238,12 @@ def expand(doc):
         nodes = []
         for i in range(n):
             node = {"index": cols["index"][i], "kind": cols["kind"][i], "name": names[cols["name"][i]]}
-            for key in ("grid", "block", "parent", "opaque"):
+            launch = cols.get("launch", [None] * n)[i]
+            if launch is not None:
+                for key, value in zip(("grid", "block"), launches[launch]):
+                    if value is not None:
+                        node[key] = value
+            for key in ("parent", "opaque"):
                 value = cols.get(key, [None] * n)[i]
                 if value is not None:
                     node[key] = value
@@ -260,6 +266,7 @@ def expand(doc):
     if "graphs" in doc:
         out["graphs"] = graphs
     out.pop("names", None)
+    out.pop("launches", None)
     return out
 
 

@@ -300,9 +300,42 @@ impl Bases<'_> {
     }
 }
 
+/// Launch configurations (grid, block), each once, in the order nodes first use them.
+struct Launches {
+    list: Vec<Launch>,
+    position: FxHashMap<Launch, u32>,
+}
+
+type Launch = (Option<[u32; 3]>, Option<[u32; 3]>);
+
+impl Launches {
+    fn of(graphs: &[Graph]) -> Launches {
+        let mut l = Launches {
+            list: Vec::new(),
+            position: FxHashMap::default(),
+        };
+        for n in graphs.iter().flat_map(|g| &g.nodes) {
+            if n.grid.is_some() || n.block.is_some() {
+                let next = l.list.len() as u32;
+                l.position.entry((n.grid, n.block)).or_insert_with(|| {
+                    l.list.push((n.grid, n.block));
+                    next
+                });
+            }
+        }
+        l
+    }
+
+    /// A node's launch position, where it has a grid or block.
+    fn position(&self, grid: Option<[u32; 3]>, block: Option<[u32; 3]>) -> Option<u32> {
+        self.position.get(&(grid, block)).copied()
+    }
+}
+
 struct Graphs<'a> {
     graphs: &'a [Graph],
     names: &'a Names<'a>,
+    launches: &'a Launches,
     bases: &'a Bases<'a>,
 }
 
@@ -311,6 +344,7 @@ impl Serialize for Graphs<'_> {
         s.collect_seq(self.graphs.iter().map(|g| GraphOut {
             g,
             names: self.names,
+            launches: self.launches,
             bases: self.bases,
         }))
     }
@@ -319,6 +353,7 @@ impl Serialize for Graphs<'_> {
 struct GraphOut<'a> {
     g: &'a Graph,
     names: &'a Names<'a>,
+    launches: &'a Launches,
     bases: &'a Bases<'a>,
 }
 
@@ -349,8 +384,8 @@ impl Serialize for NodesOut<'_> {
         entry(&mut m, "index", r, |n| n.index)?;
         entry(&mut m, "kind", r, |n| n.kind)?;
         entry(&mut m, "name", r, |n| names.position[n.name.as_str()])?;
-        optional(&mut m, "grid", r, |n| n.grid)?;
-        optional(&mut m, "block", r, |n| n.block)?;
+        let launches = self.0.launches;
+        optional(&mut m, "launch", r, |n| launches.position(n.grid, n.block))?;
         optional(&mut m, "parent", r, |n| n.parent)?;
         optional(&mut m, "opaque", r, |n| n.opaque.as_ref())?;
         if r.iter().any(|n| !n.touches.is_empty()) {
@@ -382,13 +417,14 @@ impl Serialize for NodesOut<'_> {
 
 fn v2_manifest<S: Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
     let names = Names::of(&m.graphs);
+    let launches = Launches::of(&m.graphs);
     let bases = Bases {
         tensors: &m.tensors,
         tensor_ix: IdIndex::positions(m.tensors.iter().map(|t| t.id)),
         allocations: &m.allocations,
         alloc_ix: IdIndex::positions(m.allocations.iter().map(|a| a.id)),
     };
-    let mut st = s.serialize_struct("Manifest", 9)?;
+    let mut st = s.serialize_struct("Manifest", 10)?;
     st.serialize_field("format_version", &2u32)?;
     st.serialize_field("kind", &m.kind)?;
     st.serialize_field("producer", &m.producer)?;
@@ -397,11 +433,13 @@ fn v2_manifest<S: Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
     st.serialize_field("tensors", &Tensors(&m.tensors))?;
     st.serialize_field("owners", &Owners(&m.owners))?;
     st.serialize_field("names", &names.list)?;
+    st.serialize_field("launches", &launches.list)?;
     st.serialize_field(
         "graphs",
         &Graphs {
             graphs: &m.graphs,
             names: &names,
+            launches: &launches,
             bases: &bases,
         },
     )?;

@@ -228,15 +228,6 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
     check_header(m.format_version, m.kind, DocKind::Manifest)?;
     let t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
     let mut graph_ids = FxHashMap::default();
-    let mut at = String::new();
-    // Each tensor's span and each allocation's extent in compact arrays: a million touches
-    // look them up in no order, and the records are many times their size.
-    let spans: Vec<(u64, u64)> = m
-        .tensors
-        .iter()
-        .map(|x| (x.data_ptr().0, x.end().0))
-        .collect();
-    let extents: Vec<(u64, u64)> = m.allocations.iter().map(|a| (a.base.0, a.size)).collect();
     for (gi, g) in m.graphs.iter().enumerate() {
         if graph_ids.insert(g.id, gi).is_some() {
             return Err(Invalid::at(
@@ -252,58 +243,118 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
                 format!("no pool has id {}", p.0),
             ));
         }
-        for (ni, n) in g.nodes.iter().enumerate() {
-            for (ti, touch) in n.touches.iter().enumerate() {
-                let mut here = |field: &str| {
-                    at.clear();
-                    let _ = write!(at, "graphs[{gi}].nodes[{ni}].touches[{ti}].{field}");
-                    at.clone()
+    }
+    touches_in_parallel(m, &t)?;
+    Ok(t)
+}
+
+/// Every touch's tensor and allocation exist and hold its address; the graphs of the
+/// second half of the touches on a thread of their own where the machine has cores to
+/// spare. The error is the first in document order.
+fn touches_in_parallel(m: &Manifest, t: &Tables) -> Result<(), Invalid> {
+    // Each tensor's span and each allocation's extent in compact arrays: a million touches
+    // look them up in no order, and the records are many times their size.
+    let spans: Vec<(u64, u64)> = m
+        .tensors
+        .iter()
+        .map(|x| (x.data_ptr().0, x.end().0))
+        .collect();
+    let extents: Vec<(u64, u64)> = m.allocations.iter().map(|a| (a.base.0, a.size)).collect();
+    let run = |graphs: std::ops::Range<usize>| -> Result<(), Invalid> {
+        for gi in graphs {
+            graph_touches(gi, m, t, &spans, &extents)?;
+        }
+        Ok(())
+    };
+    let touches: Vec<usize> = m
+        .graphs
+        .iter()
+        .map(|g| g.nodes.iter().map(|n| n.touches.len()).sum())
+        .collect();
+    let total: usize = touches.iter().sum();
+    let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    if !parallel || total < 65_536 {
+        return run(0..m.graphs.len());
+    }
+    let mut seen = 0;
+    let split = touches
+        .iter()
+        .position(|&n| {
+            seen += n;
+            seen * 2 >= total
+        })
+        .map_or(m.graphs.len(), |i| i + 1);
+    std::thread::scope(|scope| {
+        let second = scope.spawn(|| run(split..m.graphs.len()));
+        let first = run(0..split);
+        let second = match second.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        first.and(second)
+    })
+}
+
+fn graph_touches(
+    gi: usize,
+    m: &Manifest,
+    t: &Tables,
+    spans: &[(u64, u64)],
+    extents: &[(u64, u64)],
+) -> Result<(), Invalid> {
+    let g = &m.graphs[gi];
+    let mut at = String::new();
+    for (ni, n) in g.nodes.iter().enumerate() {
+        for (ti, touch) in n.touches.iter().enumerate() {
+            let mut here = |field: &str| {
+                at.clear();
+                let _ = write!(at, "graphs[{gi}].nodes[{ni}].touches[{ti}].{field}");
+                at.clone()
+            };
+            if let Some(id) = touch.tensor {
+                let Some(x) = t.tensor_ix.get(&id) else {
+                    return Err(Invalid::at(
+                        here("tensor"),
+                        format!("no tensor has id {}", id.0),
+                    ));
                 };
-                if let Some(id) = touch.tensor {
-                    let Some(x) = t.tensor_ix.get(&id) else {
-                        return Err(Invalid::at(
-                            here("tensor"),
-                            format!("no tensor has id {}", id.0),
-                        ));
-                    };
-                    let (start, end) = spans[x];
-                    if !(start <= touch.addr.0 && touch.addr.0 < end) {
-                        let tensor = &m.tensors[x];
-                        return Err(Invalid::at(
-                            here("addr"),
-                            format!(
-                                "{} lies outside tensor {} ({}+{})",
-                                touch.addr,
-                                id.0,
-                                tensor.data_ptr(),
-                                tensor.nbytes
-                            ),
-                        ));
-                    }
+                let (start, end) = spans[x];
+                if !(start <= touch.addr.0 && touch.addr.0 < end) {
+                    let tensor = &m.tensors[x];
+                    return Err(Invalid::at(
+                        here("addr"),
+                        format!(
+                            "{} lies outside tensor {} ({}+{})",
+                            touch.addr,
+                            id.0,
+                            tensor.data_ptr(),
+                            tensor.nbytes
+                        ),
+                    ));
                 }
-                if let Some(id) = touch.allocation {
-                    let Some(a) = t.alloc_ix.get(&id) else {
-                        return Err(Invalid::at(
-                            here("allocation"),
-                            format!("no allocation has id {}", id.0),
-                        ));
-                    };
-                    let (base, size) = extents[a];
-                    if !(base <= touch.addr.0 && touch.addr.0 - base < size) {
-                        let al = &m.allocations[a];
-                        return Err(Invalid::at(
-                            here("addr"),
-                            format!(
-                                "{} lies outside allocation {} ({}+{})",
-                                touch.addr, id.0, al.base, al.size
-                            ),
-                        ));
-                    }
+            }
+            if let Some(id) = touch.allocation {
+                let Some(a) = t.alloc_ix.get(&id) else {
+                    return Err(Invalid::at(
+                        here("allocation"),
+                        format!("no allocation has id {}", id.0),
+                    ));
+                };
+                let (base, size) = extents[a];
+                if !(base <= touch.addr.0 && touch.addr.0 - base < size) {
+                    let al = &m.allocations[a];
+                    return Err(Invalid::at(
+                        here("addr"),
+                        format!(
+                            "{} lies outside allocation {} ({}+{})",
+                            touch.addr, id.0, al.base, al.size
+                        ),
+                    ));
                 }
             }
         }
     }
-    Ok(t)
+    Ok(())
 }
 
 /// Checks every reference of a live snapshot.

@@ -51,6 +51,10 @@ pub struct ManifestV2 {
     /// holds positions in this list.
     #[serde(default)]
     pub names: Vec<String>,
+    /// Launch configurations, `[grid, block]` (each `[x, y, z]` or null), each once;
+    /// `nodes.launch` holds positions in this list.
+    #[serde(default)]
+    pub launches: Vec<Launch>,
     pub graphs: Vec<GraphV2>,
 }
 
@@ -152,6 +156,9 @@ pub struct GraphV2 {
     pub nodes: NodeColumns,
 }
 
+/// A launch configuration: grid and block, each `[x, y, z]` or null.
+pub type Launch = (Option<[u32; 3]>, Option<[u32; 3]>);
+
 /// A graph's nodes as columns.
 #[derive(Deserialize, JsonSchema)]
 #[schemars(rename = "Nodes")]
@@ -160,10 +167,9 @@ pub struct NodeColumns {
     pub kind: Vec<NodeKind>,
     /// Positions in the manifest's `names`.
     pub name: Vec<u32>,
+    /// Positions in the manifest's `launches` (null: neither grid nor block).
     #[serde(default)]
-    pub grid: Option<Vec<Option<[u32; 3]>>>,
-    #[serde(default)]
-    pub block: Option<Vec<Option<[u32; 3]>>>,
+    pub launch: Option<Vec<Option<u32>>>,
     #[serde(default)]
     pub parent: Option<Vec<Option<u32>>>,
     #[serde(default)]
@@ -397,7 +403,12 @@ impl Bases {
     }
 }
 
-fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases) -> Result<Graph, Invalid> {
+fn graph(
+    gi: usize,
+    g: GraphV2,
+    (names, launches): (&[String], &[Launch]),
+    bases: &Bases,
+) -> Result<Graph, Invalid> {
     let table = format!("graphs[{gi}].nodes");
     let mut c = g.nodes;
     let n = rows(
@@ -406,8 +417,7 @@ fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases) -> Result<Graph
             ("index", Some(c.index.len())),
             ("kind", Some(c.kind.len())),
             ("name", Some(c.name.len())),
-            ("grid", c.grid.as_ref().map(Vec::len)),
-            ("block", c.block.as_ref().map(Vec::len)),
+            ("launch", c.launch.as_ref().map(Vec::len)),
             ("parent", c.parent.as_ref().map(Vec::len)),
             ("opaque", c.opaque.as_ref().map(Vec::len)),
             ("touches", c.touches.as_ref().map(Vec::len)),
@@ -426,6 +436,18 @@ fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases) -> Result<Graph
                 ),
             ));
         };
+        let (grid, block) = match opt(&c.launch, i) {
+            None => (None, None),
+            Some(l) => *launches.get(l as usize).ok_or_else(|| {
+                Invalid::at(
+                    format!("{table}.launch[{i}]"),
+                    format!(
+                        "no launch at position {l}: `launches` has {}",
+                        launches.len()
+                    ),
+                )
+            })?,
+        };
         let touches = match c.touches.as_mut() {
             Some(t) => resolve(std::mem::take(&mut t[i]), bases, &table, i)?,
             None => Vec::new(),
@@ -434,8 +456,8 @@ fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases) -> Result<Graph
             index: c.index[i],
             kind: c.kind[i],
             name: name.clone(),
-            grid: opt(&c.grid, i),
-            block: opt(&c.block, i),
+            grid,
+            block,
             parent: opt(&c.parent, i),
             opaque: take(&mut c.opaque, i),
             touches,
@@ -453,6 +475,46 @@ fn graph(gi: usize, g: GraphV2, names: &[String], bases: &Bases) -> Result<Graph
         node_counts: g.node_counts,
         unread: g.unread,
         nodes,
+    })
+}
+
+/// Every graph in the model's terms, in order; on a machine of several cores, the graphs
+/// of the second half of the nodes on a thread of their own (graphs are independent, and a
+/// million touches take tens of milliseconds to resolve). The error is the first graph's.
+fn graphs(
+    all: Vec<GraphV2>,
+    names: (&[String], &[Launch]),
+    bases: &Bases,
+) -> Result<Vec<Graph>, Invalid> {
+    let nodes: usize = all.iter().map(|g| g.nodes.index.len()).sum();
+    let run = |part: Vec<(usize, GraphV2)>| -> Result<Vec<Graph>, Invalid> {
+        part.into_iter()
+            .map(|(gi, g)| graph(gi, g, names, bases))
+            .collect()
+    };
+    let mut all: Vec<(usize, GraphV2)> = all.into_iter().enumerate().collect();
+    let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    if !parallel || nodes < 8192 {
+        return run(all);
+    }
+    // Split where half the nodes lie before.
+    let mut seen = 0;
+    let split = all
+        .iter()
+        .position(|(_, g)| {
+            seen += g.nodes.index.len();
+            seen * 2 >= nodes
+        })
+        .map_or(all.len(), |i| i + 1);
+    let second = all.split_off(split);
+    std::thread::scope(|scope| {
+        let job = scope.spawn(|| run(second));
+        let mut first = run(all)?;
+        match job.join() {
+            Ok(rest) => first.extend(rest?),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+        Ok(first)
     })
 }
 
@@ -522,11 +584,7 @@ impl ManifestV2 {
         let owners = owners(self.owners)?;
         let graphs = {
             let bases = Bases::new(&tensors, &allocations);
-            self.graphs
-                .into_iter()
-                .enumerate()
-                .map(|(gi, g)| graph(gi, g, &self.names, &bases))
-                .collect::<Result<Vec<_>, _>>()?
+            graphs(self.graphs, (&self.names, &self.launches), &bases)?
         };
         let mut m = Manifest::new(self.producer);
         m.format_version = self.format_version;

@@ -155,12 +155,10 @@ fn touches_are_offsets_from_what_they_name_and_names_are_stored_once() {
         json!([[], [[3, 16, "0x7f2c00005000", "index_slot"]], []])
     );
     // Columns every record lacks are left out; those some record has are written whole.
-    assert!(v["graphs"][1]["nodes"].get("grid").is_none());
+    assert!(v["graphs"][1]["nodes"].get("launch").is_none());
     assert!(v["graphs"][1]["nodes"].get("ignored").is_none());
-    assert_eq!(
-        v["graphs"][0]["nodes"]["grid"],
-        json!([[132, 1, 1], null, null])
-    );
+    assert_eq!(v["launches"], json!([[[132, 1, 1], [256, 1, 1]]]));
+    assert_eq!(v["graphs"][0]["nodes"]["launch"], json!([0, null, null]));
     assert!(v["tensors"].get("reference_digest").is_none());
     assert_eq!(v["owners"]["holder"], json!([null, "Linear", null, null]));
     // A node-less graph has empty columns.
@@ -271,13 +269,16 @@ fn reference_errors_name_the_column_and_element() {
     );
 }
 
+/// A change made to a document's JSON.
+type Change = Box<dyn Fn(&mut Value)>;
+
 #[test]
 fn layout_errors_name_the_column_and_element() {
     let m = rich();
-    let set = |pointer: &'static str, x: Value| -> Box<dyn Fn(&mut Value)> {
+    let set = |pointer: &'static str, x: Value| -> Change {
         Box::new(move |v: &mut Value| *v.pointer_mut(pointer).unwrap() = x.clone())
     };
-    let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+    let cases: Vec<(Change, &str)> = vec![
         (
             set("/tensors/dtype", json!(["bfloat16"])),
             "at `tensors.dtype`: 1 values, but `tensors.id` has 3: every column of a table \
@@ -286,6 +287,10 @@ fn layout_errors_name_the_column_and_element() {
         (
             set("/graphs/0/nodes/touches", json!([[], []])),
             "at `graphs[0].nodes.touches`: 2 values, but `graphs[0].nodes.index` has 3",
+        ),
+        (
+            set("/graphs/0/nodes/launch/0", json!(5)),
+            "at `graphs[0].nodes.launch[0]`: no launch at position 5: `launches` has 1",
         ),
         (
             set("/graphs/1/nodes/name/0", json!(7)),
