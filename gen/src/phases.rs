@@ -1,8 +1,9 @@
 //! `graphcheck-gen phases MANIFEST LIVE`: where `graphcheck verify MANIFEST LIVE` spends its
 //! time, phase by phase, on one thread (the binary loads the live snapshot on a second
 //! one): read, parse, convert (format 2), check references, verify, render; wall and CPU
-//! time of each, so that a machine busy with other work still shows each phase's cost. For
-//! the profile in `benches/README.md`.
+//! time of each, so that a machine busy with other work still shows each phase's cost; and
+//! how long serde_json takes only to scan the manifest's bytes (the floor of any reader
+//! built on it). For the profile in `benches/README.md`.
 
 use std::path::Path;
 use std::time::Instant;
@@ -53,6 +54,11 @@ pub fn run(manifest: &Path, live: &Path, rounds: usize) -> anyhow::Result<()> {
         let mb = std::fs::read(manifest)?;
         let lb = std::fs::read(live)?;
         line.push(format!("read {}", ms(t)));
+        // The floor of any serde_json reader of these bytes: tokenizing them, building
+        // nothing.
+        let t = now();
+        serde_json::from_slice::<serde::de::IgnoredAny>(&mb)?;
+        line.push(format!("(scan manifest {})", ms(t)));
         let t = now();
         let (m, l): (Manifest, Live) = if is_v1(&mb) {
             let m = serde_json::from_slice(&mb)?;

@@ -10,8 +10,9 @@
 //! it names, or else from the base of the allocation it names, or a `"0x…"` string, the
 //! address itself. Small records (producer, pools, event, unread nodes, allocation sites)
 //! keep format 1's layout. A column of a field that format 1 may omit may be omitted:
-//! every value is then absent. At the benchmark's default size (1,000,000 touches) this
-//! layout is about a quarter of format 1's size.
+//! every value is then absent. Launch configurations (grid, block) are stored once, in
+//! `launches`. At the benchmark's default size (1,000,000 touches) this layout is about a
+//! quarter of format 1's size.
 //!
 //! Errors name the column and element as the file spells them
 //! (`graphs[3].nodes.touches[7][2][3]`), and say which node, touch and field that is.
