@@ -85,6 +85,7 @@ impl Tables {
             pool_ix: IdIndex::with_capacity(pools.len()),
             alloc_ix: IdIndex::with_capacity(allocations.len()),
             tensor_ix: IdIndex::with_capacity(tensors.len()),
+            owner_by_path: FxHashMap::with_capacity_and_hasher(owners.len(), Default::default()),
             ..Tables::default()
         };
         for (i, p) in pools.iter().enumerate() {
