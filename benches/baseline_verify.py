@@ -10,6 +10,12 @@ inside a subject's span, live tensors containing an address) it uses sorted arra
 `bisect` and a sweep, never a quadratic scan; storages and views are looked up in dicts. It is meant as a fair baseline, not a
 strawman; tests/python/test_baseline.py proves it reports what the fixture index expects.
 
+It reads both format versions: format 1 as it is, and format 2 (columns) the way such a
+script would: each column table zipped into records, and each node's touch arrays read in
+place, an absolute address computed only for the touches that need one (`read`). `expand`
+turns a format 2 document into format 1's layout whole; tests/python/test_baseline.py holds
+both to what graphcheck's own reader gives.
+
 Usage: baseline_verify.py MANIFEST [LIVE] [--allow FILE]
 
 Prints a JSON list of {"kind", "subject"} in report order (kind, then subject) and exits
@@ -156,6 +162,157 @@ def subject_of(owners):
     return " = ".join(sorted({o["path"] for o in owners}))
 
 
+# --- reading format 2 ------------------------------------------------------------------
+
+TABLES = ("allocations", "tensors", "owners", "probes")
+TOUCH_FIELDS = ("param", "offset", "addr", "tensor", "allocation")
+IGNORED_FIELDS = ("param", "offset", "addr", "reason")
+
+
+def records(table):
+    """A format 2 column table as format 1's records: one dict per row, a field that is
+    null (or whose column is absent) left out, as format 1 leaves it out."""
+    keys = list(table)
+    return [
+        {k: v for k, v in zip(keys, row) if v is not None}
+        for row in zip(*(table[k] for k in keys))
+    ]
+
+
+class Bases:
+    """What a format 2 touch's `addr` counts from: each tensor's first element and each
+    allocation's base, by id (the first record of an id)."""
+
+    def __init__(self, doc):
+        self.tensor = {}
+        for t in doc["tensors"]:
+            self.tensor.setdefault(t["id"], data_ptr(t))
+        self.allocation = {}
+        for a in doc.get("allocations", ()):
+            self.allocation.setdefault(a["id"], int(a["base"], 16))
+
+    def addr(self, row):
+        """A touch array's address, as an integer."""
+        at = row[2]
+        if isinstance(at, str):
+            return int(at, 16)
+        if row[3] is not None:
+            return self.tensor[row[3]] + at
+        return self.allocation[row[4]] + at
+
+
+def read(doc):
+    """A document as this script works on it: format 1 as it is; format 2 with its column
+    tables as records, its nodes left as columns (see `touched_tensors` and `suspect_touches`
+    for how touches are read) and a `Bases` for their addresses."""
+    if doc.get("format_version") != 2:
+        return doc
+    out = dict(doc)
+    for key in TABLES:
+        if key in doc:
+            out[key] = records(doc[key])
+    out.setdefault("allocations", [])
+    if "graphs" in doc:
+        out["bases"] = Bases(out)
+    return out
+
+
+def expand(doc):
+    """A format 2 document in format 1's layout, whole (every node and touch an object),
+    as graphcheck.load() gives it."""
+    if doc.get("format_version") != 2:
+        return doc
+    out = read(doc)
+    bases = out.pop("bases", None)
+    out["format_version"] = 1
+    for t in out.get("tensors", ()):
+        if t.get("alloc_site") == []:
+            del t["alloc_site"]
+    names = doc.get("names", [])
+    launches = doc.get("launches", [])
+    graphs = []
+    for g in doc.get("graphs", ()):
+        g = dict(g)
+        cols = g.pop("nodes")
+        n = len(cols["index"])
+        nodes = []
+        for i in range(n):
+            node = {"index": cols["index"][i], "kind": cols["kind"][i], "name": names[cols["name"][i]]}
+            launch = cols.get("launch", [None] * n)[i]
+            if launch is not None:
+                for key, value in zip(("grid", "block"), launches[launch]):
+                    if value is not None:
+                        node[key] = value
+            for key in ("parent", "opaque"):
+                value = cols.get(key, [None] * n)[i]
+                if value is not None:
+                    node[key] = value
+            node["touches"] = [
+                {
+                    "param": row[0],
+                    "offset": row[1],
+                    "addr": hex(bases.addr(row)),
+                    **({"tensor": row[3]} if row[3] is not None else {}),
+                    **({"allocation": row[4]} if row[4] is not None else {}),
+                }
+                for row in cols.get("touches", [()] * n)[i]
+            ]
+            ignored = cols.get("ignored", [()] * n)[i]
+            if ignored:
+                node["ignored"] = [dict(zip(IGNORED_FIELDS, row)) for row in ignored]
+            nodes.append(node)
+        g["nodes"] = nodes
+        graphs.append(g)
+    if "graphs" in doc:
+        out["graphs"] = graphs
+    out.pop("names", None)
+    out.pop("launches", None)
+    return out
+
+
+def touched_tensors(manifest):
+    """The tensor ids the touches name (None for a touch that names none). The hot loop:
+    one pass over every touch, as a comprehension."""
+    if manifest.get("format_version") == 2:
+        return {
+            row[3]
+            for graph in manifest["graphs"]
+            for node in graph["nodes"].get("touches", ())
+            for row in node
+        }
+    return {
+        touch.get("tensor")
+        for graph in manifest["graphs"]
+        for node in graph["nodes"]
+        for touch in node.get("touches", ())
+    }
+
+
+def suspect_touches(manifest, owners_of):
+    """(touch, tensor id or None) of the touches naming no tensor, or a tensor without
+    owners: `unowned` candidates; in format 2 each made a format 1 touch object."""
+    suspects = []
+    if manifest.get("format_version") == 2:
+        bases = manifest["bases"]
+        for graph in manifest["graphs"]:
+            for node in graph["nodes"].get("touches", ()):
+                for row in node:
+                    tid = row[3]
+                    if tid is None or tid not in owners_of:
+                        touch = {"addr": hex(bases.addr(row))}
+                        if row[4] is not None:
+                            touch["allocation"] = row[4]
+                        suspects.append((touch, tid))
+        return suspects
+    for graph in manifest["graphs"]:
+        for node in graph["nodes"]:
+            for touch in node.get("touches", ()):
+                tid = touch.get("tensor")
+                if tid is None or tid not in owners_of:
+                    suspects.append((touch, tid))
+    return suspects
+
+
 # --- allowlist -------------------------------------------------------------------------
 
 
@@ -224,23 +381,12 @@ def build_subjects(manifest):
     for o in manifest["owners"]:
         owners_of.setdefault(o["tensor"], []).append(o)
 
-    # The hot loop: one pass over every touch, as a comprehension.
-    touched = {
-        touch.get("tensor")
-        for graph in manifest["graphs"]
-        for node in graph["nodes"]
-        for touch in node.get("touches", ())
-    }
+    touched = touched_tensors(manifest)
     # Touches naming no tensor, or a tensor without owners, are `unowned` candidates; they
     # are rare, so a second pass collects them only when there are any.
     suspects = []  # (touch, tensor id or None)
     if None in touched or any(tid not in owners_of for tid in touched):
-        for graph in manifest["graphs"]:
-            for node in graph["nodes"]:
-                for touch in node.get("touches", ()):
-                    tid = touch.get("tensor")
-                    if tid is None or tid not in owners_of:
-                        suspects.append((touch, tid))
+        suspects = suspect_touches(manifest, owners_of)
     touched.discard(None)
 
     by_key = {}
@@ -616,7 +762,10 @@ def report_order(found):
 
 
 def verify(manifest, live=None, allow=None):
-    """(findings, allowed): (kind, subject) pairs, each list in report order."""
+    """(findings, allowed): (kind, subject) pairs, each list in report order. The
+    documents are as `json.load` gives them, in either format version."""
+    manifest = read(manifest)
+    live = read(live) if live is not None else None
     subjects, subject_of_tensor, suspects = build_subjects(manifest)
     found = []  # (kind, subject, the owner paths an allowlist entry may match)
     storages = Storages(manifest)
@@ -640,8 +789,12 @@ def load_document(path, kind):
             doc = json.load(f)
     except (OSError, ValueError) as e:
         raise BadInput(f"{path}: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format_version") != 1 or doc.get("kind") != kind:
-        raise BadInput(f"{path}: not a format-1 `{kind}` document")
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format_version") not in (1, 2)
+        or doc.get("kind") != kind
+    ):
+        raise BadInput(f"{path}: not a format 1 or 2 `{kind}` document")
     return doc
 
 

@@ -7,8 +7,11 @@ bench` (1,000,000 touches, 100,000 tensors, 64 graphs by default), then runs, al
 LIVE`, each as its own process. For every run it records the wall time (perf_counter
 around the child) and the child's own peak RSS (`os.wait4`, so runs cannot contaminate
 one another). It checks that both tools report the same set of (kind, subject) findings,
-prints a table, and says whether the targets were met: graphcheck at most 2 s and 1 GiB,
-and at least 20 times faster than the script.
+prints a table, and says whether the targets were met: graphcheck at most 0.6 s and
+500 MiB, at least 15 times faster than the script on the same documents, and a manifest of
+at most 80 MiB. The documents are format 2 (`--format-version 1` for format 1); with
+`--v1-baseline` the same content is also written in format 1 and the script runs on it too,
+alternating with the others, so the table shows what the format change gave each side.
 
 Usage: python3 benches/verify_bench.py [--no-build] [--runs N] [--keep DIR] [--json OUT]
 
@@ -31,9 +34,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BASELINE = REPO / "benches" / "baseline_verify.py"
 
-TARGET_WALL_S = 2.0
-TARGET_RSS_MIB = 1024.0
-TARGET_SPEEDUP = 20.0
+TARGET_WALL_S = 0.6
+TARGET_RSS_MIB = 500.0
+TARGET_SPEEDUP = 15.0
+TARGET_MANIFEST_MIB = 80.0
 
 
 def progress(message):
@@ -116,7 +120,7 @@ def cpu_model():
     return platform.processor() or "unknown"
 
 
-def print_table(gc, py, speedup, met):
+def print_table(gc, py, speedup, met, manifest_mib, py_v1=None):
     rows = [
         ("tool", "median wall s", "min wall s", "peak RSS MiB", "script/graphcheck"),
         ("graphcheck", f"{gc['median_wall_s']:.3f}", f"{gc['min_wall_s']:.3f}",
@@ -124,6 +128,10 @@ def print_table(gc, py, speedup, met):
         ("python baseline", f"{py['median_wall_s']:.3f}", f"{py['min_wall_s']:.3f}",
          f"{py['peak_rss_mib']:.0f}", "1.0x"),
     ]
+    if py_v1 is not None:
+        rows.append(("baseline, format 1", f"{py_v1['median_wall_s']:.3f}",
+                     f"{py_v1['min_wall_s']:.3f}", f"{py_v1['peak_rss_mib']:.0f}",
+                     f"{py_v1['median_wall_s'] / gc['median_wall_s']:.1f}x"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for n, row in enumerate(rows):
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
@@ -135,6 +143,7 @@ def print_table(gc, py, speedup, met):
         (f"wall <= {TARGET_WALL_S:g} s", met["wall"], f"{gc['median_wall_s']:.3f} s median"),
         (f"peak RSS <= {TARGET_RSS_MIB:g} MiB", met["rss"], f"{gc['peak_rss_mib']:.0f} MiB"),
         (f"speed-up >= {TARGET_SPEEDUP:g}x", met["speedup"], f"{speedup:.1f}x, medians"),
+        (f"manifest <= {TARGET_MANIFEST_MIB:g} MiB", met["manifest"], f"{manifest_mib:.1f} MiB"),
     ]
     width = max(len(c[0]) for c in checks)
     for label, ok, value in checks:
@@ -148,16 +157,23 @@ def bench(args, work):
         run_step(["cargo", "build", "--release", "-p", "graphcheck-cli", "-p", "graphcheck-gen"],
                  "build")
     manifest, live = work / "manifest.json", work / "live.json"
+    v1_manifest, v1_live = work / "v1" / "manifest.json", work / "v1" / "live.json"
     if args.no_gen:
         if not (manifest.is_file() and live.is_file()):
             raise BenchError(f"--no-gen: {manifest} and {live} must exist")
+        if args.v1_baseline and not (v1_manifest.is_file() and v1_live.is_file()):
+            raise BenchError(f"--no-gen --v1-baseline: {v1_manifest} and {v1_live} must exist")
         progress(f"generate: reusing {work}")
     else:
         if not gen.is_file():
             raise BenchError(f"{gen} is missing: build it (or drop --no-build)")
-        run_step([gen, "bench", "--out", work, "--touches", str(args.touches), "--tensors",
-                  str(args.tensors), "--graphs", str(args.graphs), "--seed", str(args.seed)],
-                 "generate")
+        common = ["--touches", str(args.touches), "--tensors", str(args.tensors), "--graphs",
+                  str(args.graphs), "--seed", str(args.seed)]
+        run_step([gen, "bench", "--out", work, *common, "--format-version",
+                  str(args.format_version)], "generate")
+        if args.v1_baseline:
+            run_step([gen, "bench", "--out", work / "v1", *common, "--format-version", "1"],
+                     "generate format 1")
     if not graphcheck.is_file():
         raise BenchError(f"{graphcheck} is missing: build it (or drop --no-build)")
     sizes = {p.name: p.stat().st_size for p in (manifest, live)}
@@ -168,6 +184,8 @@ def bench(args, work):
                        graphcheck_findings),
         "baseline": ([sys.executable, BASELINE, manifest, live], baseline_findings),
     }
+    if args.v1_baseline:
+        tools["baseline_v1"] = ([sys.executable, BASELINE, v1_manifest, v1_live], baseline_findings)
     runs = {name: [] for name in tools}
     found = {}
     for i in range(1, args.runs + 1):
@@ -184,29 +202,39 @@ def bench(args, work):
 
     progress("compare: graphcheck findings against the baseline's")
     compare(found["graphcheck"], found["baseline"])
+    if args.v1_baseline:
+        compare(found["graphcheck"], found["baseline_v1"])
     kinds = {}
     for kind, _ in found["graphcheck"]:
         kinds[kind] = kinds.get(kind, 0) + 1
     progress(f"compare: both report the same {len(found['graphcheck'])} findings {kinds}")
 
     gc, py = summarize(runs["graphcheck"]), summarize(runs["baseline"])
+    py_v1 = summarize(runs["baseline_v1"]) if args.v1_baseline else None
     speedup = py["median_wall_s"] / gc["median_wall_s"]
+    manifest_mib = sizes["manifest.json"] / 2**20
     met = {
         "wall": gc["median_wall_s"] <= TARGET_WALL_S,
         "rss": gc["peak_rss_mib"] <= TARGET_RSS_MIB,
         "speedup": speedup >= TARGET_SPEEDUP,
+        "manifest": manifest_mib <= TARGET_MANIFEST_MIB,
     }
     if args.no_gen:
         made = f"documents reused from {work}"
     else:
         made = (f"{args.touches:,} touches, {args.tensors:,} tensors, {args.graphs} graphs "
                 f"(seed {args.seed})")
-    print(f"verify: {made}; manifest {sizes['manifest.json'] / 2**20:.1f} MiB, "
+    version = json.loads(manifest.read_bytes()[:40].split(b",")[0] + b"}")["format_version"]
+    print(f"verify: {made}; format {version}: manifest {manifest_mib:.1f} MiB, "
           f"live {sizes['live.json'] / 2**20:.1f} MiB; {len(found['graphcheck'])} findings")
+    if args.v1_baseline:
+        print(f"baseline, format 1: the same content in format 1, manifest "
+              f"{v1_manifest.stat().st_size / 2**20:.1f} MiB, live "
+              f"{v1_live.stat().st_size / 2**20:.1f} MiB")
     print(f"machine: {os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}; "
           f"{args.runs} runs each, alternating")
     print()
-    print_table(gc, py, speedup, met)
+    print_table(gc, py, speedup, met, manifest_mib, py_v1)
     return {
         "config": {"touches": args.touches, "tensors": args.tensors, "graphs": args.graphs,
                    "seed": args.seed, "runs": args.runs, "generated": not args.no_gen},
@@ -218,9 +246,10 @@ def bench(args, work):
         "runs": runs,
         "graphcheck": gc,
         "baseline": py,
+        "baseline_v1": py_v1,
         "speedup": speedup,
         "targets": {"wall_s": TARGET_WALL_S, "rss_mib": TARGET_RSS_MIB,
-                    "speedup": TARGET_SPEEDUP, "met": met},
+                    "speedup": TARGET_SPEEDUP, "manifest_mib": TARGET_MANIFEST_MIB, "met": met},
     }
 
 
@@ -236,6 +265,10 @@ def main(argv=None):
     p.add_argument("--graphs", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", type=int, default=3, help="runs of each tool (default 3)")
+    p.add_argument("--format-version", type=int, choices=(1, 2), default=2,
+                   help="the format the documents are written in (default 2)")
+    p.add_argument("--v1-baseline", action="store_true",
+                   help="also run the script on the same content in format 1")
     p.add_argument("--keep", metavar="DIR", type=Path,
                    help="generate into DIR and keep it (default: a temporary directory)")
     p.add_argument("--json", metavar="OUT", type=Path, help="also write the results as JSON")

@@ -453,36 +453,99 @@ fn missing_file_and_usage_errors_exit_2() {
 }
 
 #[test]
-fn committed_schema_is_what_the_binary_prints() {
-    let out = graphcheck(&["schema"]);
-    assert_eq!(out.status.code(), Some(0));
-    let committed = std::fs::read_to_string(root().join("schema/graphcheck-v1.schema.json"))
-        .expect("schema/graphcheck-v1.schema.json is committed");
+fn committed_schemas_are_what_the_binary_prints() {
+    for (version, args) in [
+        (2, &["schema"][..]),
+        (2, &["schema", "--format-version", "2"][..]),
+        (1, &["schema", "--format-version", "1"][..]),
+    ] {
+        let out = graphcheck(args);
+        assert_eq!(out.status.code(), Some(0));
+        let file = format!("schema/graphcheck-v{version}.schema.json");
+        let committed = std::fs::read_to_string(root().join(&file))
+            .unwrap_or_else(|_| panic!("{file} is committed"));
+        assert!(
+            text(&out.stdout) == committed,
+            "{file} is out of date: run `cargo run -p graphcheck-cli -- schema --format-version {version} > {file}`"
+        );
+    }
+    let out = graphcheck(&["schema", "--format-version", "3"]);
+    assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out.stdout) == committed,
-        "schema/graphcheck-v1.schema.json is out of date: run `cargo run -p graphcheck-cli -- schema > schema/graphcheck-v1.schema.json`"
+        text(&out.stderr).contains("expected 1 or 2"),
+        "{}",
+        text(&out.stderr)
     );
 }
 
 #[test]
 fn every_fixture_document_validates_against_the_schema_shape() {
-    // The schema's required keys of the top-level documents are present in every fixture:
-    // a cheap guard that the schema and the corpus describe the same format.
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("schema/graphcheck-v1.schema.json")).unwrap(),
-    )
-    .unwrap();
+    // The schema's required keys of the top-level documents are present in every fixture
+    // (each against its own version's schema): a cheap guard that the schemas and the
+    // corpus describe the same format.
+    let schema = |version: u64| -> Value {
+        let file = format!("schema/graphcheck-v{version}.schema.json");
+        serde_json::from_str(&std::fs::read_to_string(root().join(file)).unwrap()).unwrap()
+    };
+    let schemas = [schema(1), schema(2)];
+    let mut versions = std::collections::BTreeSet::new();
     for s in scenarios() {
         for (key, def) in [("manifest", "Manifest"), ("live", "Live")] {
             let Some(p) = s[key].as_str() else { continue };
             let doc: Value =
                 serde_json::from_str(&std::fs::read_to_string(fixtures().join(p)).unwrap())
                     .unwrap();
+            let version = doc["format_version"].as_u64().unwrap();
+            versions.insert(version);
+            let schema = &schemas[usize::from(version == 2)];
             for req in schema["$defs"][def]["required"].as_array().unwrap() {
                 assert!(doc.get(req.as_str().unwrap()).is_some(), "{p} lacks {req}");
             }
         }
     }
+    // The synthetic corpus is format 2, the GPU recordings format 1: both are read.
+    assert_eq!(versions.into_iter().collect::<Vec<_>>(), vec![1, 2]);
+}
+
+/// `convert` rewrites a document in either version; both load to the same model, and
+/// converting back gives the bytes graphcheck writes.
+#[test]
+fn convert_writes_either_version_and_both_read_the_same() {
+    let s = &scenarios()[1];
+    let manifest = rel(s["manifest"].as_str().unwrap());
+    let dir = std::env::temp_dir().join(format!("graphcheck-convert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let v1 = dir.join("v1.json");
+    let v2 = dir.join("v2.json");
+    let path = |p: &std::path::Path| p.to_string_lossy().to_string();
+    let out = graphcheck(&[
+        "convert",
+        &manifest,
+        "--format-version",
+        "1",
+        "--output",
+        &path(&v1),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&v1).unwrap()).unwrap();
+    assert_eq!(doc["format_version"], 1);
+    assert!(doc["graphs"][0]["nodes"].is_array());
+    let out = graphcheck(&["convert", &path(&v1), "--output", &path(&v2)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&v2).unwrap()).unwrap();
+    assert_eq!(doc["format_version"], 2);
+    let shown = |p: &str| text(&graphcheck(&["show", "--normalized", p]).stdout);
+    let (a, b, c) = (shown(&manifest), shown(&path(&v1)), shown(&path(&v2)));
+    assert_eq!(a, c);
+    assert_eq!(a.replace("manifest v2", "manifest v1"), b);
+    let out = graphcheck(&["verify", &path(&v1), "--format", "json"]);
+    let out2 = graphcheck(&["verify", &manifest, "--format", "json"]);
+    assert_eq!(text(&out.stdout), text(&out2.stdout));
+    // An output that is the input is refused before anything is written.
+    let out = graphcheck(&["convert", &path(&v2), "--output", &path(&v2)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("refusing to overwrite an input"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use graphcheck::check::allow::Allowlist;
+use graphcheck::document::format::{FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::document::load::Source;
 use graphcheck::document::write::{refuse_inputs, write_atomic};
 use graphcheck::exit;
@@ -26,7 +27,7 @@ pub use ops::Format;
 pub const EXIT_CODES: &str = "\
 Exit codes:
   0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found;
-     show, schema: printed
+     show, schema, convert: printed
   1  verify: findings; diff: the documents differ; explain: nothing matched
   2  bad input or usage: an unreadable or invalid document or allowlist, a bad flag or
      explain target, an --output that is one of the inputs";
@@ -120,9 +121,35 @@ enum Command {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
-    /// Print the JSON Schema of format v1 (manifest and live snapshot).
+    /// Print the JSON Schema of the format (manifest and live snapshot).
     #[command(after_help = EXIT_CODES)]
-    Schema,
+    Schema {
+        /// The format version: 2, the compact layout graphcheck writes, or 1.
+        #[arg(long, value_name = "N", default_value_t = FORMAT_VERSION, value_parser = format_version)]
+        format_version: u32,
+    },
+    /// Rewrite a manifest or live snapshot in another format version: 2 is the compact
+    /// layout graphcheck writes; 1 is what graphcheck before format 2 reads.
+    #[command(after_help = EXIT_CODES)]
+    Convert {
+        /// The manifest or live snapshot, of either version (`-`: standard input).
+        document: PathBuf,
+        /// The format version to write.
+        #[arg(long, value_name = "N", default_value_t = FORMAT_VERSION, value_parser = format_version)]
+        format_version: u32,
+        /// Write to FILE instead of stdout: a regular file is replaced atomically; the input
+        /// is refused.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+}
+
+/// A format version this build writes.
+fn format_version(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(v) if FORMAT_VERSIONS.contains(&v) => Ok(v),
+        _ => Err(format!("expected 1 or 2, not {s:?}")),
+    }
 }
 
 /// `explain`'s target, checked while parsing the command line: a malformed address or an
@@ -362,8 +389,25 @@ fn run(cli: Cli) -> Result<i32> {
             emit(&text)?;
             Ok(if same { exit::OK } else { exit::FINDINGS })
         }
-        Command::Schema => {
-            emit(&ops::schema_text())?;
+        Command::Schema { format_version } => {
+            emit(&ops::schema_text(format_version))?;
+            Ok(exit::OK)
+        }
+        Command::Convert {
+            document,
+            format_version,
+            output,
+        } => {
+            if let Some(out) = &output {
+                refuse_inputs(out, &[("document", input_file(&document))])?;
+            }
+            let [d] = sources([&document])?;
+            let bytes = ops::convert(&d, format_version)?;
+            match output {
+                Some(p) => write_atomic(&p, &bytes)
+                    .with_context(|| format!("failed to write {}", p.display()))?,
+                None => emit(&String::from_utf8_lossy(&bytes))?,
+            }
             Ok(exit::OK)
         }
     }

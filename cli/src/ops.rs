@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::finding::Report;
 use graphcheck::check::ranks::{RankDocs, verify_ranks};
-use graphcheck::document::format::{DocKind, Live, Manifest};
+use graphcheck::document::format::{DocKind, Document, Live, Manifest};
 use graphcheck::document::load::{Checked, LoadError, Source, Tables};
 use graphcheck::document::ranks::{RankDoc, RanksError, group};
 use graphcheck::present::explain::{Query, explain};
@@ -272,9 +272,21 @@ pub fn diff_fit(
     Ok((r.same, text))
 }
 
-/// The JSON Schema of the format, as `graphcheck schema` prints it.
-pub fn schema_text() -> String {
-    json_text(&graphcheck::document::schema::json_schema())
+/// The JSON Schema of format `version` (1 or 2), as `graphcheck schema` prints it.
+pub fn schema_text(version: u32) -> String {
+    json_text(&graphcheck::document::schema::json_schema_of(version))
+}
+
+/// A document of either version, rewritten in format `version` (1 or 2): compact JSON with
+/// a final newline, as graphcheck writes documents.
+pub fn convert(doc: &Source, version: u32) -> Result<Vec<u8>, LoadError> {
+    let mut bytes = match doc.document()? {
+        Document::Manifest(m) => serde_json::to_vec(&m.in_version(version)),
+        Document::Live(l) => serde_json::to_vec(&l.in_version(version)),
+    }
+    .expect("a checked document of a version this build writes serializes");
+    bytes.push(b'\n');
+    Ok(bytes)
 }
 
 /// Pretty JSON with a final newline.

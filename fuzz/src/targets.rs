@@ -36,9 +36,18 @@ pub struct Corpus {
     pub kernel_names: Vec<String>,
     /// Strings seen in the corpus, for splicing.
     pub dict: Vec<String>,
-    pub schema: jsonschema::Validator,
+    /// The committed schemas of format 1 and format 2, in that order.
+    pub schemas: [jsonschema::Validator; 2],
     /// A report with findings, for allowlists to apply to.
     pub report: Report,
+}
+
+/// The committed schema of format `version`.
+fn schema(repo: &Path, version: u32) -> Result<jsonschema::Validator, String> {
+    let file = format!("schema/graphcheck-v{version}.schema.json");
+    let text = std::fs::read_to_string(repo.join(&file)).map_err(|e| format!("{file}: {e}"))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    jsonschema::validator_for(&v).map_err(|e| format!("{file}: {e}"))
 }
 
 fn files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
@@ -80,12 +89,7 @@ impl Corpus {
             owner_paths: Vec::new(),
             kernel_names: Vec::new(),
             dict: Vec::new(),
-            schema: {
-                let text = std::fs::read_to_string(repo.join("schema/graphcheck-v1.schema.json"))
-                    .map_err(|e| format!("schema: {e}"))?;
-                let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-                jsonschema::validator_for(&v).map_err(|e| format!("schema: {e}"))?
-            },
+            schemas: [schema(repo, 1)?, schema(repo, 2)?],
             report: Report {
                 format_version: 1,
                 ok: true,
@@ -233,8 +237,9 @@ fn text_source(bytes: Vec<u8>) -> Source {
     }
 }
 
-/// The loader: what it accepts validates against the schema, writes back and loads back
-/// equal, and (a manifest) verifies clean against itself as its own live snapshot.
+/// The loader: what it accepts validates against the schema of its format version, writes
+/// back (in that version, and in the other) and loads back equal, and (a manifest)
+/// verifies clean against itself as its own live snapshot.
 pub fn load(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
     let bytes = c.mutated_document(rng);
     let doc = match text_source(bytes.clone()).document() {
@@ -244,7 +249,13 @@ pub fn load(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
     let outcome = (|| {
         let v: Value =
             serde_json::from_slice(&bytes).map_err(|e| format!("accepted, not JSON: {e}"))?;
-        if let Some(e) = c.schema.iter_errors(&v).next() {
+        // The schema of the version the loader read it as.
+        let version = match &doc {
+            Document::Manifest(m) => m.format_version,
+            Document::Live(l) => l.format_version,
+        };
+        let schema = &c.schemas[usize::from(version != 1)];
+        if let Some(e) = schema.iter_errors(&v).next() {
             let what: String = format!("{:?}", e.kind()).chars().take(300).collect();
             return Err(format!(
                 "the loader accepted a document the schema rejects, at `{}` (schema `{}`): {what}",
@@ -262,6 +273,24 @@ pub fn load(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
             .map_err(|e| format!("written back, it no longer loads: {e}"))?;
         if !same(&doc, &back) {
             return Err("written back and loaded again, it differs".into());
+        }
+        let other = 3 - version;
+        let converted = match &doc {
+            Document::Manifest(m) => serde_json::to_vec(&m.clone().in_version(other)),
+            Document::Live(l) => serde_json::to_vec(&l.clone().in_version(other)),
+        }
+        .map_err(|e| format!("does not serialize in format {other}: {e}"))?;
+        let converted = text_source(converted)
+            .document()
+            .map_err(|e| format!("written in format {other}, it no longer loads: {e}"))?;
+        let back_again = match converted {
+            Document::Manifest(m) => Document::Manifest(m.in_version(version)),
+            Document::Live(l) => Document::Live(l.in_version(version)),
+        };
+        if !same(&doc, &back_again) {
+            return Err(format!(
+                "written in format {other} and loaded again, it differs"
+            ));
         }
         if let Document::Manifest(m) = &doc {
             let l = live_of(m);

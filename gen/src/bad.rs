@@ -1,8 +1,10 @@
 //! Hand-broken inputs for the bad-input tests, each cut from a good document of the
 //! corpus, with the words the error must contain. The words are what
 //! `graphcheck::document::load::parse_manifest` says today (the tests below hold it to that).
+//! Most are format 1 documents (format 1 stays readable, and its errors stay what they
+//! were); those named `v2_*` are format 2's own faults.
 
-use crate::fixtures::{Files, pretty};
+use crate::fixtures::{Files, pretty, pretty_doc};
 use crate::index::BadEntry;
 use crate::scenarios::Scenario;
 
@@ -31,11 +33,13 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
             schema_valid,
         });
     };
-    let manifest = serde_json::to_value(&base.manifest).expect("serializes");
-    let live = base
+    let v1 = base.manifest.clone().in_version(1);
+    let manifest = serde_json::to_value(&v1).expect("serializes");
+    let live = &base
         .live
-        .as_ref()
-        .expect("the base scenario has a live snapshot");
+        .clone()
+        .expect("the base scenario has a live snapshot")
+        .in_version(1);
     let live_value = serde_json::to_value(live).expect("serializes");
 
     add(
@@ -47,7 +51,7 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
     );
 
     // Cut inside the second touch's address of the first graph's first node.
-    let whole = pretty(&base.manifest);
+    let whole = pretty(&v1);
     let text = std::str::from_utf8(&whole).expect("JSON is UTF-8");
     let graphs = text.find("\"graphs\": [").expect("graphs");
     let touches = graphs + text[graphs..].find("\"touches\": [").expect("touches");
@@ -82,49 +86,51 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
         &["invalid document at `pools[3]`: the document ends early, in the middle of an object"],
     );
 
-    let v2 = serde_json::json!({
-        "format_version": 2,
+    let v3 = serde_json::json!({
+        "format_version": 3,
         "kind": "manifest",
-        "producer": {"tool": "graphcheck.torch", "tool_version": "2.0.0"},
+        "producer": {"tool": "graphcheck.torch", "tool_version": "3.0.0"},
         "captures": [{"graph": "decode_bs8", "kernels": [{"name": "marlin::Marlin", "words": ["0x7f2c00000000"]}]}]
     });
     add(
         "wrong_version.json",
         "manifest",
         false,
-        pretty(&v2),
-        &["`format_version` is 2", "reads version 1"],
+        pretty(&v3),
+        &["`format_version` is 3", "reads versions 1 and 2"],
     );
 
-    // Valid v1 bodies under another version: refused before the body is read.
+    // Valid v1 bodies under another version: refused before the body is read, or, under
+    // 2, read as format 2 and refused where the layouts differ, saying so.
     for (name, as_, doc, version, words) in [
         (
             "version_2.json",
             "manifest",
             &manifest,
             serde_json::json!(2),
-            "`format_version` is 2, but this graphcheck reads version 1",
+            "at `allocations`: expected an object, found an array (the body is in format 1's \
+             layout: a format 1 document says `\"format_version\": 1`)",
         ),
         (
             "version_0.json",
             "manifest",
             &manifest,
             serde_json::json!(0),
-            "`format_version` is 0, but this graphcheck reads version 1",
+            "`format_version` is 0, but this graphcheck reads versions 1 and 2",
         ),
         (
             "version_string.json",
             "manifest",
             &manifest,
             serde_json::json!("1"),
-            "`format_version` must be the number 1, not the string \"1\"",
+            "`format_version` must be the number 1 or 2, not the string \"1\"",
         ),
         (
             "live_version_99.json",
             "live",
             &live_value,
             serde_json::json!(99),
-            "`format_version` is 99, but this graphcheck reads version 1",
+            "`format_version` is 99, but this graphcheck reads versions 1 and 2",
         ),
     ] {
         let mut doc = doc.clone();
@@ -176,7 +182,7 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
     );
 
     // An integer past 64 bits, which serde_json reads as a float.
-    let size = format!("\"size\": {}", base.manifest.allocations[0].size);
+    let size = format!("\"size\": {}", v1.allocations[0].size);
     assert!(
         text.contains(&size),
         "the first allocation's size is in the text"
@@ -256,8 +262,7 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
     );
     let mut no_probe = live.clone();
     let dropped = no_probe.probes.remove(0).addr.to_string();
-    let graphs: std::collections::BTreeSet<&str> = base
-        .manifest
+    let graphs: std::collections::BTreeSet<&str> = v1
         .graphs
         .iter()
         .filter(|g| {
@@ -286,6 +291,8 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
         &["cannot be verified against", &probe_words],
     );
 
+    v2_inputs(base, &mut add);
+
     add(
         "bad_allow.toml",
         "allow",
@@ -294,6 +301,93 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
         &["line 5"],
     );
     (files, entries)
+}
+
+/// Format 2's own faults, cut from `base` in format 2: what no schema can see (columns of
+/// different lengths, a name position past `names`, an offset with nothing to count from,
+/// a dangling id inside a touch) and what one can (a touch of four values).
+fn v2_inputs(base: &Scenario, add: &mut impl FnMut(&str, &str, bool, Vec<u8>, &[&str])) {
+    let v2 = base.manifest.clone().in_version(2);
+    let manifest = serde_json::to_value(&v2).expect("serializes");
+    let live = base.live.clone().expect("a live snapshot").in_version(2);
+    let live = serde_json::to_value(&live).expect("serializes");
+    let changed = |doc: &serde_json::Value, pointer: &str, value: serde_json::Value| {
+        let mut doc = doc.clone();
+        *doc.pointer_mut(pointer).expect("the pointer names a value") = value;
+        pretty_doc(&doc)
+    };
+    // The first graph's node 1, its first touch, where format 1's `dangling_tensor.json`
+    // names a tensor that does not exist.
+    let touch = "/graphs/0/nodes/touches/1/0";
+    add(
+        "v2_dangling_tensor.json",
+        "manifest",
+        true,
+        changed(&manifest, &format!("{touch}/3"), 999.into()),
+        &[
+            "`graphs[0].nodes.touches[1][0][3]`",
+            "no tensor has id 999 (node 1's touch 0, its `tensor`)",
+        ],
+    );
+    add(
+        "v2_offset_from_nothing.json",
+        "manifest",
+        true,
+        {
+            let mut doc = manifest.clone();
+            let t = doc.pointer_mut(touch).expect("a touch");
+            t[2] = 64.into();
+            t[3] = serde_json::Value::Null;
+            t[4] = serde_json::Value::Null;
+            pretty_doc(&doc)
+        },
+        &[
+            "`graphs[0].nodes.touches[1][0][2]`",
+            "the offset 64 counts from the touch's tensor or allocation, but it names neither",
+        ],
+    );
+    add(
+        "v2_short_touch.json",
+        "manifest",
+        false,
+        changed(&manifest, touch, serde_json::json!([0, 0, 0, 1])),
+        &[
+            "`graphs[0].nodes.touches[1][0]`",
+            "invalid length 4, expected a touch: [param, offset, addr, tensor, allocation]",
+        ],
+    );
+    let mut dtypes = manifest["tensors"]["dtype"].clone();
+    dtypes.as_array_mut().expect("a column").pop();
+    add(
+        "v2_short_column.json",
+        "manifest",
+        true,
+        changed(&manifest, "/tensors/dtype", dtypes),
+        &[
+            "`tensors.dtype`",
+            "but `tensors.id` has",
+            "every column of a table holds one value per row",
+        ],
+    );
+    add(
+        "v2_name_position.json",
+        "manifest",
+        true,
+        changed(&manifest, "/graphs/0/nodes/name/0", 4096.into()),
+        &["`graphs[0].nodes.name[0]`", "no name at position 4096"],
+    );
+    let mut states = live["probes"]["state"].clone();
+    states
+        .as_array_mut()
+        .expect("a column")
+        .push("active".into());
+    add(
+        "v2_live_long_column.json",
+        "live",
+        true,
+        changed(&live, "/probes/state", states),
+        &["`probes.state`", "but `probes.addr` has"],
+    );
 }
 
 #[cfg(test)]
@@ -327,7 +421,7 @@ mod tests {
     fn bad_inputs_fail_with_the_promised_words() {
         let files = corpus();
         let index = index(&files);
-        assert_eq!(index.bad.len(), 19);
+        assert_eq!(index.bad.len(), 25);
         let (manifest_file, manifest) = base_manifest(&files, &index);
         for bad in &index.bad {
             let bytes = &files[&bad.file];
@@ -363,22 +457,37 @@ mod tests {
         }
     }
 
-    fn schema() -> jsonschema::Validator {
-        let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema/graphcheck-v1.schema.json");
-        let schema: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        jsonschema::validator_for(&schema).expect("the committed schema compiles")
+    /// The committed schemas of both format versions.
+    struct Schemas([jsonschema::Validator; 2]);
+
+    fn schema() -> Schemas {
+        let load = |version: u32| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../schema/graphcheck-v{version}.schema.json"));
+            let schema: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            jsonschema::validator_for(&schema).expect("the committed schema compiles")
+        };
+        Schemas([load(1), load(2)])
     }
 
-    /// The schema's first complaint, or `None` where the document validates.
-    fn schema_error(schema: &jsonschema::Validator, bytes: &[u8]) -> Option<String> {
-        match serde_json::from_slice::<serde_json::Value>(bytes) {
-            Err(e) => Some(format!("not JSON: {e}")),
-            Ok(doc) => schema
-                .iter_errors(&doc)
+    /// The schema's first complaint, or `None` where the document validates: against the
+    /// schema of its `format_version`; a document of no version this build reads must fail
+    /// both.
+    fn schema_error(schemas: &Schemas, bytes: &[u8]) -> Option<String> {
+        let doc = match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Err(e) => return Some(format!("not JSON: {e}")),
+            Ok(doc) => doc,
+        };
+        let first = |s: &jsonschema::Validator| {
+            s.iter_errors(&doc)
                 .next()
-                .map(|e| format!("{} at {}", e, e.instance_path())),
+                .map(|e| format!("{} at {}", e, e.instance_path()))
+        };
+        match doc["format_version"].as_u64() {
+            Some(1) => first(&schemas.0[0]),
+            Some(2) => first(&schemas.0[1]),
+            _ => first(&schemas.0[0]).and(first(&schemas.0[1])),
         }
     }
 

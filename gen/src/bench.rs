@@ -33,6 +33,8 @@ pub struct BenchOpts {
     /// benchmark raises it to get tens of thousands of findings from documents of a size
     /// that loads in well under a second.
     pub changes: f64,
+    /// The format version the documents are written in.
+    pub format_version: u32,
 }
 
 impl Default for BenchOpts {
@@ -43,6 +45,7 @@ impl Default for BenchOpts {
             graphs: 64,
             seed: 1,
             changes: 1.0,
+            format_version: graphcheck::document::format::FORMAT_VERSION,
         }
     }
 }
@@ -696,7 +699,9 @@ fn write_json<T: serde::Serialize>(path: &Path, doc: &T) -> anyhow::Result<u64> 
 /// Generates and writes `DIR/manifest.json` and `DIR/live.json`; reports on stderr.
 pub fn run(out: &Path, opts: BenchOpts) -> anyhow::Result<Stats> {
     let start = Instant::now();
-    let b = generate(opts);
+    let mut b = generate(opts);
+    b.manifest.format_version = opts.format_version;
+    b.live.format_version = opts.format_version;
     let generated = start.elapsed().as_secs_f64();
     std::fs::create_dir_all(out).with_context(|| format!("failed to create {}", out.display()))?;
     let mpath = out.join("manifest.json");
@@ -706,10 +711,11 @@ pub fn run(out: &Path, opts: BenchOpts) -> anyhow::Result<Stats> {
     let s = &b.stats;
     let mib = |n: u64| n as f64 / f64::from(1 << 20);
     eprintln!(
-        "wrote {} ({:.1} MiB): {} graphs, {} nodes, {} touches, {} tensors, {} owners \
+        "wrote {} (format {}, {:.1} MiB): {} graphs, {} nodes, {} touches, {} tensors, {} owners \
          ({} aliases, {} plain attributes, {} in the KV-cache pool), {} allocations \
          ({} unowned)",
         mpath.display(),
+        opts.format_version,
         mib(msize),
         b.manifest.graphs.len(),
         s.nodes,
@@ -757,6 +763,7 @@ mod tests {
             graphs: 4,
             seed: 3,
             changes: 1.0,
+            format_version: 2,
         });
         let m = serde_json::to_vec(&b.manifest).unwrap();
         let l = serde_json::to_vec(&b.live).unwrap();
@@ -777,6 +784,7 @@ mod tests {
             graphs: 2,
             seed: 9,
             changes: 1.0,
+            format_version: 2,
         };
         let a = generate(opts);
         let b = generate(opts);
@@ -795,6 +803,7 @@ mod tests {
                 graphs: 2,
                 seed: 1,
                 changes: 1.0,
+                format_version: 1,
             },
         )
         .unwrap();

@@ -12,11 +12,145 @@ use crate::scenarios::{self, Scenario};
 /// Every file of the corpus, by path relative to the fixtures folder.
 pub type Files = BTreeMap<String, Vec<u8>>;
 
-/// Pretty JSON with a trailing newline: the corpus' one spelling of a document.
+/// Pretty JSON with a trailing newline: the corpus' spelling of the index and of format 1
+/// documents.
 pub fn pretty<T: Serialize>(value: &T) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(value).expect("format types serialize");
     bytes.push(b'\n');
     bytes
+}
+
+/// A document as the corpus spells it: format 2's columns with short arrays on one line
+/// (`[132, 1, 1]`, a node's touches), so that a column reads as a list of values, not one
+/// number a line; format 1 as [`pretty`] writes it. Keys keep the order the writer gives
+/// them (`format_version` first).
+pub fn pretty_doc<T: Serialize>(value: &T) -> Vec<u8> {
+    let compact = serde_json::to_string(value).expect("format types serialize");
+    let (tree, _) = Json::parse(compact.as_bytes(), 0);
+    if let Json::Object(fields) = &tree
+        && fields
+            .iter()
+            .any(|(k, v)| k == "\"format_version\"" && matches!(v, Json::Scalar(s) if s == "1"))
+    {
+        return pretty(value);
+    }
+    let mut out = String::new();
+    tree.write(&mut out, 0);
+    out.push('\n');
+    out.into_bytes()
+}
+
+/// Compact JSON text as a tree, every scalar and key kept as written.
+enum Json {
+    Scalar(String),
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+impl Json {
+    /// Parses the value at `at` of compact JSON text `serde_json` wrote; returns it and
+    /// where it ends.
+    fn parse(b: &[u8], at: usize) -> (Json, usize) {
+        match b[at] {
+            b'[' => {
+                let (mut items, mut i) = (Vec::new(), at + 1);
+                while b[i] != b']' {
+                    let (v, next) = Json::parse(b, i);
+                    items.push(v);
+                    i = if b[next] == b',' { next + 1 } else { next };
+                }
+                (Json::Array(items), i + 1)
+            }
+            b'{' => {
+                let (mut fields, mut i) = (Vec::new(), at + 1);
+                while b[i] != b'}' {
+                    let key_end = Json::string_end(b, i);
+                    let key = String::from_utf8_lossy(&b[i..key_end]).into_owned();
+                    let (v, next) = Json::parse(b, key_end + 1);
+                    fields.push((key, v));
+                    i = if b[next] == b',' { next + 1 } else { next };
+                }
+                (Json::Object(fields), i + 1)
+            }
+            b'"' => {
+                let end = Json::string_end(b, at);
+                (
+                    Json::Scalar(String::from_utf8_lossy(&b[at..end]).into_owned()),
+                    end,
+                )
+            }
+            _ => {
+                let end = at
+                    + b[at..]
+                        .iter()
+                        .position(|c| matches!(c, b',' | b']' | b'}'))
+                        .unwrap_or(b.len() - at);
+                (
+                    Json::Scalar(String::from_utf8_lossy(&b[at..end]).into_owned()),
+                    end,
+                )
+            }
+        }
+    }
+
+    /// The end (past the closing quote) of the string opening at `at`.
+    fn string_end(b: &[u8], at: usize) -> usize {
+        let mut i = at + 1;
+        while b[i] != b'"' {
+            i += if b[i] == b'\\' { 2 } else { 1 };
+        }
+        i + 1
+    }
+
+    /// How deep arrays nest (a scalar: 0); an object is too deep to inline.
+    fn depth(&self) -> usize {
+        match self {
+            Json::Scalar(_) => 0,
+            Json::Array(a) => 1 + a.iter().map(Json::depth).max().unwrap_or(0),
+            Json::Object(_) => usize::MAX / 2,
+        }
+    }
+
+    fn write(&self, out: &mut String, indent: usize) {
+        let pad = |out: &mut String, n: usize| out.extend(std::iter::repeat_n(' ', n));
+        match self {
+            Json::Scalar(s) => out.push_str(s),
+            // Arrays of scalars, and arrays of those: one line.
+            Json::Array(a) if self.depth() <= 2 || a.is_empty() => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    x.write(out, indent);
+                }
+                out.push(']');
+            }
+            Json::Array(a) => {
+                out.push_str("[\n");
+                for (i, x) in a.iter().enumerate() {
+                    pad(out, indent + 2);
+                    x.write(out, indent + 2);
+                    out.push_str(if i + 1 < a.len() { ",\n" } else { "\n" });
+                }
+                pad(out, indent);
+                out.push(']');
+            }
+            Json::Object(o) if o.is_empty() => out.push_str("{}"),
+            Json::Object(o) => {
+                out.push_str("{\n");
+                for (i, (k, x)) in o.iter().enumerate() {
+                    pad(out, indent + 2);
+                    out.push_str(k);
+                    out.push_str(": ");
+                    x.write(out, indent + 2);
+                    out.push_str(if i + 1 < o.len() { ",\n" } else { "\n" });
+                }
+                pad(out, indent);
+                out.push('}');
+            }
+        }
+    }
 }
 
 /// The whole corpus: scenarios, bad inputs and the index.
@@ -31,10 +165,10 @@ pub fn corpus_of(all: &[Scenario]) -> Files {
     for s in all {
         let dir = format!("synthetic/{}", s.name);
         let manifest = format!("{dir}/manifest.json");
-        files.insert(manifest.clone(), pretty(&s.manifest));
+        files.insert(manifest.clone(), pretty_doc(&s.manifest));
         let live = s.live.as_ref().map(|l| {
             let p = format!("{dir}/live.json");
-            files.insert(p.clone(), pretty(l));
+            files.insert(p.clone(), pretty_doc(l));
             p
         });
         let allow = s.allow.as_ref().map(|a| {
@@ -62,8 +196,8 @@ pub fn corpus_of(all: &[Scenario]) -> Files {
         let dir = format!("ranks/{}", r.name);
         for (name, doc) in &r.files {
             let bytes = match doc {
-                Ok(m) => pretty(m),
-                Err(l) => pretty(l),
+                Ok(m) => pretty_doc(m),
+                Err(l) => pretty_doc(l),
             };
             files.insert(format!("{dir}/{name}"), bytes);
         }

@@ -1,5 +1,5 @@
 //! graphcheck-gen: writes the synthetic fixture corpus (`fixtures/`) and the large
-//! benchmark documents. Everything here is modelled, not recorded: a small model of
+//! benchmark documents, and times verify's phases over them. Everything here is modelled, not recorded: a small model of
 //! PyTorch's caching allocator places tensors, a one-layer vLLM-style decoder launches the
 //! kernels a decode step does, and each scenario changes the state the way its upstream
 //! reload or sleep bug does. GPU-recorded fixtures are made elsewhere.
@@ -11,4 +11,5 @@ pub mod fixtures;
 pub mod heap;
 pub mod index;
 pub mod model;
+pub mod phases;
 pub mod scenarios;

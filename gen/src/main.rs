@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use graphcheck_gen::{bench, fixtures};
+use graphcheck_gen::{bench, fixtures, phases};
 
 /// Exit code: done, or `--check` found the folder equal to the generator.
 const EXIT_OK: u8 = 0;
@@ -50,7 +50,32 @@ enum Command {
         /// of the tensors, 20 about 40%.
         #[arg(long, default_value_t = 1.0, value_parser = positive)]
         changes: f64,
+        /// The format version to write (1: one object per record; 2: columns).
+        #[arg(long, default_value_t = graphcheck::document::format::FORMAT_VERSION, value_parser = version)]
+        format_version: u32,
     },
+    /// Time verify's phases (read, parse, convert, check, verify, render) over a manifest
+    /// and live snapshot, on one thread: wall and CPU milliseconds of each.
+    Phases {
+        /// The manifest (either format version).
+        manifest: PathBuf,
+        /// The live snapshot.
+        live: PathBuf,
+        /// How many times to load and verify.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+}
+
+/// A format version this build writes.
+fn version(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(v) if graphcheck::document::format::FORMAT_VERSIONS.contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected one of {:?}, not {s:?}",
+            graphcheck::document::format::FORMAT_VERSIONS
+        )),
+    }
 }
 
 /// A finite factor above zero.
@@ -114,6 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             graphs,
             seed,
             changes,
+            format_version,
         } => {
             bench::run(
                 &out,
@@ -123,8 +149,17 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                     graphs,
                     seed,
                     changes,
+                    format_version,
                 },
             )?;
+            Ok(EXIT_OK)
+        }
+        Command::Phases {
+            manifest,
+            live,
+            rounds,
+        } => {
+            phases::run(&manifest, &live, rounds)?;
             Ok(EXIT_OK)
         }
     }

@@ -7,7 +7,9 @@ works without it.
 
 Documents (manifests and live snapshots) are accepted everywhere as a path
 (``str`` or ``os.PathLike``), as JSON text (a ``str`` starting with ``{``, or ``bytes``),
-or as the ``dict`` :func:`json.loads` gives. Every error the core reports is raised as
+or as the ``dict`` :func:`json.loads` gives, in either format version: graphcheck writes
+format 2 (compact columns); :func:`load` returns any document in format 1's expanded
+layout, every record an object, for reading in Python. Every error the core reports is raised as
 :class:`GraphcheckError` with the core's message (file and JSON path included).
 """
 
@@ -16,6 +18,7 @@ from ._api import (
     EXIT_FINDINGS,
     EXIT_OK,
     FORMAT_VERSION,
+    FORMAT_VERSIONS,
     Allow,
     Allowed,
     DiffResult,
@@ -43,6 +46,7 @@ __all__ = [
     "EXIT_FINDINGS",
     "EXIT_OK",
     "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
     "Finding",
     "GraphcheckError",
     "KernelRef",

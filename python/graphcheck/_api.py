@@ -19,6 +19,9 @@ __version__ = _native.version()
 
 #: The format version this build reads and writes.
 FORMAT_VERSION: int = _native.FORMAT_VERSION
+"""The format version graphcheck writes unless asked for another (2)."""
+FORMAT_VERSIONS: tuple = tuple(_native.FORMAT_VERSIONS)
+"""Every format version graphcheck reads, and writes when asked (1 and 2)."""
 #: Exit codes of the CLI (API): no finding, findings, bad input or usage.
 EXIT_OK: int = _native.EXIT_OK
 EXIT_FINDINGS: int = _native.EXIT_FINDINGS
@@ -76,14 +79,31 @@ def _allow_args(allow: Optional[Allow]) -> dict:
     return {"allow_entries": _args.to_json("allow", entries)}
 
 
-def load(doc: Document, expect: Optional[str] = None) -> dict:
-    """Loads and checks a manifest or live snapshot; returns it as a dict.
+def load(doc: Document, expect: Optional[str] = None, *, format_version: int = 1) -> dict:
+    """Loads and checks a manifest or live snapshot of either format version; returns it as
+    a dict.
 
-    ``expect`` (``"manifest"`` or ``"live"``) makes the other kind an error."""
+    The dict is in the layout of ``format_version``: 1 (the default) is the expanded form,
+    every record an object (``m["graphs"][0]["nodes"][0]["touches"][0]["addr"]``), whatever
+    version the document was written in; 2 is the compact layout graphcheck writes (columns,
+    node names stored once, touches as ``[param, offset, addr, tensor, allocation]`` arrays
+    with ``addr`` an offset from the touch's tensor or allocation). ``expect``
+    (``"manifest"`` or ``"live"``) makes the other kind an error."""
     if expect is not None:
         _args.choice("expect", expect, ("manifest", "live"))
-    _, text = _native.load(_source(doc), expect)
+    version = _version_arg(format_version)
+    _, text = _native.load(_source(doc), expect, None, version)
     return json.loads(text)
+
+
+def _version_arg(value) -> int:
+    """A format version this build writes, or a GraphcheckError naming the argument."""
+    if isinstance(value, bool) or value not in FORMAT_VERSIONS:
+        raise GraphcheckError(
+            f"format_version is one of {', '.join(map(str, FORMAT_VERSIONS))}, "
+            f"not {_args.show(value)}"
+        )
+    return value
 
 
 def normalized(doc: Document) -> str:
@@ -96,18 +116,23 @@ def summary(doc: Document) -> str:
     return _native.summary(_source(doc))
 
 
-def schema() -> dict:
-    """The JSON Schema of format v1."""
-    return json.loads(_native.schema())
+def schema(format_version: int = FORMAT_VERSION) -> dict:
+    """The JSON Schema of format ``format_version`` (2, what graphcheck writes, or 1)."""
+    return json.loads(_native.schema(_version_arg(format_version)))
 
 
-def build_manifest(spec: Union[Mapping[str, Any], str]) -> dict:
+def build_manifest(
+    spec: Union[Mapping[str, Any], str], *, format_version: int = FORMAT_VERSION
+) -> dict:
     """Builds a manifest from a build spec (producer, pools, pool_ranges, allocations,
-    tensors, owners, and graphs as walkers read them); see ``graphcheck::resolve::spec`` (``src/resolve/spec.rs``)."""
+    tensors, owners, and graphs as walkers read them); see ``graphcheck::resolve::spec``
+    (``src/resolve/spec.rs``). Returns it in format ``format_version`` (2 by default, as
+    it is written; 1, or :func:`load`, for the expanded form)."""
     text = _args.to_json("spec", spec) if isinstance(spec, Mapping) else spec
     if not isinstance(text, (str, bytes)):
         raise GraphcheckError(f"spec is a dict or JSON text, not {_args.show(spec)}")
-    return json.loads(_native.build_manifest(text))
+    version = _version_arg(format_version)
+    return json.loads(_native.build_manifest(text, None, version))
 
 
 def explain(

@@ -24,7 +24,6 @@ one (seen on the H200 with torch 2.11), so the old graph's stale addresses are n
 
 from __future__ import annotations
 
-import json
 import threading
 import warnings
 from typing import Any, Optional
@@ -241,9 +240,10 @@ class Checker:
 def run_check(ins, *, event: str, contents: str, digests=None):
     """Snapshot of the instrumentation's roots against its manifest, superseded tree
     graphs left out, verified. Returns ``(report, superseded names)``."""
-    from ._api import verify
+    from ._api import load, verify
 
-    manifest = json.loads(ins.manifest_json())
+    # Both in the expanded layout (format 1): `superseded` reads their records.
+    manifest = load(ins.manifest_json(), format_version=1)
     rec = ins.recorder
     if digests is None:
         digests = contents == "preserved" and bool(rec.digests)
@@ -257,6 +257,7 @@ def run_check(ins, *, event: str, contents: str, digests=None):
         root=rec.root,
         runtime_state=rec.runtime_state,
         max_depth=rec.max_depth,
+        format_version=1,
     )
     gone = superseded(manifest, live, ins._tree_states())
     if gone:

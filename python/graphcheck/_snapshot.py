@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 from . import _allocator, _args, _native
 from . import sleep as _sleep_module
 from ._allocator import _AllocSites, _pool_key, _producer
-from ._api import _source, load
+from ._api import FORMAT_VERSION, _source, _version_arg, load
 from ._native import GraphcheckError
 from ._registry import DEFAULT_DIGEST, _digests_choice
 from ._walk import DEFAULT_MAX_DEPTH, _root_pairs, walk, walk_roots
@@ -48,6 +48,7 @@ def snapshot(
     pools: Optional[Mapping[Any, str]] = None,
     producer: Optional[Mapping[str, Any]] = None,
     roots: Optional[Mapping[str, Any]] = None,
+    format_version: int = FORMAT_VERSION,
 ) -> dict:
     """The live snapshot of ``model`` against ``manifest`` after sleep/wake or a reload.
 
@@ -59,8 +60,11 @@ def snapshot(
     CUDA probes (the sleep allocator's tags are mapped without asking). ``roots`` (root name → object) walks several roots instead of ``model``
     (the roots a :class:`Recorder` or :func:`instrument` recorded); ``model`` is then
     ``None`` or added as ``root``. Where PyTorch's memory history is on, CUDA tensors carry
-    their allocation site. Returns the snapshot as a dict, checked by the core. Every
-    wrong argument is a :class:`GraphcheckError` naming it."""
+    their allocation site. Returns the snapshot as a dict, checked by the core, in format
+    ``format_version`` (2, as graphcheck writes it, by default; 1 is the expanded form
+    :func:`graphcheck.load` gives). Every wrong argument is a :class:`GraphcheckError`
+    naming it."""
+    version = _version_arg(format_version)
     event = _args.text("event", event)
     contents = _args.choice("contents", contents, ("preserved", "updated"))
     digests = _digests_choice("digests", digests)
@@ -107,7 +111,7 @@ def snapshot(
         "pool_bindings": [{"key": list(k), "pool": v} for k, v in bindings.items()],
         "reference_digests": references,
     }
-    return json.loads(_native.build_live(json.dumps(spec), _source(m_source)))
+    return json.loads(_native.build_live(json.dumps(spec), _source(m_source), version))
 
 
 def _reference_digests(reference, algorithm: str, root: str, max_depth: int) -> dict:

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 
 use graphcheck::check::allow::Allowlist;
-use graphcheck::document::format::Document;
+use graphcheck::document::format::{Document, FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::document::load::Source;
 use graphcheck::document::owner_path::Glob;
 use graphcheck::present::explain::Query;
@@ -215,19 +215,22 @@ fn main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<i32> {
     detached(py, move || Ok::<_, String>(graphcheck_cli::main_impl(argv)))
 }
 
-/// Loads and checks a manifest or live snapshot; returns `(kind, json)`, the document as
-/// the core reads it (fields it does not know dropped). `expect` ("manifest" or "live")
-/// makes the other kind an error.
+/// Loads and checks a manifest or live snapshot of either format version; returns
+/// `(kind, json)`, the document as the core reads it (fields it does not know dropped),
+/// written in format `format_version`: 1 (default), every record an object, or 2, the
+/// compact columns. `expect` ("manifest" or "live") makes the other kind an error.
 #[pyfunction]
-#[pyo3(signature = (document, expect=None, name=None))]
+#[pyo3(signature = (document, expect=None, name=None, format_version=1))]
 fn load(
     py: Python<'_>,
     document: &Bound<'_, PyAny>,
     expect: Option<&str>,
     name: Option<&str>,
+    format_version: u32,
 ) -> PyResult<(&'static str, String)> {
     let src = source(document, name)?;
     let expect = expect.map(str::to_owned);
+    let v = version_arg(format_version)?;
     detached(
         py,
         move || -> Result<(&'static str, String), NativeError> {
@@ -235,15 +238,15 @@ fn load(
             let (kind, json) = match expect.as_deref() {
                 Some("manifest") => (
                     "manifest",
-                    serde_json::to_string(&src.manifest_checked().map_err(loaded)?.0),
+                    serde_json::to_string(&src.manifest_checked().map_err(loaded)?.0.in_version(v)),
                 ),
                 Some("live") => (
                     "live",
-                    serde_json::to_string(&src.live_checked().map_err(loaded)?.0),
+                    serde_json::to_string(&src.live_checked().map_err(loaded)?.0.in_version(v)),
                 ),
                 None => match src.document().map_err(loaded)? {
-                    Document::Manifest(m) => ("manifest", serde_json::to_string(&m)),
-                    Document::Live(l) => ("live", serde_json::to_string(&l)),
+                    Document::Manifest(m) => ("manifest", serde_json::to_string(&m.in_version(v))),
+                    Document::Live(l) => ("live", serde_json::to_string(&l.in_version(v))),
                 },
                 Some(other) => {
                     return Err(format!("expect is \"manifest\" or \"live\", not {other:?}").into());
@@ -443,22 +446,38 @@ fn diff(
     detached(py, move || ops::diff(&a, &b, format))
 }
 
-/// The JSON Schema of format v1, as `graphcheck schema` prints it.
+/// The JSON Schema of format `format_version` (default: 2, what graphcheck writes), as
+/// `graphcheck schema` prints it.
 #[pyfunction]
-fn schema() -> PyResult<String> {
-    guarded(|| Ok::<_, String>(ops::schema_text()))
+#[pyo3(signature = (format_version=2))]
+fn schema(format_version: u32) -> PyResult<String> {
+    let v = version_arg(format_version)?;
+    guarded(|| Ok::<_, String>(ops::schema_text(v)))
+}
+
+/// A format version this build writes, or a `GraphcheckError` naming the argument.
+fn version_arg(v: u32) -> PyResult<u32> {
+    if FORMAT_VERSIONS.contains(&v) {
+        Ok(v)
+    } else {
+        Err(GraphcheckError::new_err(format!(
+            "format_version is 1 or 2, not {v}"
+        )))
+    }
 }
 
 /// Builds a manifest from a build spec (JSON, see `graphcheck::resolve::spec`): resolves
 /// every walked word to a tensor view, allocation and pool, checks the result, returns its
-/// JSON.
+/// JSON in format `format_version` (default 2).
 #[pyfunction]
-#[pyo3(signature = (spec, walked=None))]
+#[pyo3(signature = (spec, walked=None, format_version=2))]
 fn build_manifest(
     py: Python<'_>,
     spec: &Bound<'_, PyAny>,
     walked: Option<Vec<PyRef<'_, Walked>>>,
+    format_version: u32,
 ) -> PyResult<String> {
+    let v = version_arg(format_version)?;
     let spec = spec_bytes(spec, "<build spec>")?;
     let walked: Vec<std::sync::Arc<WalkedGraph>> = walked
         .unwrap_or_default()
@@ -468,19 +487,23 @@ fn build_manifest(
     detached(py, move || -> Result<String, NativeError> {
         let name = "<build spec>";
         let m = spec::build(BuildSpec::parse(&spec, name)?, &walked, name)?;
-        Ok(serde_json::to_string(&m)?)
+        Ok(serde_json::to_string(&m.in_version(v))?)
     })
 }
 
 /// Builds the live snapshot of a live spec (JSON, see `graphcheck::resolve::live::LiveSpec`:
 /// the live model's tensor views and owners, the allocator's segments, pool bindings,
-/// reference digests) against `manifest`; returns its JSON, checked like a loaded document.
+/// reference digests) against `manifest`; returns its JSON in format `format_version`
+/// (default 2), checked like a loaded document.
 #[pyfunction]
+#[pyo3(signature = (spec, manifest, format_version=2))]
 fn build_live(
     py: Python<'_>,
     spec: &Bound<'_, PyAny>,
     manifest: &Bound<'_, PyAny>,
+    format_version: u32,
 ) -> PyResult<String> {
+    let v = version_arg(format_version)?;
     let spec = spec_bytes(spec, "<live spec>")?;
     let manifest = source(manifest, Some("<manifest>"))?;
     detached(py, move || -> Result<String, NativeError> {
@@ -495,7 +518,7 @@ fn build_live(
         let (m, _) = manifest.manifest_checked()?;
         let live = graphcheck::resolve::live::build_live(spec, &m)
             .map_err(|e| NativeError::Message(format!("<live spec>: {}", chain(&e))))?;
-        Ok(serde_json::to_string(&live)?)
+        Ok(serde_json::to_string(&live.in_version(v))?)
     })
 }
 
@@ -654,10 +677,8 @@ fn walk_graph(py: Python<'_>, handle: u64) -> PyResult<String> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GraphcheckError", m.py().get_type::<GraphcheckError>())?;
-    m.add(
-        "FORMAT_VERSION",
-        graphcheck::document::format::FORMAT_VERSION,
-    )?;
+    m.add("FORMAT_VERSION", FORMAT_VERSION)?;
+    m.add("FORMAT_VERSIONS", FORMAT_VERSIONS.to_vec())?;
     m.add("EXIT_OK", graphcheck::exit::OK)?;
     m.add("EXIT_FINDINGS", graphcheck::exit::FINDINGS)?;
     m.add("EXIT_BAD_INPUT", graphcheck::exit::BAD_INPUT)?;

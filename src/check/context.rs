@@ -2,8 +2,8 @@
 //! the manifest's lookups, and the small predicates both the capture-time and the live
 //! checks use. Below both [`super::verify`] and [`super::live`].
 
-use std::cell::OnceCell;
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 use crate::check::finding::{Finding, FindingKind, KernelRef, OwnerRef, Severity};
 use crate::document::format::{Manifest, Tensor};
@@ -82,9 +82,9 @@ pub(super) struct Ctx<'m> {
     pub(super) touches_of: TouchIndex,
     /// Manifest tensors by the span of their storage, built on first use: only subjects
     /// held through plain attributes, or whose owner paths moved, need it.
-    pub(super) storages: OnceCell<IntervalIndex<usize>>,
+    pub(super) storages: OnceLock<IntervalIndex<usize>>,
     /// Manifest tensors by the span of their view, built on first use.
-    pub(super) views: OnceCell<IntervalIndex<usize>>,
+    pub(super) views: OnceLock<IntervalIndex<usize>>,
 }
 
 /// Whether the storage of `storage` holds every byte of `view`'s span.

@@ -1,8 +1,8 @@
 //! Verify: classify every touched storage view of a manifest, alone (capture-time checks)
 //! or against a live snapshot (all checks). The rules are `docs/findings.md`.
 
-use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
 use rustc_hash::FxHashMap;
 
@@ -56,8 +56,8 @@ pub fn verify_checked(
         m,
         mt,
         touches_of,
-        storages: OnceCell::new(),
-        views: OnceCell::new(),
+        storages: OnceLock::new(),
+        views: OnceLock::new(),
     };
 
     // Subjects: touched tensors grouped by view key, in document order of first tensor.
@@ -79,18 +79,15 @@ pub fn verify_checked(
         subjects[si].owners.extend_from_slice(&ctx.mt.owners_of[ti]);
     }
 
-    let mut findings = Vec::new();
-    for s in &subjects {
-        capture_checks(&ctx, s, &mut findings);
-    }
+    let mut findings = in_parallel(&subjects, |s, out| capture_checks(&ctx, s, out));
     let ownerless = unowned::groups(&ctx, &bare, &subjects);
     unowned::capture_checks(&ctx, &ownerless, &mut findings);
     if let Some((l, lt)) = live {
         let live_index = AddressIndex::new(&l.tensors, &l.allocations);
         let probes = ProbeIndex::new(l);
-        for s in &subjects {
-            live_checks(&ctx, l, lt, &live_index, &probes, s, &mut findings);
-        }
+        findings.extend(in_parallel(&subjects, |s, out| {
+            live_checks(&ctx, l, lt, &live_index, &probes, s, out);
+        }));
         unowned::live_checks(&ctx, l, lt, &probes, &ownerless, &mut findings);
     }
 
@@ -129,6 +126,51 @@ pub fn verify_checked(
         missing_ranks: Vec::new(),
     })
 }
+
+/// The findings of `check` over every subject, in subject order, the subjects split
+/// between the machine's cores (at most [`MAX_THREADS`]): each subject is judged alone.
+/// Few subjects are judged on the calling thread.
+fn in_parallel<'m, F>(subjects: &[Subject<'m>], check: F) -> Vec<Finding>
+where
+    F: Fn(&Subject<'m>, &mut Vec<Finding>) + Sync,
+{
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_THREADS);
+    let run = |chunk: &[Subject<'m>]| {
+        let mut out = Vec::new();
+        for s in chunk {
+            check(s, &mut out);
+        }
+        out
+    };
+    if threads < 2 || subjects.len() < PARALLEL_FROM {
+        return run(subjects);
+    }
+    let chunk = subjects.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let jobs: Vec<_> = subjects
+            .chunks(chunk)
+            .skip(1)
+            .map(|c| scope.spawn(move || run(c)))
+            .collect();
+        let mut out = run(&subjects[..chunk]);
+        for job in jobs {
+            match job.join() {
+                Ok(found) => out.extend(found),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        out
+    })
+}
+
+/// How many threads judge subjects at most: the checks read shared indexes, and past a few
+/// threads the memory they read is the bound.
+const MAX_THREADS: usize = 4;
+
+/// Below this many subjects a thread costs more than it saves.
+const PARALLEL_FROM: usize = 4096;
 
 fn capture_checks(ctx: &Ctx<'_>, s: &Subject<'_>, out: &mut Vec<Finding>) {
     let p = persistent(ctx, s);

@@ -1,4 +1,7 @@
-//! The on-disk format, version 1, of manifests and live snapshots: a versioned contract.
+//! The in-memory model of manifests and live snapshots, the same whatever format version a
+//! document was read in, and format version 1 of the on-disk contract: every record here
+//! serializes as format 1 writes it. Format 2 ([`crate::document::v2`]) stores the big
+//! tables as columns; check and present see only these types.
 //!
 //! A *manifest* is written at capture: what every node of every captured graph holds,
 //! resolved to allocations, tensor views and their owners. A *live snapshot* is written
@@ -7,8 +10,10 @@
 //! `format_version` and `kind`.
 //!
 //! Rules of the contract (see `README.md`, "Format"):
-//! - `format_version` changes on any change a v1 reader would misread; adding an optional
-//!   field does not change it, and readers ignore fields they do not know.
+//! - `format_version` changes on any change a reader of the previous version would
+//!   misread; adding an optional field does not change it, and readers ignore fields they
+//!   do not know. This build reads [`FORMAT_VERSIONS`] and writes [`FORMAT_VERSION`] unless
+//!   asked for another.
 //! - Every enum is `snake_case`, every key is `snake_case`.
 //! - Device addresses are strings of hexadecimal digits with a `0x` prefix, because JSON
 //!   numbers above 2^53 lose precision in most readers.
@@ -21,8 +26,12 @@ use crate::document::owner_path::OwnerPath;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The one format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes unless asked for another: 2, the compact layout
+/// ([`crate::document::v2`]).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Every format version this build reads, and writes when asked.
+pub const FORMAT_VERSIONS: [u32; 2] = [1, 2];
 
 /// A device virtual address, written as `"0x7f3a00000000"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,6 +55,11 @@ impl Addr {
         } else {
             s.parse().ok().map(Addr)
         }
+    }
+
+    /// Parses the format's spelling only: `0x` and 1 to 16 hexadecimal digits.
+    pub fn parse_strict(s: &str) -> Option<Addr> {
+        s.strip_prefix("0x").and_then(hex_digits).map(Addr)
     }
 
     /// `self + n`, or `None` past the end of the address space.
@@ -92,9 +106,7 @@ impl<'de> Deserialize<'de> for Addr {
                 f.write_str("a device address as a \"0x\"-prefixed hexadecimal string")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Addr, E> {
-                v.strip_prefix("0x")
-                    .and_then(hex_digits)
-                    .map(Addr)
+                Addr::parse_strict(v)
                     .ok_or_else(|| E::invalid_value(serde::de::Unexpected::Str(v), &self))
             }
         }
@@ -654,13 +666,18 @@ pub struct Event {
 }
 
 /// The document written at capture.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+// Serializing writes the layout of its `format_version` (`crate::document::encode`);
+// `Deserialize` and the `JsonSchema` read and describe format 1's layout, which is these
+// types record for record. `crate::document::load` reads either version. (Plain comments:
+// doc comments here are the schema's descriptions.)
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct Manifest {
-    /// Always [`FORMAT_VERSION`].
-    // The schema says so, as the loader does: a document of another version is not a
-    // valid v1 document, whatever its body.
-    #[schemars(extend("const" = FORMAT_VERSION))]
+    /// Always 1.
+    // In memory: the version the document was read in, and is written in, 1 or 2 (new
+    // documents get `FORMAT_VERSION`). Format 1's schema says 1, as the loader does: a
+    // document of another version is not a valid v1 document, whatever its body.
+    #[schemars(extend("const" = 1))]
     pub format_version: u32,
     /// Always `manifest`.
     #[schemars(extend("const" = "manifest"))]
@@ -692,13 +709,13 @@ impl Manifest {
 }
 
 /// The document written after sleep/wake or a reload.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+// Serialized and read as `Manifest` is.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct Live {
-    /// Always [`FORMAT_VERSION`].
-    // The schema says so, as the loader does: a document of another version is not a
-    // valid v1 document, whatever its body.
-    #[schemars(extend("const" = FORMAT_VERSION))]
+    /// Always 1.
+    // In memory: the version the document was read in, and is written in (see `Manifest`).
+    #[schemars(extend("const" = 1))]
     pub format_version: u32,
     /// Always `live`.
     #[schemars(extend("const" = "live"))]

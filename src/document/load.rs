@@ -1,22 +1,22 @@
-//! Reading manifests and live snapshots: parse, check the version, and check every
-//! reference, so that later stages can index without failing. Errors name the file and
-//! the JSON path of the bad value.
+//! Reading manifests and live snapshots of either format version: read the version, parse
+//! the body of that version into the model, and check every reference ([`crate::document::refs`]),
+//! so that later stages can index without failing. Errors name the file and the JSON path
+//! of the bad value in the file's own layout.
 
-use rustc_hash::FxHashMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::document::format::{
-    Addr, Allocation, AllocationId, DocKind, Document, FORMAT_VERSION, Live, Manifest, Owner, Pool,
-    PoolId, Tensor, TensorId,
-};
-use crate::document::ids::IdIndex;
+use crate::document::format::{DocKind, Document, FORMAT_VERSIONS, Live, Manifest};
 use crate::document::objects::Objects;
 use crate::document::pair::PairError;
 use crate::document::schema;
-use crate::document::wording::{describe, shorten, shorten_quoted};
+use crate::document::v2::{self, LiveV2, ManifestV2};
+use crate::document::wording::{describe, shorten_quoted};
+
+// The reference checks live in `refs`; they are part of loading, and named from here too.
+use crate::document::refs::version_message;
+pub use crate::document::refs::{Invalid, Tables, check_live, check_manifest, in_range};
 
 /// Why a document could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -60,23 +60,6 @@ pub enum LoadError {
     },
 }
 
-/// What a `format_version` other than 1 is told: a number names the version this build
-/// reads; anything else is not a version at all.
-fn version_message(found: &str) -> String {
-    let found = &*shorten(found);
-    let integer = found.strip_prefix('-').unwrap_or(found);
-    if !integer.is_empty() && integer.bytes().all(|b| b.is_ascii_digit()) {
-        format!(
-            "`format_version` is {found}, but this graphcheck reads version {FORMAT_VERSION} \
-             (re-record it, or use a graphcheck of that version)"
-        )
-    } else if found.starts_with('"') {
-        format!("`format_version` must be the number {FORMAT_VERSION}, not the string {found}")
-    } else {
-        format!("`format_version` must be the number {FORMAT_VERSION}, not {found}")
-    }
-}
-
 impl PairError {
     /// The error naming both files.
     pub fn in_files(self, manifest: &Path, live: &Path) -> LoadError {
@@ -97,20 +80,7 @@ fn at(json_path: &str) -> String {
     }
 }
 
-/// A semantic error found after parsing: where, and what.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Invalid {
-    pub json_path: String,
-    pub message: String,
-}
-
 impl Invalid {
-    fn at(json_path: impl Into<String>, message: impl Into<String>) -> Invalid {
-        Invalid {
-            json_path: json_path.into(),
-            message: message.into(),
-        }
-    }
     fn in_file(self, path: &Path) -> LoadError {
         LoadError::Invalid {
             path: path.to_path_buf(),
@@ -141,25 +111,24 @@ impl Source {
     /// [`crate::check::verify::verify_checked`]).
     pub fn manifest_checked(&self) -> Result<(Manifest, Tables), LoadError> {
         let path = self.name();
-        let m: Manifest = self.with_bytes(|b| parse_body(b, path))?;
-        let t = check_manifest(&m).map_err(|e| e.in_file(path))?;
+        let m = self.with_bytes(|b| read_manifest(b, path))?;
+        let t = checked_manifest(&m, path)?;
         Ok((m, t))
     }
 
     /// Parses and checks a live snapshot, keeping the lookups checking built.
     pub fn live_checked(&self) -> Result<(Live, Tables), LoadError> {
         let path = self.name();
-        let l: Live = self.with_bytes(|b| parse_body(b, path))?;
-        let t = check_live(&l).map_err(|e| e.in_file(path))?;
+        let l = self.with_bytes(|b| read_live(b, path))?;
+        let t = checked_live(&l, path)?;
         Ok((l, t))
     }
 
     /// Parses and checks either document, by its `kind` (after its `format_version`).
     pub fn document(&self) -> Result<Document, LoadError> {
-        let path = self.name();
-        self.with_bytes(|bytes| match header(bytes, path)? {
-            DocKind::Live => parse_live(bytes, path).map(Document::Live),
-            _ => parse_manifest(bytes, path).map(Document::Manifest),
+        self.checked().map(|c| match c {
+            Checked::Manifest(m, _) => Document::Manifest(m),
+            Checked::Live(l, _) => Document::Live(l),
         })
     }
 
@@ -168,16 +137,16 @@ impl Source {
     pub fn checked(&self) -> Result<Checked, LoadError> {
         let path = self.name();
         let doc = self.with_bytes(|bytes| match header(bytes, path)? {
-            DocKind::Live => parse_body(bytes, path).map(Document::Live),
-            _ => parse_body(bytes, path).map(Document::Manifest),
+            (_, DocKind::Live) => read_live(bytes, path).map(Document::Live),
+            _ => read_manifest(bytes, path).map(Document::Manifest),
         })?;
         match doc {
             Document::Manifest(m) => {
-                let t = check_manifest(&m).map_err(|e| e.in_file(path))?;
+                let t = checked_manifest(&m, path)?;
                 Ok(Checked::Manifest(m, t))
             }
             Document::Live(l) => {
-                let t = check_live(&l).map_err(|e| e.in_file(path))?;
+                let t = checked_live(&l, path)?;
                 Ok(Checked::Live(l, t))
             }
         }
@@ -232,58 +201,96 @@ fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
     })
 }
 
-/// Parses and checks a manifest held in memory; `path` only names it in errors.
+/// Parses and checks a manifest held in memory, of either format version; `path` only
+/// names it in errors.
 pub fn parse_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, LoadError> {
-    let m: Manifest = parse_body(bytes, path)?;
-    check_manifest(&m).map_err(|e| e.in_file(path))?;
+    let m = read_manifest(bytes, path)?;
+    checked_manifest(&m, path)?;
     Ok(m)
 }
 
-/// Parses and checks a live snapshot held in memory; `path` only names it in errors.
+/// Parses and checks a live snapshot held in memory, of either format version; `path`
+/// only names it in errors.
 pub fn parse_live(bytes: &[u8], path: &Path) -> Result<Live, LoadError> {
-    let l: Live = parse_body(bytes, path)?;
-    check_live(&l).map_err(|e| e.in_file(path))?;
+    let l = read_live(bytes, path)?;
+    checked_live(&l, path)?;
     Ok(l)
 }
 
-/// The two documents, to the loader: what kind each is, and where its header is.
+/// Parses a manifest of either format version into the model, references not yet checked.
+fn read_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, LoadError> {
+    match version(bytes, path)? {
+        1 => parse_body::<Manifest>(bytes, path, 1),
+        v => parse_body::<ManifestV2>(bytes, path, v)?
+            .into_model()
+            .map_err(|e| e.in_file(path)),
+    }
+}
+
+/// Parses a live snapshot of either format version into the model, references not yet
+/// checked.
+fn read_live(bytes: &[u8], path: &Path) -> Result<Live, LoadError> {
+    match version(bytes, path)? {
+        1 => parse_body::<Live>(bytes, path, 1),
+        v => parse_body::<LiveV2>(bytes, path, v)?
+            .into_model()
+            .map_err(|e| e.in_file(path)),
+    }
+}
+
+/// Checks every reference of a parsed manifest; an error names the path of the file's own
+/// layout.
+fn checked_manifest(m: &Manifest, path: &Path) -> Result<Tables, LoadError> {
+    check_manifest(m).map_err(|e| match m.format_version {
+        1 => e.in_file(path),
+        _ => v2::locate(e).in_file(path),
+    })
+}
+
+fn checked_live(l: &Live, path: &Path) -> Result<Tables, LoadError> {
+    check_live(l).map_err(|e| match l.format_version {
+        1 => e.in_file(path),
+        _ => v2::locate(e).in_file(path),
+    })
+}
+
+/// The documents of both versions, to the loader: what kind each is, and where its header
+/// is.
 trait Body: for<'de> Deserialize<'de> {
     const KIND: DocKind;
-    fn version(&self) -> u32;
-    fn kind(&self) -> DocKind;
+    fn header(&self) -> (u32, DocKind);
 }
 
-impl Body for Manifest {
-    const KIND: DocKind = DocKind::Manifest;
-    fn version(&self) -> u32 {
-        self.format_version
-    }
-    fn kind(&self) -> DocKind {
-        self.kind
-    }
+macro_rules! body {
+    ($($t:ty => $kind:expr),*) => {$(
+        impl Body for $t {
+            const KIND: DocKind = $kind;
+            fn header(&self) -> (u32, DocKind) {
+                (self.format_version, self.kind)
+            }
+        }
+    )*};
 }
 
-impl Body for Live {
-    const KIND: DocKind = DocKind::Live;
-    fn version(&self) -> u32 {
-        self.format_version
-    }
-    fn kind(&self) -> DocKind {
-        self.kind
-    }
-}
+body!(
+    Manifest => DocKind::Manifest,
+    Live => DocKind::Live,
+    ManifestV2 => DocKind::Manifest,
+    LiveV2 => DocKind::Live
+);
 
-/// Parses a document of kind `T` and checks its version and kind before anything reads its
-/// body: a document of another version may parse as v1 and mean something else.
-fn parse_body<T: Body>(bytes: &[u8], path: &Path) -> Result<T, LoadError> {
-    let doc: T = parse_typed(bytes, path, T::KIND)?;
-    if doc.version() != FORMAT_VERSION {
+/// Parses a document of kind `T`, format `version`, and checks its kind: the version was
+/// read first (a document of another version may parse and mean something else).
+fn parse_body<T: Body>(bytes: &[u8], path: &Path, version: u32) -> Result<T, LoadError> {
+    let doc: T = parse_typed(bytes, path, T::KIND, version)?;
+    let (found, kind) = doc.header();
+    if found != version {
         return Err(LoadError::Version {
             path: path.to_path_buf(),
-            found: doc.version().to_string(),
+            found: found.to_string(),
         });
     }
-    expect_kind(doc.kind(), T::KIND, path)?;
+    expect_kind(kind, T::KIND, path)?;
     Ok(doc)
 }
 
@@ -311,18 +318,59 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::
     serde_json::Value::deserialize(d).map(Some)
 }
 
+/// The document's `format_version`, read from its opening bytes where it comes first (as
+/// every writer puts it), else from its header.
+fn version(bytes: &[u8], path: &Path) -> Result<u32, LoadError> {
+    match leading_version(bytes) {
+        Some(v) if FORMAT_VERSIONS.contains(&v) => Ok(v),
+        Some(v) => Err(LoadError::Version {
+            path: path.to_path_buf(),
+            found: v.to_string(),
+        }),
+        // Only the version: the body's parse says what is wrong with its `kind`.
+        None => {
+            let h: Header = json_error(
+                path,
+                bytes,
+                None,
+                serde_path_to_error::deserialize(Objects(
+                    &mut serde_json::Deserializer::from_slice(bytes),
+                )),
+            )?;
+            check_version(h.format_version.as_ref(), path)
+        }
+    }
+}
+
+/// `format_version` where the document opens with it as a plain integer, without reading
+/// further: `{ "format_version": 2,`.
+fn leading_version(bytes: &[u8]) -> Option<u32> {
+    fn blank(b: &[u8]) -> &[u8] {
+        let n = b.iter().take_while(|c| c.is_ascii_whitespace()).count();
+        &b[n..]
+    }
+    let rest = blank(blank(bytes).strip_prefix(b"{")?);
+    let rest = blank(blank(rest.strip_prefix(b"\"format_version\"")?).strip_prefix(b":")?);
+    let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+    let after = blank(&rest[digits..]);
+    if digits == 0 || digits > 9 || !matches!(after.first(), Some(b',' | b'}')) {
+        return None;
+    }
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
 /// Reads only `format_version` and `kind`, skipping the rest.
-fn header(bytes: &[u8], path: &Path) -> Result<DocKind, LoadError> {
+fn header(bytes: &[u8], path: &Path) -> Result<(u32, DocKind), LoadError> {
     let h: Header = json_error(
         path,
         bytes,
         None,
         serde_path_to_error::deserialize(Objects(&mut serde_json::Deserializer::from_slice(bytes))),
     )?;
-    check_version(h.format_version.as_ref(), path)?;
+    let version = check_version(h.format_version.as_ref(), path)?;
     match h.kind.as_ref().and_then(|k| k.as_str()) {
-        Some("manifest") => Ok(DocKind::Manifest),
-        Some("live") => Ok(DocKind::Live),
+        Some("manifest") => Ok((version, DocKind::Manifest)),
+        Some("live") => Ok((version, DocKind::Live)),
         _ => Err(LoadError::Invalid {
             path: path.to_path_buf(),
             json_path: "kind".into(),
@@ -334,13 +382,15 @@ fn header(bytes: &[u8], path: &Path) -> Result<DocKind, LoadError> {
     }
 }
 
-fn check_version(v: Option<&serde_json::Value>, path: &Path) -> Result<(), LoadError> {
+fn check_version(v: Option<&serde_json::Value>, path: &Path) -> Result<u32, LoadError> {
     match v {
-        Some(v) if v.as_u64() == Some(u64::from(FORMAT_VERSION)) => Ok(()),
-        Some(v) => Err(LoadError::Version {
-            path: path.to_path_buf(),
-            found: v.to_string(),
-        }),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if FORMAT_VERSIONS.contains(&n) => Ok(n),
+            _ => Err(LoadError::Version {
+                path: path.to_path_buf(),
+                found: v.to_string(),
+            }),
+        },
         None => Err(LoadError::Invalid {
             path: path.to_path_buf(),
             json_path: ".".into(),
@@ -353,6 +403,7 @@ fn parse_typed<T: for<'de> Deserialize<'de>>(
     bytes: &[u8],
     path: &Path,
     expected: DocKind,
+    version: u32,
 ) -> Result<T, LoadError> {
     // The fast path tracks no JSON path; only a failed parse is repeated with tracking, so
     // that its error can say where. Both read records from JSON objects only (`Objects`).
@@ -390,15 +441,50 @@ fn parse_typed<T: for<'de> Deserialize<'de>>(
                     expect_kind(found, expected, path)?;
                 }
             }
-            json_error(path, bytes, Some(expected), Err(e))
+            let mut err = json_error(path, bytes, Some((expected, version)), Err(e));
+            if version == 2 {
+                err = err.map_err(|e| v1_body_hint(e, bytes, expected));
+            }
+            err
         }
+    }
+}
+
+/// A format 2 document that failed to parse, whose body is format 1's: say so, since the
+/// fix is its `format_version`, not its body.
+fn v1_body_hint(e: LoadError, bytes: &[u8], kind: DocKind) -> LoadError {
+    let v1 = |bytes: &[u8]| {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        match kind {
+            DocKind::Live => Live::deserialize(Objects(&mut de)).is_ok(),
+            _ => Manifest::deserialize(Objects(&mut de)).is_ok(),
+        }
+    };
+    match e {
+        LoadError::Json {
+            path,
+            json_path,
+            line,
+            column,
+            message,
+        } if v1(bytes) => LoadError::Json {
+            path,
+            json_path,
+            line,
+            column,
+            message: format!(
+                "{message} (the body is in format 1's layout: a format 1 document says \
+                 `\"format_version\": 1`)"
+            ),
+        },
+        e => e,
     }
 }
 
 fn json_error<T>(
     path: &Path,
     bytes: &[u8],
-    expected: Option<DocKind>,
+    expected: Option<(DocKind, u32)>,
     r: Result<T, serde_path_to_error::Error<serde_json::Error>>,
 ) -> Result<T, LoadError> {
     r.map_err(|e| {
@@ -430,277 +516,19 @@ fn json_error<T>(
     })
 }
 
-/// Lookups over the records both documents share, built while checking them.
-#[derive(Debug, Default, Clone)]
-pub struct Tables {
-    pub pool_ix: IdIndex<PoolId>,
-    pub alloc_ix: IdIndex<AllocationId>,
-    pub tensor_ix: IdIndex<TensorId>,
-    /// Owners of each tensor, by the tensor's index: indices into `owners`.
-    pub owners_of: Vec<Vec<usize>>,
-    /// Owner index by path.
-    pub owner_by_path: FxHashMap<String, usize>,
-}
-
-impl Tables {
-    /// Checks ids, references and paths, and indexes them.
-    pub fn build(
-        pools: &[Pool],
-        allocations: &[Allocation],
-        tensors: &[Tensor],
-        owners: &[Owner],
-    ) -> Result<Tables, Invalid> {
-        let mut t = Tables {
-            pool_ix: IdIndex::with_capacity(pools.len()),
-            alloc_ix: IdIndex::with_capacity(allocations.len()),
-            tensor_ix: IdIndex::with_capacity(tensors.len()),
-            ..Tables::default()
-        };
-        for (i, p) in pools.iter().enumerate() {
-            if t.pool_ix.insert(p.id, i).is_some() {
-                return Err(Invalid::at(
-                    format!("pools[{i}].id"),
-                    format!("two pools claim id {}", p.id.0),
-                ));
-            }
-        }
-        let pool_ref = |t: &Tables, p: Option<PoolId>, at: &dyn Fn() -> String| match p {
-            Some(p) if !t.pool_ix.contains_key(&p) => {
-                Err(Invalid::at(at(), format!("no pool has id {}", p.0)))
-            }
-            _ => Ok(()),
-        };
-        for (i, a) in allocations.iter().enumerate() {
-            if t.alloc_ix.insert(a.id, i).is_some() {
-                return Err(Invalid::at(
-                    format!("allocations[{i}].id"),
-                    format!("two allocations claim id {}", a.id.0),
-                ));
-            }
-            if a.size == 0 || a.base.checked_add(a.size).is_none() {
-                return Err(Invalid::at(
-                    format!("allocations[{i}].size"),
-                    format!(
-                        "allocation at {} of {} bytes is empty or wraps",
-                        a.base, a.size
-                    ),
-                ));
-            }
-            pool_ref(&t, a.pool, &|| format!("allocations[{i}].pool"))?;
-        }
-        for (i, x) in tensors.iter().enumerate() {
-            if t.tensor_ix.insert(x.id, i).is_some() {
-                return Err(Invalid::at(
-                    format!("tensors[{i}].id"),
-                    format!("two tensors claim id {}", x.id.0),
-                ));
-            }
-            if x.shape.len() != x.stride.len() {
-                return Err(Invalid::at(
-                    format!("tensors[{i}].stride"),
-                    format!(
-                        "{} strides for {} dimensions",
-                        x.stride.len(),
-                        x.shape.len()
-                    ),
-                ));
-            }
-            if x.itemsize == 0 {
-                return Err(Invalid::at(
-                    format!("tensors[{i}].itemsize"),
-                    "itemsize is 0",
-                ));
-            }
-            if x.offset
-                .checked_add(x.nbytes)
-                .is_none_or(|end| end > x.storage_nbytes)
-                || x.storage_base.checked_add(x.storage_nbytes).is_none()
-            {
-                return Err(Invalid::at(
-                    format!("tensors[{i}].nbytes"),
-                    format!(
-                        "the view (offset {}, {} bytes) lies outside its storage of {} bytes",
-                        x.offset, x.nbytes, x.storage_nbytes
-                    ),
-                ));
-            }
-            if let Some(a) = x.allocation {
-                let Some(ai) = t.alloc_ix.get(&a) else {
-                    return Err(Invalid::at(
-                        format!("tensors[{i}].allocation"),
-                        format!("no allocation has id {}", a.0),
-                    ));
-                };
-                let al = &allocations[ai];
-                if x.storage_base < al.base
-                    || x.storage_base.0 + x.storage_nbytes > al.base.0 + al.size
-                {
-                    return Err(Invalid::at(
-                        format!("tensors[{i}].storage_base"),
-                        format!(
-                            "storage {}+{} lies outside allocation {} ({}+{})",
-                            x.storage_base, x.storage_nbytes, a.0, al.base, al.size
-                        ),
-                    ));
-                }
-            }
-            pool_ref(&t, x.pool, &|| format!("tensors[{i}].pool"))?;
-        }
-        t.owners_of = vec![Vec::new(); tensors.len()];
-        for (i, o) in owners.iter().enumerate() {
-            let Some(ti) = t.tensor_ix.get(&o.tensor) else {
-                return Err(Invalid::at(
-                    format!("owners[{i}].tensor"),
-                    format!("no tensor has id {}", o.tensor.0),
-                ));
-            };
-            if let Some(prev) = t.owner_by_path.insert(o.path.to_string(), i) {
-                return Err(Invalid::at(
-                    format!("owners[{i}].path"),
-                    format!("path {:?} is also owners[{prev}]", o.path),
-                ));
-            }
-            t.owners_of[ti].push(i);
-        }
-        Ok(t)
-    }
-
-    /// The tensor with this id; the id must have been checked.
-    pub fn tensor<'a>(&self, tensors: &'a [Tensor], id: TensorId) -> &'a Tensor {
-        &tensors[self.tensor_ix[&id] as usize]
-    }
-}
-
-/// Checks the version and kind of a document built in memory (the loaders check them
-/// before anything else, with their own errors).
-fn check_header(version: u32, kind: DocKind, expected: DocKind) -> Result<(), Invalid> {
-    if version != FORMAT_VERSION {
-        return Err(Invalid::at(
-            "format_version",
-            version_message(&version.to_string()),
-        ));
-    }
-    if kind != expected {
-        return Err(Invalid::at(
-            "kind",
-            format!("`kind` is `{kind}`, expected a `{expected}` document"),
-        ));
-    }
-    Ok(())
-}
-
-/// Checks every reference of a manifest.
-pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
-    check_header(m.format_version, m.kind, DocKind::Manifest)?;
-    let t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
-    let mut graph_ids = FxHashMap::default();
-    let mut at = String::new();
-    for (gi, g) in m.graphs.iter().enumerate() {
-        if graph_ids.insert(g.id, gi).is_some() {
-            return Err(Invalid::at(
-                format!("graphs[{gi}].id"),
-                format!("two graphs claim id {}", g.id.0),
-            ));
-        }
-        if let Some(p) = g.pool
-            && !t.pool_ix.contains_key(&p)
-        {
-            return Err(Invalid::at(
-                format!("graphs[{gi}].pool"),
-                format!("no pool has id {}", p.0),
-            ));
-        }
-        for (ni, n) in g.nodes.iter().enumerate() {
-            for (ti, touch) in n.touches.iter().enumerate() {
-                let mut here = |field: &str| {
-                    at.clear();
-                    let _ = write!(at, "graphs[{gi}].nodes[{ni}].touches[{ti}].{field}");
-                    at.clone()
-                };
-                if let Some(id) = touch.tensor {
-                    let Some(x) = t.tensor_ix.get(&id) else {
-                        return Err(Invalid::at(
-                            here("tensor"),
-                            format!("no tensor has id {}", id.0),
-                        ));
-                    };
-                    let tensor = &m.tensors[x];
-                    if !tensor.contains(touch.addr) {
-                        return Err(Invalid::at(
-                            here("addr"),
-                            format!(
-                                "{} lies outside tensor {} ({}+{})",
-                                touch.addr,
-                                id.0,
-                                tensor.data_ptr(),
-                                tensor.nbytes
-                            ),
-                        ));
-                    }
-                }
-                if let Some(id) = touch.allocation {
-                    let Some(a) = t.alloc_ix.get(&id) else {
-                        return Err(Invalid::at(
-                            here("allocation"),
-                            format!("no allocation has id {}", id.0),
-                        ));
-                    };
-                    let al = &m.allocations[a];
-                    if !(al.base <= touch.addr && touch.addr.0 - al.base.0 < al.size) {
-                        return Err(Invalid::at(
-                            here("addr"),
-                            format!(
-                                "{} lies outside allocation {} ({}+{})",
-                                touch.addr, id.0, al.base, al.size
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    Ok(t)
-}
-
-/// Checks every reference of a live snapshot.
-pub fn check_live(l: &Live) -> Result<Tables, Invalid> {
-    check_header(l.format_version, l.kind, DocKind::Live)?;
-    let t = Tables::build(&l.pools, &l.allocations, &l.tensors, &l.owners)?;
-    for (i, p) in l.probes.iter().enumerate() {
-        if let Some(pool) = p.pool
-            && !t.pool_ix.contains_key(&pool)
-        {
-            return Err(Invalid::at(
-                format!("probes[{i}].pool"),
-                format!("no pool has id {}", pool.0),
-            ));
-        }
-        if let Some(a) = p.allocation
-            && !t.alloc_ix.contains_key(&a)
-        {
-            return Err(Invalid::at(
-                format!("probes[{i}].allocation"),
-                format!("no allocation has id {}", a.0),
-            ));
-        }
-    }
-    Ok(t)
-}
-
-/// Whether `addr` lies in `[base, base + size)`.
-pub fn in_range(addr: Addr, base: Addr, size: u64) -> bool {
-    base <= addr && addr.0 - base.0 < size
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::manifest;
 
     fn err(bytes: &[u8]) -> String {
         parse_manifest(bytes, Path::new("m.json"))
             .unwrap_err()
             .to_string()
+    }
+
+    /// The test manifest, written in format 1's layout (format 2's errors: `v2/tests.rs`).
+    fn manifest() -> crate::document::format::Manifest {
+        crate::testkit::manifest().in_version(1)
     }
 
     #[test]
@@ -717,10 +545,10 @@ mod tests {
         let e = err(&bytes[..bytes.len() / 2]);
         assert!(e.contains("the document ends early"), "{e}");
         let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        v["format_version"] = 2.into();
+        v["format_version"] = 3.into();
         v["graphs"] = serde_json::json!({"renamed": true});
         let e = err(&serde_json::to_vec(&v).unwrap());
-        assert!(e.contains("`format_version` is 2"), "{e}");
+        assert!(e.contains("`format_version` is 3"), "{e}");
         let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         v.as_object_mut().unwrap().remove("graphs");
         let e = err(&serde_json::to_vec(&v).unwrap());
@@ -764,12 +592,19 @@ mod tests {
 
     /// Regression: `format_version` was checked only when the body failed to parse, so a v1
     /// body under version 2 (or 0, or 99) was read as v1 by every loader but `document()`.
+    /// Now that 2 is a version, a body of either under 3, 0 or 99 is refused.
     #[test]
     fn every_loader_refuses_another_version_whose_body_parses() {
-        let m = manifest();
-        let l = crate::testkit::live(&m, crate::document::format::Contents::Preserved);
+        for m in [manifest(), manifest().in_version(2)] {
+            refused_under_other_versions(m);
+        }
+    }
+
+    fn refused_under_other_versions(m: crate::document::format::Manifest) {
+        let l = crate::testkit::live(&m, crate::document::format::Contents::Preserved)
+            .in_version(m.format_version);
         let name = Path::new("doc.json");
-        for version in [2, 0, 99] {
+        for version in [3, 0, 99] {
             let bytes = with_version(&m, version.into());
             let text = || Source::Text {
                 bytes: bytes.clone(),
@@ -798,16 +633,16 @@ mod tests {
             ] {
                 assert!(
                     e.to_string().contains(&format!(
-                        "`format_version` is {version}, but this graphcheck reads version 1"
+                        "`format_version` is {version}, but this graphcheck reads versions 1 and 2"
                     )),
                     "{e}"
                 );
             }
         }
         // In memory too (`check::verify::verify` takes documents as values).
-        let mut v2 = m.clone();
-        v2.format_version = 2;
-        let e = check_manifest(&v2).unwrap_err();
+        let mut v3 = m.clone();
+        v3.format_version = 3;
+        let e = check_manifest(&v3).unwrap_err();
         assert_eq!(e.json_path, "format_version");
     }
 
@@ -840,11 +675,11 @@ mod tests {
         }
         let e = err(&with_version(&m, "1".into()));
         assert!(
-            e.ends_with("m.json: `format_version` must be the number 1, not the string \"1\""),
+            e.ends_with("m.json: `format_version` must be the number 1 or 2, not the string \"1\""),
             "{e}"
         );
         let e = err(&with_version(&m, serde_json::Value::Null));
-        assert!(e.contains("must be the number 1, not null"), "{e}");
+        assert!(e.contains("must be the number 1 or 2, not null"), "{e}");
 
         let text = serde_json::to_string_pretty(&m).unwrap();
         // Cut just inside the second pool's object, and in the middle of its first key.
@@ -896,5 +731,28 @@ mod tests {
             "{e}"
         );
         assert!(err(b"{\"a\": tru}").contains("not valid JSON"));
+    }
+
+    #[test]
+    fn the_leading_version_is_read_without_parsing() {
+        assert_eq!(leading_version(b"{\"format_version\":2,\"kind\""), Some(2));
+        assert_eq!(leading_version(b" {\n  \"format_version\" : 1 }"), Some(1));
+        assert_eq!(leading_version(b"{\"format_version\": 77,"), Some(77));
+        for other in [
+            &b"{\"kind\": \"live\", \"format_version\": 2}"[..],
+            b"{\"format_version\": \"2\",",
+            b"{\"format_version\": 2.0,",
+            b"{\"format_version\": -2,",
+            b"{\"format_version\": 99999999999,",
+            b"[",
+            b"",
+        ] {
+            assert_eq!(
+                leading_version(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
     }
 }

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use rustc_hash::FxHashSet;
+
 use crate::document::format::{Addr, Live, Manifest};
 
 /// Why a live snapshot cannot be verified against a manifest although each is valid: it
@@ -50,8 +52,9 @@ pub fn check_pair(m: &Manifest, l: &Live) -> Result<(), PairError> {
             live: (lp.rank, lp.world_size),
         });
     }
-    let mut probed: Vec<Addr> = l.probes.iter().map(|p| p.addr).collect();
-    probed.sort_unstable();
+    // A hash set: a million touches against 200,000 probes took 100 ms and more as binary
+    // searches (a cache miss at every step), a few tens as hash lookups.
+    let probed: FxHashSet<Addr> = l.probes.iter().map(|p| p.addr).collect();
     let touches = || {
         m.graphs.iter().flat_map(|g| {
             g.nodes
@@ -59,9 +62,7 @@ pub fn check_pair(m: &Manifest, l: &Live) -> Result<(), PairError> {
                 .flat_map(move |n| n.touches.iter().map(move |t| (g, t.addr)))
         })
     };
-    let mut missing = touches()
-        .map(|(_, a)| a)
-        .filter(|a| probed.binary_search(a).is_err());
+    let mut missing = touches().map(|(_, a)| a).filter(|a| !probed.contains(a));
     let Some(addr) = missing.next() else {
         return Ok(());
     };

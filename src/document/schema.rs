@@ -1,10 +1,22 @@
-//! The JSON Schema of the format, generated from the types of [`super::format`]; committed
-//! as `schema/graphcheck-v1.schema.json`, which a test keeps equal to this. The loader asks
-//! it what a value of the wrong type should have been.
+//! The JSON Schemas of the format, generated from the types: format 1's from the model of
+//! [`super::format`], format 2's from the column types of [`super::v2`]; committed as
+//! `schema/graphcheck-v1.schema.json` and `schema/graphcheck-v2.schema.json`, which a test
+//! keeps equal to these. The loader asks them what a value of the wrong type should have
+//! been.
 
 use super::format::{DocKind, Live, Manifest};
+use super::v2::{LiveV2, ManifestV2};
 
-/// The JSON Schema of both documents, as `graphcheck schema` prints it.
+/// The JSON Schema of both documents in format `version` (1 or 2; any other: 2's), as
+/// `graphcheck schema` prints it.
+pub fn json_schema_of(version: u32) -> serde_json::Value {
+    match version {
+        1 => json_schema(),
+        _ => json_schema_v2(),
+    }
+}
+
+/// The JSON Schema of both documents in format 1.
 pub fn json_schema() -> serde_json::Value {
     let manifest = schemars::schema_for!(Manifest);
     let live = schemars::schema_for!(Live);
@@ -12,6 +24,24 @@ pub fn json_schema() -> serde_json::Value {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "graphcheck format v1",
         "description": "A graphcheck manifest (written at capture) or live snapshot (written after sleep/wake or reload).",
+        "oneOf": [
+            {"$ref": "#/$defs/Manifest"},
+            {"$ref": "#/$defs/Live"}
+        ],
+        "$defs": bounded(merge_defs(manifest, live)),
+    })
+}
+
+/// The JSON Schema of both documents in format 2. What no schema can say is the loader's
+/// to check: every column of a table has one value per row, the nodes' counts add up to
+/// the rows of `touches` and `ignored`, a name position lies in `names`.
+pub fn json_schema_v2() -> serde_json::Value {
+    let manifest = schemars::schema_for!(ManifestV2);
+    let live = schemars::schema_for!(LiveV2);
+    serde_json::json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "graphcheck format v2",
+        "description": "A graphcheck manifest (written at capture) or live snapshot (written after sleep/wake or reload), its big tables stored as columns: each table an object of arrays holding one value per record. Every column of a table has the same length; a node's touches are the next `nodes.touches[i]` rows of its graph's `touches`; `nodes.name` holds positions in `names`.",
         "oneOf": [
             {"$ref": "#/$defs/Manifest"},
             {"$ref": "#/$defs/Live"}
@@ -120,10 +150,10 @@ pub fn describe_value(v: &serde_json::Value) -> String {
     }
 }
 
-/// What the schema of a `kind` document wants at `path`, in words (`one of "default",
-/// "graph"`, `an unsigned 64-bit integer`), where the schema says.
-pub fn expected_at(kind: DocKind, path: &[Step]) -> Option<String> {
-    let root = json_schema();
+/// What the schema of a `kind` document of format `version` wants at `path`, in words
+/// (`one of "default", "graph"`, `an unsigned 64-bit integer`), where the schema says.
+pub fn expected_at(kind: DocKind, version: u32, path: &[Step]) -> Option<String> {
+    let root = json_schema_of(version);
     let defs = root.get("$defs")?;
     let mut node = defs.get(match kind {
         DocKind::Manifest => "Manifest",
@@ -136,7 +166,11 @@ pub fn expected_at(kind: DocKind, path: &[Step]) -> Option<String> {
                 .get("properties")
                 .and_then(|p| p.get(k.as_str()))
                 .or_else(|| n.get("additionalProperties").filter(|a| a.is_object()))?,
-            Step::Index(_) => n.get("items")?,
+            // A fixed-length array (a touch) names each element's schema.
+            Step::Index(i) => match n.get("prefixItems").and_then(|p| p.get(*i)) {
+                Some(item) => item,
+                None => n.get("items")?,
+            },
         };
     }
     expected(defs, node)
@@ -184,7 +218,15 @@ fn expected(defs: &serde_json::Value, node: &serde_json::Value) -> Option<String
             .iter()
             .map(|o| o.get("const").map(|c| c.to_string()))
             .collect();
-        format!("one of {}", consts?.join(", "))
+        match consts {
+            Some(consts) => format!("one of {}", consts.join(", ")),
+            // Alternatives of other kinds (a touch's offset or address): each in words.
+            None => options
+                .iter()
+                .map(|o| expected(defs, o))
+                .collect::<Option<Vec<_>>>()?
+                .join(" or "),
+        }
     } else {
         let types: Vec<String> = match node.get("type")? {
             serde_json::Value::Array(ts) => ts

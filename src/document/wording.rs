@@ -8,11 +8,11 @@ use crate::document::schema;
 
 /// serde_json's error in words for a person: whether the text is not JSON at all, cut
 /// short, or JSON with a value of the wrong type or size at `at` (what the schema of an
-/// `expected` document wants there).
+/// `expected` document, of its kind and format version, wants there).
 pub(super) fn describe(
     e: &serde_json::Error,
     bytes: &[u8],
-    expected: Option<DocKind>,
+    expected: Option<(DocKind, u32)>,
     at: &[schema::Step],
 ) -> String {
     use serde_json::error::Category;
@@ -45,8 +45,13 @@ pub(super) fn describe(
 
 /// "expected X, found Y" for a value of the wrong type at `at`, where the schema says
 /// what belongs there.
-fn wrong_type(bytes: &[u8], expected: Option<DocKind>, at: &[schema::Step]) -> Option<String> {
-    let want = schema::expected_at(expected?, at)?;
+fn wrong_type(
+    bytes: &[u8],
+    expected: Option<(DocKind, u32)>,
+    at: &[schema::Step],
+) -> Option<String> {
+    let (kind, version) = expected?;
+    let want = schema::expected_at(kind, version, at)?;
     let found = serde_json::from_slice::<serde_json::Value>(bytes)
         .ok()
         .and_then(|v| schema::value_at(&v, at).map(schema::describe_value));

@@ -30,7 +30,7 @@ def capture(torch, model, x):
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.no_grad(), gt.graph(g, model=model, name="decode_bs8", inputs={"x": x}) as rec:
         y = layer(x)
-    return g, y, rec.manifest()
+    return g, y, graphcheck.load(rec.manifest())
 
 
 def replay_error(torch, g, y, model, x):
@@ -322,7 +322,7 @@ def test_two_graphs_only_one_reads_the_drifted_tensor(cuda):
         with torch.no_grad(), gt.graph(g, recorder=rec, name=f"decode_bs{b}", pool=pool, inputs={"x": xs[b]}):
             outs[b] = layer(xs[b])
         graphs[b] = g
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     with torch.no_grad():
         layer.big_scale = torch.full((D,), 5.0, device="cuda")
     errs = {}

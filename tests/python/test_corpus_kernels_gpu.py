@@ -105,7 +105,7 @@ def test_every_tensor_of_sdpa_triton_and_fp8_gemm_is_found(cuda):
             graphs[name], results[name] = g, err
         except Exception as e:  # noqa: BLE001 - reported below with the others
             failures[name] = f"{type(e).__name__}: {e}"
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save("corpus_kernels_manifest.json", manifest)
     report = graphcheck.verify(manifest, allow=CUBLAS_WORKSPACE)
     print(report)

@@ -50,7 +50,7 @@ def test_inplace_reload_is_clean_and_a_rebound_buffer_is_caught(cuda, family):
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.no_grad(), gt.graph(g, model=model, name=f"{family}_prefill16", inputs={"ids": ids}) as rec:
         out = fwd()
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save(f"corpus_{family}_manifest.json", manifest)
     capture_report = graphcheck.verify(manifest, allow=CUBLAS_WORKSPACE)
     print(capture_report)
@@ -125,7 +125,7 @@ def test_decode_step_with_a_static_kv_cache(cuda, family):
     name = f"{family}_decode_bs1"
     with torch.no_grad(), gt.graph(g, recorder=rec, name=name, inputs={"tok": tok, "pos": pos}):
         out = step()
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save(f"corpus_{family}_decode_manifest.json", manifest)
     capture_report = graphcheck.verify(manifest, allow=CUBLAS_WORKSPACE)
     print(capture_report)

@@ -131,7 +131,7 @@ def capture(torch, model, op, *, name="g", root="model", recorder=None, warm=Tru
     rec = recorder if recorder is not None else gt.Recorder(model, root=root)
     with torch.no_grad(), gt.graph(g, recorder=rec, name=name, **graph_kwargs):
         out = op()
-    return g, out, rec.manifest()
+    return g, out, graphcheck.load(rec.manifest())
 
 
 def capture_training(torch, model, step, *, name="g", root="model"):
@@ -155,7 +155,7 @@ def capture_training(torch, model, step, *, name="g", root="model"):
         rec = gt.Recorder(model, root=root)
         with gt.graph(g, recorder=rec, name=name):
             out = step()
-        manifest = rec.manifest()
+        manifest = graphcheck.load(rec.manifest())
     finally:
         torch.autograd.set_multithreading_enabled(was)
     return g, out, manifest
@@ -625,7 +625,7 @@ def test_non_capturing_stream_inputs_not_tracked(cuda):
             result = h.x * 2
             with torch.cuda.stream(other_stream):
                 other_result = h.y * 3
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     torch.cuda.synchronize()
     assert torch.equal(other_result, h.y * 3)
     touched = touched_paths(manifest)
@@ -832,7 +832,7 @@ def test_recapture_without_clears_stale_state(cuda):
     warm_up(torch, lambda: h.x2 * 3)
     with torch.no_grad(), gt.graph(g, model=h, name="g") as rec:
         y2 = h.x2 * 3
-    manifest2 = rec.manifest()
+    manifest2 = graphcheck.load(rec.manifest())
     assert "model.x" not in {o["path"] for o in manifest2["owners"]}
     assert touched_paths(manifest2) == {"model.x2"}
     replay(torch, g)

@@ -69,7 +69,7 @@ def test_copy_device_to_device(cuda):
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with gt.graph(g, model=m, name="copy") as rec:
         step()
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save("nodes_memcpy_d2d_manifest.json", manifest)
     print(manifest["graphs"][0]["node_counts"])
     all_read(manifest)
@@ -108,7 +108,7 @@ def test_copies_through_pinned_host_memory_and_freeing_it(cuda):
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with gt.graph(g, model=m, name="staging") as rec:
         _pinned_step(m)
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save("nodes_memcpy_pinned_manifest.json", manifest)
     print(node_touches(manifest))
     all_read(manifest)
@@ -158,7 +158,7 @@ def test_zero_and_fill(cuda):
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with gt.graph(g, model=m, name="clear") as rec:
         step()
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save("nodes_fill_manifest.json", manifest)
     counts = manifest["graphs"][0]["node_counts"]
     print(counts, node_touches(manifest))
@@ -181,7 +181,7 @@ def test_empty_capture_records_an_empty_graph(cuda):
     # torch warns that the graph is empty; graphcheck records it as it is.
     with gt.graph(g, model=m, name="empty") as rec:
         pass
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save("nodes_empty_manifest.json", manifest)
     graph = manifest["graphs"][0]
     assert graph["name"] == "empty"
@@ -211,7 +211,7 @@ def test_fork_join_onto_a_side_stream(cuda):
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with gt.graph(g, model=m, name="fork_join") as rec:
         step()
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save("nodes_fork_join_manifest.json", manifest)
     print(manifest["graphs"][0]["node_counts"], node_touches(manifest))
     all_read(manifest)
@@ -255,7 +255,7 @@ def test_nccl_collectives_in_a_one_rank_group(cuda):
         g = torch.cuda.CUDAGraph(keep_graph=True)
         with gt.graph(g, model=m, name="collectives") as rec:
             step()
-        manifest = rec.manifest()
+        manifest = graphcheck.load(rec.manifest())
         save("nodes_nccl_manifest.json", manifest)
         print(manifest["graphs"][0]["node_counts"])
         for t in node_touches(manifest):
@@ -288,7 +288,7 @@ def test_instrument_records_copies(cuda, tmp_path):
             m.dst.copy_(m.src)
             m.dst.mul_(2.0)
     assert ins.errors == [], ins.errors
-    manifest = ins.manifest()
+    manifest = graphcheck.load(ins.manifest())
     copies = node_touches(manifest, "memcpy")
     assert copies and copies[0][2] == [(0, ("model.dst",)), (1, ("model.src",))], copies
     assert graphcheck.verify(manifest).ok
@@ -310,7 +310,7 @@ CHILD = textwrap.dedent(
         m.dst.copy_(m.src)
         m.dst.copy_(pinned, non_blocking=True)
         pinned.copy_(m.src, non_blocking=True)
-    rec.manifest()
+    graphcheck.load(rec.manifest())
     ins = gt.instrument(None, model=m)
     g2 = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g2):

@@ -72,7 +72,7 @@ def test_a_tensor_made_after_the_first_graph_is_owned(torch, counted):
     rec.add_graph("bs1", native(kernel(0, "gemv", model.proj.weight, model.proj.bias)))
     model.workspace = torch.zeros(64, dtype=torch.int32)  # lazily allocated, a plain attribute
     rec.add_graph("bs2", native(kernel(0, "marlin", model.proj.weight, model.workspace)))
-    m = rec.manifest()
+    m = graphcheck.load(rec.manifest())
     assert unowned(m) == []
     owners = {o["path"]: o for o in m["owners"]}
     ws = owners["model.workspace"]
@@ -108,7 +108,7 @@ def test_no_walk_when_a_graph_reads_nothing_new(torch, counted):
         )
     rec.add_graph("empty", native())
     assert rec.walks == 1 and len(counted) == 1
-    m = rec.manifest()
+    m = graphcheck.load(rec.manifest())
     assert len(counted) == 1  # the manifest does not walk either
     assert unowned(m) == []
     ignored = m["graphs"][1]["nodes"][2]["ignored"]
@@ -132,7 +132,7 @@ def test_an_address_no_walk_explains_asks_for_one_walk_only(torch, counted):
     for bs in (1, 2):
         rec2.add_graph(f"bs{bs}", native(kernel(0, "nvjet_splitK", model.proj.weight, workspace)))
     assert rec2.walks == 1
-    assert unowned(rec.manifest()) == [hex(workspace)]
+    assert unowned(graphcheck.load(rec.manifest())) == [hex(workspace)]
 
 
 def test_a_later_walk_keeps_the_owners_earlier_graphs_were_captured_with(torch):
@@ -147,7 +147,7 @@ def test_a_later_walk_keeps_the_owners_earlier_graphs_were_captured_with(torch):
     model.extra = torch.zeros(8)  # new, read by the next graph
     rec.add_graph("bs2", native(kernel(0, "k", model.extra, model.scale)))
     assert rec.walks == 2
-    m = rec.manifest()
+    m = graphcheck.load(rec.manifest())
     owners = {o["path"]: m["tensors"][o["tensor"]]["storage_base"] for o in m["owners"]}
     assert owners["model.cache"] == hex(old_cache.data_ptr())  # bs1's owner, kept
     assert owners["model.extra"] == hex(model.extra.data_ptr())
@@ -190,7 +190,7 @@ def test_a_new_tensor_where_a_dead_one_was_is_walked_and_owned_apart(torch, coun
     assert rec.registry.tensors[a].tensor is None and not rec.registry.tensors[a].current()
     assert rec.registry.tensors[b].tensor is model.b
     assert rec.registry.tensors[a].meta == rec.registry.tensors[b].meta  # same address, layout
-    m = rec.manifest()
+    m = graphcheck.load(rec.manifest())
     assert {"model.a", "model.b"} <= {o["path"] for o in m["owners"]}
     assert len(counted) == 2  # the manifest does not walk again
 
@@ -204,7 +204,7 @@ def test_a_new_tensor_where_a_dead_one_was_is_walked_and_owned_apart(torch, coun
 def test_a_dead_capture_time_owner_stays_its_own_tensor_in_the_manifest(torch):
     model = make_model(torch)
     rec, _ = same_memory_twice(torch, model)
-    m = rec.manifest()
+    m = graphcheck.load(rec.manifest())
     owners = {}
     for o in m["owners"]:
         owners.setdefault(o["tensor"], set()).add(o["path"])
@@ -265,7 +265,7 @@ def test_adding_a_root_walks_at_the_next_graph(torch, counted):
     rec.add_root(draft, "draft")
     rec.add_graph("bs2", native(kernel(0, "gemv", model.proj.weight)))
     assert rec.walks == 2
-    paths = {o["path"] for o in rec.manifest()["owners"]}
+    paths = {o["path"] for o in graphcheck.load(rec.manifest())["owners"]}
     assert {"model.proj.weight", "draft.proj.weight"} <= paths
     assert len(counted) == 2
 
@@ -277,7 +277,7 @@ def test_graphs_as_json_are_checked_too(torch):
     model.later = torch.zeros(3)
     rec.add_graph("bs2", json.loads(walked(kernel(0, "k", model.later))))
     assert rec.walks == 2
-    assert unowned(rec.manifest()) == []
+    assert unowned(graphcheck.load(rec.manifest())) == []
 
 
 def test_known_ranges_are_checked_natively():
@@ -296,7 +296,7 @@ def test_an_empty_graph_records_and_verifies_clean(torch):
     empty = _native.Walked.from_json('{"node_counts": {}, "unread": [], "nodes": []}')
     assert len(empty) == 0 and empty.words == 0
     rec.add_graph("warmup", empty)
-    m = rec.manifest()
+    m = graphcheck.load(rec.manifest())
     assert [(g["name"], g["nodes"]) for g in m["graphs"]] == [("warmup", [])]
     assert graphcheck.verify(m).ok
 
@@ -353,7 +353,7 @@ def test_graph_records_an_empty_capture(torch, fake_capture):
     with gt.graph(g, model=model, name="empty") as rec:
         pass
     assert g.calls == ["capture", "instantiate"]
-    m = rec.manifest()
+    m = graphcheck.load(rec.manifest())
     assert m["graphs"][0]["nodes"] == [] and graphcheck.verify(m).ok
 
 
@@ -417,7 +417,7 @@ def test_gpu_a_lazily_allocated_workspace_is_owned_and_nothing_new_costs_no_walk
             forward(x)
         graphs.append(g)
         assert rec.walks == (1 if i == 0 else 2), (b, rec.walks)
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     report = graphcheck.verify(manifest)
     print(report)
     assert [(f.kind, f.subject) for f in report.findings] == [("unregistered", "model.workspace")]
@@ -437,7 +437,7 @@ def test_gpu_an_empty_capture_records_as_an_empty_graph(cuda):
         warnings.simplefilter("ignore")  # torch warns that the graph is empty
         with gt.graph(g, model=model, name="empty") as rec:
             pass
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     assert [(gr["name"], gr["nodes"]) for gr in manifest["graphs"]] == [("empty", [])]
     assert graphcheck.verify(manifest).ok
     g.replay()

@@ -54,7 +54,7 @@ def test_rng_kernels_hold_the_generator_state_and_verify_clean(cuda):
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.no_grad(), gt.graph(g, model=model, name="rng", inputs={"x": x}) as rec:
         y = step(torch, model, x)
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save("rng_capture_manifest.json", manifest)
     report = graphcheck.verify(manifest)
     print(report)
@@ -99,7 +99,7 @@ def test_a_second_rng_graph_costs_no_walk(cuda):
             step(torch, model, x)
         graphs.append(g)
     assert rec.walks == 1
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     assert graphcheck.verify(manifest).ok
     assert {gname for gname, *_ in rng_words(manifest)} == {"bs8", "bs16"}
     for g in graphs:

@@ -82,7 +82,7 @@ def capture(torch, model, x, alloc, *, digests=True, declare=True):
     with torch.no_grad(), gt.graph(g, recorder=rec, name="decode_bs8", inputs={"x": x}):
         y = model(x)
     torch.cuda.synchronize()
-    return g, y, rec.manifest()
+    return g, y, graphcheck.load(rec.manifest())
 
 
 def kinds(report):

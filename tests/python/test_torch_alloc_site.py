@@ -60,7 +60,7 @@ def history(monkeypatch):
 def record(torch, model):
     rec = gt.Recorder(model)
     rec.add_graph("decode", walked(kernel(0, "scale", model.proj.weight, model.embed_scale)))
-    return rec.manifest()
+    return graphcheck.load(rec.manifest())
 
 
 def test_findings_table_and_explain_carry_the_allocation_site(torch, history):
@@ -94,12 +94,12 @@ def test_a_drifted_tensor_points_at_the_hook_that_rebuilt_it(torch, history):
     history.segments = segments_for([(model.w_uv, [HOOK], "active_allocated")])
     rec = gt.Recorder(model)
     rec.add_graph("decode", walked(kernel(0, "mla", model.w_uv)))
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     old = model.w_uv
     model.w_uv = torch.ones(4)  # rebuilt by the post-load hook, at a new address
     rebuilt = dict(HOOK, line=43)
     history.segments = segments_for([(old, [HOOK], "inactive"), (model.w_uv, [rebuilt], "active_allocated")])
-    live = gt.snapshot(model, manifest)
+    live = gt.snapshot(model, manifest, format_version=1)
     assert history.reads == 2
     live_site = {o["path"]: live["tensors"][o["tensor"]].get("alloc_site") for o in live["owners"]}
     assert live_site["model.w_uv"] == [rebuilt]

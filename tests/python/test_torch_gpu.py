@@ -68,7 +68,7 @@ def test_capture_finds_every_tensor_and_only_the_plain_attributes(cuda):
     model = make_model(torch)
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
     g, y, rec = capture(torch, model, x)
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     save("torch_decode_manifest.json", manifest)
     report = graphcheck.verify(manifest)
     print(report)
@@ -90,7 +90,7 @@ def test_rebinding_a_derived_tensor_is_drifted_and_the_replay_is_wrong(cuda):
     model = make_model(torch)
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
     g, y, rec = capture(torch, model, x)
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     layer = model.layers[0]
     # A reload with new weights: copied in place into the parameter (as vLLM's layerwise
     # reload does), then the derived W_UV rebuilt as a new tensor, as post-load processing
@@ -132,7 +132,7 @@ def test_inplace_reload_of_the_same_weights_is_clean_live(cuda):
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
     g, y, rec = capture(torch, model, x)
     rec.digests = "sum64"  # digested when the manifest is built, right after capture
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     layer = model.layers[0]
     with torch.no_grad():
         w = layer.proj.weight.detach().clone()

@@ -146,7 +146,7 @@ def test_pool_passed_positionally_as_torch_cuda_graph_does(torch, fake, tmp_path
     shared = (0, 42)
     capture(torch, model, pool=shared)
     capture(torch, model)  # no pool: the graph's own, from g.pool()
-    m = gt.instrumented()[0].manifest()
+    m = graphcheck.load(gt.instrumented()[0].manifest())
     pools = {p["name"] for p in m["pools"]}
     assert pools == {"graph(0, 42)", "graph(0, 7)"}
     assert [g["name"] for g in m["graphs"]] == ["capture0", "capture1"]
@@ -228,12 +228,12 @@ def test_without_a_model_addresses_are_bare_until_a_root_is_registered(torch, fa
     model = make_model(torch)
     ins = gt.instrument(discover=False)
     capture(torch, model)
-    m = ins.manifest()
+    m = graphcheck.load(ins.manifest())
     assert m["owners"] == []
     report = graphcheck.verify(m)
     assert {f.kind for f in report.findings} == {"unowned"} and len(report.findings) == 3
     gt.register_model(model, root="engine")
-    m = ins.manifest()
+    m = graphcheck.load(ins.manifest())
     assert {o["path"] for o in m["owners"]} >= {"engine.proj.weight", "engine.embed_scale"}
     assert [f.subject for f in graphcheck.verify(m).findings] == ["engine.embed_scale"]
 
@@ -246,7 +246,7 @@ def test_register_model_before_instrument_is_taken_and_held_weakly(torch, fake):
     ins = gt.instrument()
     assert list(ins.recorder.roots()) == ["model"]
     capture(torch, model)
-    assert any(o["path"] == "model.proj.weight" for o in ins.manifest()["owners"])
+    assert any(o["path"] == "model.proj.weight" for o in graphcheck.load(ins.manifest())["owners"])
     del model
     gc.collect()
     assert ins.recorder.roots() == {}
@@ -335,7 +335,7 @@ def test_a_failed_owner_walk_keeps_the_graph_and_says_so(torch, fake, monkeypatc
     assert isinstance(ins.errors[0], graphcheck.GraphcheckError)
     assert isinstance(ins.errors[0].__cause__, RuntimeError)
     monkeypatch.setattr(graphcheck._recorder, "walk_roots", real)
-    m = ins.manifest()  # walks again: the owners are current once more
+    m = graphcheck.load(ins.manifest())  # walks again: the owners are current once more
     assert [gr["name"] for gr in m["graphs"]] == ["capture0", "capture1"]
     assert ins.recorder.walks == 2
     assert any(o["path"] == "model.workspace" for o in m["owners"])
@@ -349,7 +349,7 @@ def test_a_failed_write_keeps_the_capture_and_says_so(torch, fake, tmp_path):
     with pytest.warns(RuntimeWarning, match=r"^graphcheck: the manifest was not written .*Not a directory"):
         capture(torch, model)
     assert ins.captures == 1 and len(ins.errors) == 1
-    assert [gr["name"] for gr in ins.manifest()["graphs"]] == ["capture0"]
+    assert [gr["name"] for gr in graphcheck.load(ins.manifest())["graphs"]] == ["capture0"]
     blocked.unlink()
     blocked.mkdir()
     written = ins.flush()  # the write retries
@@ -401,7 +401,7 @@ def test_a_tensor_made_after_the_first_capture_is_owned(torch, fake):
     with fake_torch_graph(torch, g):
         pass
     assert ins.recorder.walks == 2
-    m = ins.manifest()
+    m = graphcheck.load(ins.manifest())
     assert any(o["path"] == "model.workspace" for o in m["owners"])
     assert [(f.kind, f.subject) for f in graphcheck.verify(m).findings] == [
         ("unregistered", "model.embed_scale"),
@@ -419,7 +419,7 @@ def test_an_empty_capture_is_recorded_as_an_empty_graph(torch, fake):
     with fake_torch_graph(torch, g):
         pass
     assert ins.errors == [] and ins.captures == 1
-    m = ins.manifest()
+    m = graphcheck.load(ins.manifest())
     assert m["graphs"][0]["nodes"] == [] and graphcheck.verify(m).ok
 
 
@@ -428,7 +428,7 @@ def test_graph_names(torch, fake):
     ins = gt.instrument(model=model, name=lambda i: f"decode_bs{2 ** i}")
     capture(torch, model)
     capture(torch, model)
-    assert [g["name"] for g in ins.manifest()["graphs"]] == ["decode_bs1", "decode_bs2"]
+    assert [g["name"] for g in graphcheck.load(ins.manifest())["graphs"]] == ["decode_bs1", "decode_bs2"]
 
 
 def _site_pth():
@@ -660,10 +660,10 @@ def test_discovery_makes_the_top_level_modules_roots_named_by_class(torch, fake)
         pass
     # Children (big.proj, draft[0]) are not roots; two of one class are numbered by size.
     assert {"llama_for_causal_lm_1", "llama_for_causal_lm_2", "sequential"} <= set(ins.discovered)
-    paths = {o["path"] for o in ins.manifest()["owners"]}
+    paths = {o["path"] for o in graphcheck.load(ins.manifest())["owners"]}
     assert {"llama_for_causal_lm_1.proj.weight", "llama_for_causal_lm_2.proj.weight", "sequential[0].weight"} <= paths
     assert not any(p.startswith("linear") for p in ins.discovered), ins.discovered
-    kinds = {f.kind for f in graphcheck.verify(ins.manifest()).findings}
+    kinds = {f.kind for f in graphcheck.verify(graphcheck.load(ins.manifest())).findings}
     assert "unowned" not in kinds
     # Naming a root replaces the discovered ones.
     gt.register_model(big, root="model")
@@ -688,7 +688,7 @@ def test_discovery_sees_through_torch_compile_and_can_be_turned_off(torch, fake)
     assert _discover.snake("MLP") == "mlp" and _discover.snake("T5Block") == "t5_block"
     ins = gt.instrument(discover=False)
     capture(torch, model)
-    assert ins.discovered == [] and ins.manifest()["owners"] == []
+    assert ins.discovered == [] and graphcheck.load(ins.manifest())["owners"] == []
     with pytest.raises(graphcheck.GraphcheckError, match="discover"):
         gt.instrument(discover="yes")
 

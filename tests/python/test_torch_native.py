@@ -20,7 +20,8 @@ def test_exception_type_and_constants():
     assert issubclass(graphcheck.GraphcheckError, Exception)
     assert graphcheck.GraphcheckError.__module__ == "graphcheck"
     assert (graphcheck.EXIT_OK, graphcheck.EXIT_FINDINGS, graphcheck.EXIT_BAD_INPUT) == (0, 1, 2)
-    assert graphcheck.FORMAT_VERSION == 1
+    assert graphcheck.FORMAT_VERSION == 2
+    assert graphcheck.FORMAT_VERSIONS == (1, 2)
 
 
 @pytest.mark.parametrize("bad", INDEX["bad"], ids=lambda b: b["file"])
@@ -40,17 +41,24 @@ def test_bad_fixtures_raise_graphcheck_error_with_file_and_json_path(bad):
 
 
 def test_a_dict_of_another_version_is_refused_before_its_body_is_read():
-    """Regression: a v1 body under format_version 2 was verified from a dict as if it were v1."""
+    """Regression: a v1 body under format_version 2 was verified from a dict as if it were v1.
+    Now that 2 is a version, a body of either version under 3, 0 or 99 is refused, and a
+    format 1 body under 2 is refused where the layouts differ."""
     manifest = json.loads((MARLIN / "manifest.json").read_text())
     live = json.loads((MARLIN / "live.json").read_text())
+    assert manifest["format_version"] == 2
     graphcheck.verify(manifest, live)
-    for doc, version in ((manifest, 2), (manifest, 0), (live, 99)):
+    expanded = graphcheck.load(manifest)
+    graphcheck.verify(expanded, graphcheck.load(live))
+    for doc, version in ((manifest, 3), (expanded, 0), (live, 99)):
         doc = dict(doc, format_version=version)
         args = (doc, live) if doc["kind"] == "manifest" else (manifest, doc)
         with pytest.raises(graphcheck.GraphcheckError, match=f"`format_version` is {version}, but"):
             graphcheck.verify(*args)
-    with pytest.raises(graphcheck.GraphcheckError, match="must be the number 1, not the string"):
+    with pytest.raises(graphcheck.GraphcheckError, match="must be the number 1 or 2, not the string"):
         graphcheck.verify(dict(manifest, format_version="1"))
+    with pytest.raises(graphcheck.GraphcheckError, match="the body is in format 1's layout"):
+        graphcheck.verify(dict(expanded, format_version=2))
 
 
 def test_text_and_dicts_name_themselves_in_errors():
@@ -109,8 +117,10 @@ def test_allowlist_errors():
 
 
 def test_schema_is_the_committed_one():
-    committed = json.loads((REPO / "schema" / "graphcheck-v1.schema.json").read_text())
-    assert graphcheck.schema() == committed
+    for version in (1, 2):
+        committed = json.loads((REPO / "schema" / f"graphcheck-v{version}.schema.json").read_text())
+        assert graphcheck.schema(version) == committed
+    assert graphcheck.schema() == graphcheck.schema(2)
 
 
 def producer():
@@ -155,7 +165,10 @@ def build_spec():
 
 
 def test_build_manifest_resolves_words():
-    m = graphcheck.build_manifest(build_spec())
+    compact = graphcheck.build_manifest(build_spec())
+    assert compact["format_version"] == 2
+    m = graphcheck.build_manifest(build_spec(), format_version=1)
+    assert m == graphcheck.load(compact)
     assert len(m["tensors"]) == 1  # two specs of one view
     assert {o["path"] for o in m["owners"]} == {"model.w", "model.alias"}
     touches = m["graphs"][0]["nodes"][0]["touches"]

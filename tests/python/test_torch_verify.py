@@ -50,7 +50,7 @@ def record(torch, model, *, digests=False, extra_nodes=()):
         *extra_nodes,
     ]
     rec.add_graph("decode_bs1", walked(*nodes), pool="graph")
-    return rec.manifest()
+    return graphcheck.load(rec.manifest())
 
 
 def kinds(report):
@@ -62,7 +62,8 @@ def test_clean_capture_and_snapshot(torch):
     manifest = record(torch, model, digests=True)
     assert graphcheck.verify(manifest).ok
     live = gt.snapshot(model, manifest, event="sleep(level=1) + wake", digests=True)
-    assert {p["state"] for p in live["probes"]} == {"active"}
+    # As written (format 2): the probes are columns.
+    assert set(live["probes"]["state"]) == {"active"}
     report = graphcheck.assert_clean(manifest, live)
     assert report.ok and report.findings == () and report.subjects == 4
     assert "no finding" in str(report) or str(report)  # the table renders
@@ -203,7 +204,7 @@ def test_graph_inputs_and_runtime_state_are_not_persistent(torch):
         walked(kernel(0, "attn", static_input, model.kv_cache)),
         inputs={"x": static_input},
     )
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     regs = {o["path"]: o["registration"] for o in manifest["owners"]}
     assert regs['graphs["decode_bs1"].inputs["x"]'] == "graph_input"
     assert regs["model.kv_cache"] == "runtime_state"
@@ -218,7 +219,7 @@ def test_documents_round_trip_through_the_core(torch, tmp_path):
     path.write_text(json.dumps(manifest))
     assert graphcheck.load(path) == manifest
     live = gt.snapshot(model, path)
-    assert graphcheck.load(json.dumps(live), expect="live") == live
+    assert graphcheck.load(json.dumps(live), expect="live", format_version=2) == live
     assert "tensors:" in graphcheck.normalized(live)
     assert graphcheck.diff(manifest, live).same in (True, False)
     text = graphcheck.explain(manifest, "model.layers[0].proj.weight")
@@ -273,7 +274,7 @@ def test_a_view_dropped_while_its_base_lives_is_clean(torch):
     layer.cos_head = layer.cos[4:8]
     rec = gt.Recorder(model)
     rec.add_graph("decode_bs1", walked(kernel(0, "rope", layer.cos_head)))
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     assert graphcheck.verify(manifest).ok, str(graphcheck.verify(manifest))
     del layer.cos_head
     report = graphcheck.verify(manifest, gt.snapshot(model, manifest))
@@ -291,7 +292,7 @@ def test_a_list_shifted_by_a_delete_reports_only_the_deleted_tensor(torch):
     model.ys = [torch.randn(10), torch.randn(10), torch.randn(10)]
     rec = gt.Recorder(model, digests=True)
     rec.add_graph("decode_bs1", walked(kernel(0, "foreach_add", *model.ys)))
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     del model.ys[1]
     live = gt.snapshot(model, manifest, digests=True)
     found = [(k, s) for k, s in kinds(graphcheck.verify(manifest, live)) if k != "unregistered"]
@@ -304,7 +305,7 @@ def test_rebinding_the_parameter_under_a_view_is_drifted(torch):
     layer.row = layer.proj.weight[1]  # a plain attribute: a view into the parameter
     rec = gt.Recorder(model)
     rec.add_graph("decode_bs1", walked(kernel(0, "gemv", layer.row)))
-    manifest = rec.manifest()
+    manifest = graphcheck.load(rec.manifest())
     assert graphcheck.verify(manifest).ok
     # The reload replaces the parameter; the view keeps the old storage alive, so nothing
     # is freed, but reloads now write where the graph does not read.

@@ -1,0 +1,389 @@
+//! Checking every reference of a loaded document, whatever its format version: ids unique
+//! per record type, every reference resolving, every address inside what it names, owner
+//! paths given once; and the lookups built on the way, which verify reuses. Errors name
+//! the record by its path in the in-memory model (format 1's layout), which the loader
+//! turns into the path of the file's own layout.
+
+use rustc_hash::FxHashMap;
+use std::fmt::Write as _;
+
+use crate::document::format::{
+    Addr, Allocation, AllocationId, DocKind, FORMAT_VERSIONS, Live, Manifest, Owner, Pool, PoolId,
+    Tensor, TensorId,
+};
+use crate::document::ids::IdIndex;
+use crate::document::wording::shorten;
+
+/// What a `format_version` this build does not read is told: a number names the versions
+/// this build reads; anything else is not a version at all.
+pub(crate) fn version_message(found: &str) -> String {
+    let found = &*shorten(found);
+    let integer = found.strip_prefix('-').unwrap_or(found);
+    if !integer.is_empty() && integer.bytes().all(|b| b.is_ascii_digit()) {
+        format!(
+            "`format_version` is {found}, but this graphcheck reads versions {} \
+             (re-record it, or use a graphcheck of that version)",
+            versions_in_words("and")
+        )
+    } else if found.starts_with('"') {
+        let versions = versions_in_words("or");
+        format!("`format_version` must be the number {versions}, not the string {found}")
+    } else {
+        let versions = versions_in_words("or");
+        format!("`format_version` must be the number {versions}, not {found}")
+    }
+}
+
+/// The versions this build reads, in words: `1 and 2`, or `1 or 2` with `or`.
+fn versions_in_words(conjunction: &str) -> String {
+    let v: Vec<String> = FORMAT_VERSIONS.iter().map(u32::to_string).collect();
+    match v.split_last() {
+        Some((last, rest)) if !rest.is_empty() => {
+            format!("{} {conjunction} {last}", rest.join(", "))
+        }
+        _ => v.join(""),
+    }
+}
+
+/// A semantic error found after parsing: where, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub json_path: String,
+    pub message: String,
+}
+
+impl Invalid {
+    pub(crate) fn at(json_path: impl Into<String>, message: impl Into<String>) -> Invalid {
+        Invalid {
+            json_path: json_path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Lookups over the records both documents share, built while checking them.
+#[derive(Debug, Default, Clone)]
+pub struct Tables {
+    pub pool_ix: IdIndex<PoolId>,
+    pub alloc_ix: IdIndex<AllocationId>,
+    pub tensor_ix: IdIndex<TensorId>,
+    /// Owners of each tensor, by the tensor's index: indices into `owners`.
+    pub owners_of: Vec<Vec<usize>>,
+    /// Owner index by path.
+    pub owner_by_path: FxHashMap<String, usize>,
+}
+
+impl Tables {
+    /// Checks ids, references and paths, and indexes them.
+    pub fn build(
+        pools: &[Pool],
+        allocations: &[Allocation],
+        tensors: &[Tensor],
+        owners: &[Owner],
+    ) -> Result<Tables, Invalid> {
+        let mut t = Tables {
+            pool_ix: IdIndex::with_capacity(pools.len()),
+            alloc_ix: IdIndex::with_capacity(allocations.len()),
+            tensor_ix: IdIndex::with_capacity(tensors.len()),
+            owner_by_path: FxHashMap::with_capacity_and_hasher(owners.len(), Default::default()),
+            ..Tables::default()
+        };
+        for (i, p) in pools.iter().enumerate() {
+            if t.pool_ix.insert(p.id, i).is_some() {
+                return Err(Invalid::at(
+                    format!("pools[{i}].id"),
+                    format!("two pools claim id {}", p.id.0),
+                ));
+            }
+        }
+        let pool_ref = |t: &Tables, p: Option<PoolId>, at: &dyn Fn() -> String| match p {
+            Some(p) if !t.pool_ix.contains_key(&p) => {
+                Err(Invalid::at(at(), format!("no pool has id {}", p.0)))
+            }
+            _ => Ok(()),
+        };
+        for (i, a) in allocations.iter().enumerate() {
+            if t.alloc_ix.insert(a.id, i).is_some() {
+                return Err(Invalid::at(
+                    format!("allocations[{i}].id"),
+                    format!("two allocations claim id {}", a.id.0),
+                ));
+            }
+            if a.size == 0 || a.base.checked_add(a.size).is_none() {
+                return Err(Invalid::at(
+                    format!("allocations[{i}].size"),
+                    format!(
+                        "allocation at {} of {} bytes is empty or wraps",
+                        a.base, a.size
+                    ),
+                ));
+            }
+            pool_ref(&t, a.pool, &|| format!("allocations[{i}].pool"))?;
+        }
+        for (i, x) in tensors.iter().enumerate() {
+            if t.tensor_ix.insert(x.id, i).is_some() {
+                return Err(Invalid::at(
+                    format!("tensors[{i}].id"),
+                    format!("two tensors claim id {}", x.id.0),
+                ));
+            }
+            if x.shape.len() != x.stride.len() {
+                return Err(Invalid::at(
+                    format!("tensors[{i}].stride"),
+                    format!(
+                        "{} strides for {} dimensions",
+                        x.stride.len(),
+                        x.shape.len()
+                    ),
+                ));
+            }
+            if x.itemsize == 0 {
+                return Err(Invalid::at(
+                    format!("tensors[{i}].itemsize"),
+                    "itemsize is 0",
+                ));
+            }
+            if x.offset
+                .checked_add(x.nbytes)
+                .is_none_or(|end| end > x.storage_nbytes)
+                || x.storage_base.checked_add(x.storage_nbytes).is_none()
+            {
+                return Err(Invalid::at(
+                    format!("tensors[{i}].nbytes"),
+                    format!(
+                        "the view (offset {}, {} bytes) lies outside its storage of {} bytes",
+                        x.offset, x.nbytes, x.storage_nbytes
+                    ),
+                ));
+            }
+            if let Some(a) = x.allocation {
+                let Some(ai) = t.alloc_ix.get(&a) else {
+                    return Err(Invalid::at(
+                        format!("tensors[{i}].allocation"),
+                        format!("no allocation has id {}", a.0),
+                    ));
+                };
+                let al = &allocations[ai];
+                if x.storage_base < al.base
+                    || x.storage_base.0 + x.storage_nbytes > al.base.0 + al.size
+                {
+                    return Err(Invalid::at(
+                        format!("tensors[{i}].storage_base"),
+                        format!(
+                            "storage {}+{} lies outside allocation {} ({}+{})",
+                            x.storage_base, x.storage_nbytes, a.0, al.base, al.size
+                        ),
+                    ));
+                }
+            }
+            pool_ref(&t, x.pool, &|| format!("tensors[{i}].pool"))?;
+        }
+        t.owners_of = vec![Vec::new(); tensors.len()];
+        for (i, o) in owners.iter().enumerate() {
+            let Some(ti) = t.tensor_ix.get(&o.tensor) else {
+                return Err(Invalid::at(
+                    format!("owners[{i}].tensor"),
+                    format!("no tensor has id {}", o.tensor.0),
+                ));
+            };
+            if let Some(prev) = t.owner_by_path.insert(o.path.to_string(), i) {
+                return Err(Invalid::at(
+                    format!("owners[{i}].path"),
+                    format!(
+                        "path {:?} is given twice (also by the owner at position {prev})",
+                        o.path.as_str()
+                    ),
+                ));
+            }
+            t.owners_of[ti].push(i);
+        }
+        Ok(t)
+    }
+
+    /// The tensor with this id; the id must have been checked.
+    pub fn tensor<'a>(&self, tensors: &'a [Tensor], id: TensorId) -> &'a Tensor {
+        &tensors[self.tensor_ix[&id] as usize]
+    }
+}
+
+/// Checks the version and kind of a document built in memory (the loaders check them
+/// before anything else, with their own errors).
+fn check_header(version: u32, kind: DocKind, expected: DocKind) -> Result<(), Invalid> {
+    if !FORMAT_VERSIONS.contains(&version) {
+        return Err(Invalid::at(
+            "format_version",
+            version_message(&version.to_string()),
+        ));
+    }
+    if kind != expected {
+        return Err(Invalid::at(
+            "kind",
+            format!("`kind` is `{kind}`, expected a `{expected}` document"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks every reference of a manifest.
+pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
+    check_header(m.format_version, m.kind, DocKind::Manifest)?;
+    let t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
+    let mut graph_ids = FxHashMap::default();
+    for (gi, g) in m.graphs.iter().enumerate() {
+        if graph_ids.insert(g.id, gi).is_some() {
+            return Err(Invalid::at(
+                format!("graphs[{gi}].id"),
+                format!("two graphs claim id {}", g.id.0),
+            ));
+        }
+        if let Some(p) = g.pool
+            && !t.pool_ix.contains_key(&p)
+        {
+            return Err(Invalid::at(
+                format!("graphs[{gi}].pool"),
+                format!("no pool has id {}", p.0),
+            ));
+        }
+    }
+    touches_in_parallel(m, &t)?;
+    Ok(t)
+}
+
+/// Every touch's tensor and allocation exist and hold its address; the graphs of the
+/// second half of the touches on a thread of their own where the machine has cores to
+/// spare. The error is the first in document order.
+fn touches_in_parallel(m: &Manifest, t: &Tables) -> Result<(), Invalid> {
+    // Each tensor's span and each allocation's extent in compact arrays: a million touches
+    // look them up in no order, and the records are many times their size.
+    let spans: Vec<(u64, u64)> = m
+        .tensors
+        .iter()
+        .map(|x| (x.data_ptr().0, x.end().0))
+        .collect();
+    let extents: Vec<(u64, u64)> = m.allocations.iter().map(|a| (a.base.0, a.size)).collect();
+    let run = |graphs: std::ops::Range<usize>| -> Result<(), Invalid> {
+        for gi in graphs {
+            graph_touches(gi, m, t, &spans, &extents)?;
+        }
+        Ok(())
+    };
+    let touches: Vec<usize> = m
+        .graphs
+        .iter()
+        .map(|g| g.nodes.iter().map(|n| n.touches.len()).sum())
+        .collect();
+    let total: usize = touches.iter().sum();
+    let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    if !parallel || total < 65_536 {
+        return run(0..m.graphs.len());
+    }
+    let mut seen = 0;
+    let split = touches
+        .iter()
+        .position(|&n| {
+            seen += n;
+            seen * 2 >= total
+        })
+        .map_or(m.graphs.len(), |i| i + 1);
+    std::thread::scope(|scope| {
+        let second = scope.spawn(|| run(split..m.graphs.len()));
+        let first = run(0..split);
+        let second = match second.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        first.and(second)
+    })
+}
+
+fn graph_touches(
+    gi: usize,
+    m: &Manifest,
+    t: &Tables,
+    spans: &[(u64, u64)],
+    extents: &[(u64, u64)],
+) -> Result<(), Invalid> {
+    let g = &m.graphs[gi];
+    let mut at = String::new();
+    for (ni, n) in g.nodes.iter().enumerate() {
+        for (ti, touch) in n.touches.iter().enumerate() {
+            let mut here = |field: &str| {
+                at.clear();
+                let _ = write!(at, "graphs[{gi}].nodes[{ni}].touches[{ti}].{field}");
+                at.clone()
+            };
+            if let Some(id) = touch.tensor {
+                let Some(x) = t.tensor_ix.get(&id) else {
+                    return Err(Invalid::at(
+                        here("tensor"),
+                        format!("no tensor has id {}", id.0),
+                    ));
+                };
+                let (start, end) = spans[x];
+                if !(start <= touch.addr.0 && touch.addr.0 < end) {
+                    let tensor = &m.tensors[x];
+                    return Err(Invalid::at(
+                        here("addr"),
+                        format!(
+                            "{} lies outside tensor {} ({}+{})",
+                            touch.addr,
+                            id.0,
+                            tensor.data_ptr(),
+                            tensor.nbytes
+                        ),
+                    ));
+                }
+            }
+            if let Some(id) = touch.allocation {
+                let Some(a) = t.alloc_ix.get(&id) else {
+                    return Err(Invalid::at(
+                        here("allocation"),
+                        format!("no allocation has id {}", id.0),
+                    ));
+                };
+                let (base, size) = extents[a];
+                if !(base <= touch.addr.0 && touch.addr.0 - base < size) {
+                    let al = &m.allocations[a];
+                    return Err(Invalid::at(
+                        here("addr"),
+                        format!(
+                            "{} lies outside allocation {} ({}+{})",
+                            touch.addr, id.0, al.base, al.size
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks every reference of a live snapshot.
+pub fn check_live(l: &Live) -> Result<Tables, Invalid> {
+    check_header(l.format_version, l.kind, DocKind::Live)?;
+    let t = Tables::build(&l.pools, &l.allocations, &l.tensors, &l.owners)?;
+    for (i, p) in l.probes.iter().enumerate() {
+        if let Some(pool) = p.pool
+            && !t.pool_ix.contains_key(&pool)
+        {
+            return Err(Invalid::at(
+                format!("probes[{i}].pool"),
+                format!("no pool has id {}", pool.0),
+            ));
+        }
+        if let Some(a) = p.allocation
+            && !t.alloc_ix.contains_key(&a)
+        {
+            return Err(Invalid::at(
+                format!("probes[{i}].allocation"),
+                format!("no allocation has id {}", a.0),
+            ));
+        }
+    }
+    Ok(t)
+}
+
+/// Whether `addr` lies in `[base, base + size)`.
+pub fn in_range(addr: Addr, base: Addr, size: u64) -> bool {
+    base <= addr && addr.0 - base.0 < size
+}
