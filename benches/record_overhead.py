@@ -88,7 +88,7 @@ def main():
             t0 = time.perf_counter()
             rec.write(os.path.join(d, "manifest.json"))
             t_write = time.perf_counter() - t0
-        return t_rec, t_man, t_write, json.loads(text), gs, getattr(rec, "walks", None)
+        return t_rec, t_man, t_write, graphcheck.load(text), gs, getattr(rec, "walks", None)
 
     plain_t, rec_t, man_t, write_t = [], [], [], []
     manifest = None

@@ -8,7 +8,7 @@
 //! launches, and the copies a captured graph makes to and from pinned host memory.
 #![cfg(feature = "cuda")]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use cudarc::driver::{
@@ -57,9 +57,18 @@ struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     module: Arc<cudarc::driver::CudaModule>,
+    /// Held until the test's streams, graphs and module are gone (fields drop in order):
+    /// the tests run one at a time even under the harness's parallel default, since a
+    /// global-mode capture on one thread is invalidated by another thread's synchronous
+    /// call (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, 900).
+    _serial: MutexGuard<'static, ()>,
 }
 
+static SERIAL: Mutex<()> = Mutex::new(());
+
 fn gpu() -> Gpu {
+    // A test that failed while holding the lock poisons it; the next one still runs.
+    let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let ctx = CudaContext::new(0).expect("device 0");
     let stream = ctx.new_stream().expect("a stream");
     let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
@@ -68,6 +77,7 @@ fn gpu() -> Gpu {
         ctx,
         stream,
         module,
+        _serial: serial,
     }
 }
 

@@ -299,7 +299,7 @@ def test_instrument_records_copies(cuda, tmp_path):
 
 CHILD = textwrap.dedent(
     """
-    import torch, graphcheck.torch as gt
+    import torch, graphcheck, graphcheck.torch as gt
     m = torch.nn.Module()
     m.register_buffer("src", torch.randn(1024, device="cuda"))
     m.register_buffer("dst", torch.zeros(1024, device="cuda"))
