@@ -38,7 +38,7 @@ pub use graph::{
     can_read_conditional_bodies, disable_event_tracking,
 };
 
-use cudarc::driver::result;
+use cudarc::driver::{result, sys};
 
 /// The oldest driver with `cuFuncGetParamInfo` (12.4).
 pub const MIN_DRIVER_VERSION: i32 = 12040;
@@ -81,6 +81,80 @@ pub fn address_range(addr: u64) -> Option<(u64, u64)> {
     // SAFETY: writes two integers; any address may be asked about.
     let ok = unsafe { raw::cuMemGetAddressRange_v2(&mut base, &mut size, addr) }.is_success();
     (ok && size > 0).then_some((base, size as u64))
+}
+
+/// Whether the device memory `[addr, addr + size)` is mapped now, each byte in a driver
+/// allocation of the current context's device: the device's ordinal where it is, `None`
+/// where any part is not (unmapped by a sleep, never allocated, another device's, host
+/// memory). A range of several driver allocations (expandable segments map a segment in
+/// chunks) is followed chunk by chunk. Reading memory the driver does not map here would
+/// be an illegal address that poisons the context, so readers ask first. Needs a current
+/// context.
+pub fn mapped_device_range(addr: u64, size: u64) -> Result<Option<i32>, DriverError> {
+    use cudarc::driver::sys::CUpointer_attribute as A;
+    let Some(end) = addr.checked_add(size) else {
+        return Ok(None);
+    };
+    let mut current: sys::CUdevice = 0;
+    // SAFETY: writes one device handle (an int, which is also the ordinal).
+    unsafe { raw::cuCtxGetDevice(&mut current) }.check("cuCtxGetDevice")?;
+    let mut at = addr;
+    while at < end {
+        let Some((base, len)) = address_range(at) else {
+            return Ok(None);
+        };
+        let (mut ordinal, mut kind) = (-1i32, 0u32);
+        // SAFETY: each call writes one value of the attribute's documented type
+        // (DEVICE_ORDINAL: an int; MEMORY_TYPE: a CUmemorytype, read as an unsigned int).
+        let ok = unsafe {
+            raw::cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast(),
+                A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                at,
+            )
+            .is_success()
+                && raw::cuPointerGetAttribute(
+                    (&mut kind as *mut u32).cast(),
+                    A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                    at,
+                )
+                .is_success()
+        };
+        let device = cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
+        if !ok || kind != device || ordinal != current || base > at || base + len <= at {
+            return Ok(None);
+        }
+        // A virtual-memory range also says whether it is mapped; a driver that cannot say
+        // leaves the range's own answer.
+        let mut mapped = 0i32;
+        // SAFETY: writes a boolean (CU_POINTER_ATTRIBUTE_MAPPED) of at most an int's size,
+        // into a zeroed int: read as nonzero or not whatever its width.
+        let asked = unsafe {
+            raw::cuPointerGetAttribute(
+                (&mut mapped as *mut i32).cast(),
+                A::CU_POINTER_ATTRIBUTE_MAPPED,
+                at,
+            )
+        }
+        .is_success();
+        if asked && mapped == 0 {
+            return Ok(None);
+        }
+        at = base + len;
+    }
+    Ok(Some(current))
+}
+
+/// Copies `len` bytes of device memory from `addr` to the host, synchronously. The caller
+/// promises the range is mapped device memory ([`mapped_device_range`]).
+pub fn read_device(addr: u64, len: usize) -> Result<Vec<u8>, DriverError> {
+    let mut out = vec![0u8; len];
+    if len > 0 {
+        // SAFETY: `out` is `len` writable bytes; the source is the caller's mapped range.
+        unsafe { result::memcpy_dtoh_sync(&mut out, addr) }
+            .map_err(|e| DriverError::from_cudarc("cuMemcpyDtoH", e))?;
+    }
+    Ok(out)
 }
 
 /// The allocation holding `addr` as the driver's pointer attributes give it, (base, size):

@@ -153,6 +153,8 @@ calls! {
     fn cuEventRecordWithFlags(event: sys::CUevent, stream: sys::CUstream, flags: c_uint);
 
     // Virtual memory and pinned host memory (the sleep allocator's).
+    /// `cuCtxGetDevice`.
+    fn cuCtxGetDevice(device: *mut sys::CUdevice);
     /// `cuCtxPushCurrent_v2`.
     fn cuCtxPushCurrent_v2(ctx: sys::CUcontext);
     /// `cuCtxPopCurrent_v2`.

@@ -1,11 +1,11 @@
 """Type stubs of ``graphcheck._native``, the PyO3 module built from ``python/src/`` (the
-``#[pyfunction]``s of ``lib.rs``, ``sleep.rs`` and ``digest.rs``). Documents are a path (``str`` or
+``#[pyfunction]``s of ``lib.rs``, ``sleep.rs``, ``digest.rs`` and ``build.rs``). Documents are a path (``str`` or
 ``os.PathLike``) or JSON text (a ``str`` whose first non-blank character is ``{``, or
 ``bytes``). ``tests/python/test_native_stubs.py`` fails when these drift from the module.
 """
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import final
 
 # What the module exports, in the order python/src/ adds them (PyO3 keeps `__all__`).
@@ -26,8 +26,6 @@ __all__ = [
     "explain",
     "diff",
     "schema",
-    "build_manifest",
-    "build_live",
     "walk_graph",
     "walk",
     "Walked",
@@ -54,6 +52,9 @@ __all__ = [
     "digest_host",
     "digest_cuda",
     "gpu_digest_info",
+    "digest_ranges",
+    "build_manifest",
+    "build_live",
 ]
 
 # A document: a path, or JSON text.
@@ -122,10 +123,21 @@ def explain(
 ) -> tuple[bool, str]: ...
 def diff(a: _Source, b: _Source, format: str = "table") -> tuple[bool, str]: ...
 def schema(format_version: int = 2) -> str: ...
+# Given the (address, bytes) of each range, a digest "<algorithm>:<hex>" or None for each.
+_RangeDigester = Callable[[list[tuple[int, int]]], Sequence[str | None]]
+
 def build_manifest(
-    spec: _Source, walked: Sequence[Walked] | None = None, format_version: int = 2
+    spec: _Source,
+    walked: Sequence[Walked] | None = None,
+    format_version: int = 2,
+    ranges: _RangeDigester | None = None,
 ) -> str: ...
-def build_live(spec: _Source, manifest: _Source, format_version: int = 2) -> str: ...
+def build_live(
+    spec: _Source,
+    manifest: _Source,
+    format_version: int = 2,
+    ranges: _RangeDigester | None = None,
+) -> str: ...
 def glob_match(pattern: str, paths: Sequence[str]) -> list[bool]: ...
 def check_path(path: str) -> str: ...
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None: ...
@@ -168,3 +180,6 @@ def digest_cuda(
     device: int, stream: int, views: Sequence[_View], nvrtc: str | os.PathLike[str] | None = None
 ) -> list[str]: ...
 def gpu_digest_info(device: int) -> dict[str, object]: ...
+def digest_ranges(
+    ranges: Sequence[tuple[int, int]], stream: int, nvrtc: str | os.PathLike[str] | None = None
+) -> tuple[list[str | None], str | None]: ...

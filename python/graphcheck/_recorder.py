@@ -10,7 +10,7 @@ import json
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
-from . import _allocator, _args, _native
+from . import _allocator, _args, _native, _registry
 from . import sleep as _sleep_module
 from ._allocator import _AllocSites, _pool_key, _pool_segments, _producer
 from ._native import GraphcheckError
@@ -100,7 +100,7 @@ class Recorder:
             _args.strings("runtime_state", runtime_state, "owner-path globs")
         )
         digests = _digests_arg("digests", digests)
-        self.digests = ("sha256" if digests is True else digests) or None
+        self.digests = digests or None
         self.producer = dict(_args.optional_mapping("producer", producer) or {})
         self.registry: Optional[Registry] = None
         #: Walks of the roots so far (the first graph's, and every one a later graph's
@@ -410,7 +410,10 @@ class Recorder:
     def manifest_json(self) -> str:
         """The manifest of every graph added so far, resolved and checked by the core, as
         JSON text."""
-        return _native.build_manifest(json.dumps(self.build_spec()), self._walked)
+        # With digests, the memory the graphs read that no owner explains is digested too
+        # (the manifest's `ranges`): contents a sleep lost there are `stale` after it.
+        ranges = _registry.range_digests if self.digests else None
+        return _native.build_manifest(json.dumps(self.build_spec()), self._walked, ranges=ranges)
 
     def manifest(self) -> dict:
         """The manifest of every graph added so far, resolved and checked by the core."""

@@ -312,6 +312,29 @@ def _cuda_gc128(device: int, views: list, tensors: list) -> list:
     return _host_copies(tensors)
 
 
+def range_digests(ranges: list) -> list:
+    """gc128 digests of device memory ranges ``[(address, bytes)]`` of the current CUDA
+    device, read on its current stream: the memory graphs read that no owner explains
+    (``_native.build_manifest``'s ``ranges``). ``None`` for a range any byte of which is not
+    mapped device memory of that device now (the driver is asked first), and for every
+    range before this process has used CUDA."""
+    torch = _torch()
+    if not ranges or not torch.cuda.is_initialized():
+        return [None] * len(ranges)
+    device = torch.cuda.current_device()
+    digests, fallback = _native.digest_ranges(ranges, _current_stream(device), nvrtc_path())
+    if fallback is not None and _GPU_UNAVAILABLE[0] is None:
+        _GPU_UNAVAILABLE[0] = fallback
+        warnings.warn(
+            f"graphcheck: {fallback}. Memory is digested through host copies instead "
+            "(the same gc128 digests, much slower); set GRAPHCHECK_NVRTC to libnvrtc's "
+            "path to use the GPU",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return digests
+
+
 #: The environment variable naming libnvrtc for the GPU digest.
 ENV_NVRTC = "GRAPHCHECK_NVRTC"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from . import _allocator, _args, _native
+from . import _allocator, _args, _native, _registry
 from . import sleep as _sleep_module
 from ._allocator import _AllocSites, _pool_key, _producer
 from ._api import FORMAT_VERSION, _source, _version_arg, load
@@ -111,7 +111,11 @@ def snapshot(
         "pool_bindings": [{"key": list(k), "pool": v} for k, v in bindings.items()],
         "reference_digests": references,
     }
-    return json.loads(_native.build_live(json.dumps(spec), _source(m_source), version))
+    # The manifest's `ranges` (memory read that no owner explains) digested again.
+    ranges = _registry.range_digests if algorithm is not None else None
+    return json.loads(
+        _native.build_live(json.dumps(spec), _source(m_source), version, ranges=ranges)
+    )
 
 
 def _reference_digests(reference, algorithm: str, root: str, max_depth: int) -> dict:

@@ -154,6 +154,38 @@ fn digest_cuda(
     }
 }
 
+/// The `gc128` digests of device memory ranges `(address, bytes)` of the current CUDA
+/// context's device, as `(digests, fallback)`: each digest `None` where any byte of its
+/// range is not mapped device memory of that device now (asked of the driver first: a read
+/// of unmapped memory would poison the context); `fallback` is why the GPU digest was
+/// unavailable where the ranges were read through host copies instead (the same digests).
+/// Runs on `stream` (`torch.cuda.current_stream().cuda_stream`).
+#[pyfunction]
+#[pyo3(signature = (ranges, stream, nvrtc=None))]
+fn digest_ranges(
+    py: Python<'_>,
+    ranges: Vec<(u64, u64)>,
+    stream: u64,
+    nvrtc: Option<PathBuf>,
+) -> PyResult<(Vec<Option<String>>, Option<String>)> {
+    detached(py, move || -> Result<_, NativeError> {
+        graphcheck::cuda::driver::init().map_err(|e| format!("digest_ranges: {e}"))?;
+        if !graphcheck::cuda::driver::has_current_context()
+            .map_err(|e| format!("digest_ranges: {e}"))?
+        {
+            return Err(NativeError::Message(
+                "digest_ranges: no CUDA context is current on this thread".into(),
+            ));
+        }
+        let (digests, fallback) = gpu::range_digests(&ranges, stream, nvrtc.as_deref())
+            .map_err(|e| format!("digest_ranges: {e}"))?;
+        Ok((
+            digests.into_iter().map(|d| d.map(|d| d.0)).collect(),
+            fallback,
+        ))
+    })
+}
+
 /// What the GPU digest has loaded, for diagnostics and the benchmark: `nvrtc_path` and
 /// `nvrtc_version` (`None` before NVRTC is loaded), and for `device`'s kernel
 /// `scratch_bytes` (device memory it keeps: accumulators and packed views) and
@@ -187,5 +219,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(digest_host, m)?)?;
     m.add_function(wrap_pyfunction!(digest_cuda, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_digest_info, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_ranges, m)?)?;
     Ok(())
 }

@@ -16,11 +16,10 @@ use graphcheck::document::format::{Document, FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::document::load::Source;
 use graphcheck::document::owner_path::Glob;
 use graphcheck::present::explain::Query;
-use graphcheck::resolve::live::LiveSpec;
-use graphcheck::resolve::spec::{self, BuildSpec};
 use graphcheck::resolve::walked::WalkedGraph;
 use graphcheck_cli::ops::{self, Format};
 // The sleep allocator's functions, and its malloc/free symbols for torch.
+mod build;
 mod digest;
 mod sleep;
 
@@ -466,71 +465,6 @@ fn version_arg(v: u32) -> PyResult<u32> {
     }
 }
 
-/// Builds a manifest from a build spec (JSON, see `graphcheck::resolve::spec`): resolves
-/// every walked word to a tensor view, allocation and pool, checks the result, returns its
-/// JSON in format `format_version` (default 2).
-#[pyfunction]
-#[pyo3(signature = (spec, walked=None, format_version=2))]
-fn build_manifest(
-    py: Python<'_>,
-    spec: &Bound<'_, PyAny>,
-    walked: Option<Vec<PyRef<'_, Walked>>>,
-    format_version: u32,
-) -> PyResult<String> {
-    let v = version_arg(format_version)?;
-    let spec = spec_bytes(spec, "<build spec>")?;
-    let walked: Vec<std::sync::Arc<WalkedGraph>> = walked
-        .unwrap_or_default()
-        .iter()
-        .map(|w| w.inner.clone())
-        .collect();
-    detached(py, move || -> Result<String, NativeError> {
-        let name = "<build spec>";
-        let m = spec::build(BuildSpec::parse(&spec, name)?, &walked, name)?;
-        Ok(serde_json::to_string(&m.in_version(v))?)
-    })
-}
-
-/// Builds the live snapshot of a live spec (JSON, see `graphcheck::resolve::live::LiveSpec`:
-/// the live model's tensor views and owners, the allocator's segments, pool bindings,
-/// reference digests) against `manifest`; returns its JSON in format `format_version`
-/// (default 2), checked like a loaded document.
-#[pyfunction]
-#[pyo3(signature = (spec, manifest, format_version=2))]
-fn build_live(
-    py: Python<'_>,
-    spec: &Bound<'_, PyAny>,
-    manifest: &Bound<'_, PyAny>,
-    format_version: u32,
-) -> PyResult<String> {
-    let v = version_arg(format_version)?;
-    let spec = spec_bytes(spec, "<live spec>")?;
-    let manifest = source(manifest, Some("<manifest>"))?;
-    detached(py, move || -> Result<String, NativeError> {
-        let mut de = serde_json::Deserializer::from_slice(&spec);
-        let spec: LiveSpec = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            NativeError::Message(format!(
-                "<live spec>: invalid spec at `{}`: {}",
-                e.path(),
-                e.inner()
-            ))
-        })?;
-        let (m, _) = manifest.manifest_checked()?;
-        let live = graphcheck::resolve::live::build_live(spec, &m)
-            .map_err(|e| NativeError::Message(format!("<live spec>: {}", chain(&e))))?;
-        Ok(serde_json::to_string(&live.in_version(v))?)
-    })
-}
-
-/// A spec as the caller handed it: JSON text, or a file holding it.
-fn spec_bytes(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u8>> {
-    match source(obj, Some(name))? {
-        Source::Text { bytes, .. } => Ok(bytes),
-        Source::Path(p) => std::fs::read(&p)
-            .map_err(|e| GraphcheckError::new_err(format!("failed to read {}: {e}", p.display()))),
-    }
-}
-
 /// For each path, whether it matches the owner-path glob (`*` within one hop, `**`
 /// across hops, brackets literal).
 #[pyfunction]
@@ -692,8 +626,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
-    m.add_function(wrap_pyfunction!(build_manifest, m)?)?;
-    m.add_function(wrap_pyfunction!(build_live, m)?)?;
     m.add_function(wrap_pyfunction!(walk_graph, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
     m.add_class::<Walked>()?;
@@ -702,6 +634,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     sleep::register(m)?;
     digest::register(m)?;
+    build::register(m)?;
     Ok(())
 }
 

@@ -10,9 +10,12 @@ use rustc_hash::FxHashSet;
 use super::context::{Ctx, Subject, TouchRef, kernel_refs};
 use super::finding::{Finding, FindingKind, Severity};
 use super::live::ProbeIndex;
-use crate::document::format::{Addr, AllocState, Allocation, Live, PoolKind, Probe, Tensor};
+use crate::document::format::{
+    Addr, AllocState, Allocation, Contents, Digest, Live, PoolKind, Probe, RangeDigest, Tensor,
+};
 use crate::document::index::AddressIndex;
 use crate::document::load::Tables;
+use crate::document::refs::in_range;
 
 /// The touches no owner explains that share one subject.
 pub(super) struct Group<'m> {
@@ -23,6 +26,27 @@ pub(super) struct Group<'m> {
     /// The manifest allocation (index) the first touch's address lay in at capture.
     alloc: Option<usize>,
     tensor: Option<&'m Tensor>,
+}
+
+impl Group<'_> {
+    /// Whether the allocation the group's address lay in at capture belongs to a pool the
+    /// manifest declares (not a graph's: those groups are left out): memory a sleep or an
+    /// engine allocator may release and map again, losing what it held.
+    pub(super) fn in_declared_pool(&self, m: &crate::document::format::Manifest) -> bool {
+        self.alloc.is_some_and(|a| m.allocations[a].pool.is_some())
+    }
+
+    /// The group's captured addresses, sorted, each once.
+    pub(super) fn addresses(&self, m: &crate::document::format::Manifest) -> Vec<Addr> {
+        let mut addrs: Vec<Addr> = self
+            .refs
+            .iter()
+            .map(|&(gi, ni, ki)| m.graphs[gi as usize].nodes[ni as usize].touches[ki as usize].addr)
+            .collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        addrs
+    }
 }
 
 /// The groups of touches that name no tensor (`bare`), or a tensor with no owner, outside
@@ -137,13 +161,7 @@ pub(super) fn live_checks(
             continue;
         };
         let captured = &m.allocations[a];
-        let mut addrs: Vec<Addr> = g
-            .refs
-            .iter()
-            .map(|&(gi, ni, ki)| m.graphs[gi as usize].nodes[ni as usize].touches[ki as usize].addr)
-            .collect();
-        addrs.sort_unstable();
-        addrs.dedup();
+        let addrs = g.addresses(m);
         let now: Vec<&Probe> = addrs
             .iter()
             .filter_map(|&addr| probes.at(addr))
@@ -209,8 +227,50 @@ pub(super) fn live_checks(
                     p.addr, live.base, live.size, captured.base, captured.size
                 ),
             ));
+            continue;
+        }
+        if l.event.contents == Contents::Preserved
+            && let Some((r, now)) = changed_range(&m.ranges, &l.ranges, &addrs)
+        {
+            let inside = |addr: Addr| in_range(addr, r.addr, r.size);
+            let refs: Vec<TouchRef> = g
+                .refs
+                .iter()
+                .copied()
+                .filter(|&(gi, ni, ki)| {
+                    inside(m.graphs[gi as usize].nodes[ni as usize].touches[ki as usize].addr)
+                })
+                .collect();
+            out.push(finding(
+                ctx,
+                g,
+                &refs,
+                FindingKind::Stale,
+                format!(
+                    "no owner explained it at capture, and the contents of {}+{} that the graphs read changed across `{}` (contents preserved): {} at capture, {} now",
+                    r.addr, r.size, l.event.name, r.digest.0, now.0
+                ),
+            ));
         }
     }
+}
+
+/// The first captured range holding one of `addrs` whose live digest (same range, same
+/// algorithm) differs, with that digest. A range the snapshot did not digest (unmapped, or
+/// no digests asked for) says nothing.
+fn changed_range<'a>(
+    captured: &'a [RangeDigest],
+    live: &'a [RangeDigest],
+    addrs: &[Addr],
+) -> Option<(&'a RangeDigest, &'a Digest)> {
+    captured
+        .iter()
+        .filter(|r| addrs.iter().any(|&a| in_range(a, r.addr, r.size)))
+        .find_map(|r| {
+            let now = live.iter().find(|n| n.addr == r.addr && n.size == r.size)?;
+            (now.digest.algorithm() == r.digest.algorithm() && now.digest != r.digest)
+                .then_some((r, &now.digest))
+        })
 }
 
 fn pool_name(ctx: &Ctx<'_>, g: &Group<'_>) -> Option<String> {

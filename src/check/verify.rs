@@ -11,7 +11,7 @@ use super::live::{ProbeIndex, live_checks};
 use super::unowned;
 use crate::check::allow::Allowlist;
 use crate::check::finding::{Finding, FindingKind, REPORT_VERSION, Report, Severity};
-use crate::document::format::{Live, Manifest, SleepPolicy, TensorId, ViewKey};
+use crate::document::format::{Addr, Live, Manifest, SleepPolicy, TensorId, ViewKey};
 use crate::document::index::AddressIndex;
 use crate::document::load::{Tables, check_live, check_manifest};
 use crate::document::pair::{PairError, check_pair};
@@ -39,6 +39,55 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
     verify_checked(m, &mt, live.zip(lt.as_ref()), allow).map_err(VerifyError::Pair)
 }
 
+/// Every captured address of the touches no owner explains (the `unowned` findings' touches)
+/// that lay in an allocation of a pool the manifest declares, sorted, each once: where the
+/// memory graphs read without an owner is, for digesting it
+/// ([`crate::document::format::RangeDigest`]). Memory of no declared pool is left out:
+/// torch's default pool holds scratch the graphs write at every replay (cuBLAS's
+/// workspace), whose contents change without anything being wrong, and no sleep releases it.
+pub fn unexplained_addresses(m: &Manifest, mt: &Tables) -> Vec<Addr> {
+    let (touches_of, bare) = TouchIndex::new(m, mt);
+    let ctx = Ctx {
+        m,
+        mt,
+        touches_of,
+        storages: OnceLock::new(),
+        views: OnceLock::new(),
+    };
+    let subjects = subjects_of(&ctx);
+    let mut addrs: Vec<Addr> = unowned::groups(&ctx, &bare, &subjects)
+        .iter()
+        .filter(|g| g.in_declared_pool(m))
+        .flat_map(|g| g.addresses(m))
+        .collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    addrs
+}
+
+/// The touched tensors grouped by view key, in document order of first tensor.
+fn subjects_of<'m>(ctx: &Ctx<'m>) -> Vec<Subject<'m>> {
+    let m = ctx.m;
+    let mut by_key: FxHashMap<ViewKey<'_>, usize> = FxHashMap::default();
+    let mut subjects: Vec<Subject<'_>> = Vec::new();
+    for (ti, t) in m.tensors.iter().enumerate() {
+        if ctx.touches_of[ti].is_empty() {
+            continue;
+        }
+        let si = *by_key.entry(t.view_key()).or_insert_with(|| {
+            subjects.push(Subject {
+                tensors: Vec::new(),
+                tensor: t,
+                owners: Vec::new(),
+            });
+            subjects.len() - 1
+        });
+        subjects[si].tensors.push(ti);
+        subjects[si].owners.extend_from_slice(&ctx.mt.owners_of[ti]);
+    }
+    subjects
+}
+
 /// [`verify`] for documents already checked (the loaders in [`crate::document::load`] return their
 /// [`Tables`]); the tables must be those of these documents. A live snapshot that does not
 /// belong with the manifest ([`check_pair`]) is an error: verified, it would lose findings.
@@ -59,25 +108,7 @@ pub fn verify_checked(
         storages: OnceLock::new(),
         views: OnceLock::new(),
     };
-
-    // Subjects: touched tensors grouped by view key, in document order of first tensor.
-    let mut by_key: FxHashMap<ViewKey<'_>, usize> = FxHashMap::default();
-    let mut subjects: Vec<Subject<'_>> = Vec::new();
-    for (ti, t) in m.tensors.iter().enumerate() {
-        if ctx.touches_of[ti].is_empty() {
-            continue;
-        }
-        let si = *by_key.entry(t.view_key()).or_insert_with(|| {
-            subjects.push(Subject {
-                tensors: Vec::new(),
-                tensor: t,
-                owners: Vec::new(),
-            });
-            subjects.len() - 1
-        });
-        subjects[si].tensors.push(ti);
-        subjects[si].owners.extend_from_slice(&ctx.mt.owners_of[ti]);
-    }
+    let subjects = subjects_of(&ctx);
 
     let mut findings = in_parallel(&subjects, |s, out| capture_checks(&ctx, s, out));
     let ownerless = unowned::groups(&ctx, &bare, &subjects);

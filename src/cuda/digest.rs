@@ -196,6 +196,65 @@ pub fn digests(
         .collect())
 }
 
+/// The `gc128` digests of device memory ranges `(addr, size)` of the current context's
+/// device, each read as bytes where it is mapped now and `None` where any part is not
+/// ([`graphcheck_driver::mapped_device_range`]): one launch on `stream` for them all, or,
+/// where the GPU digest is unavailable, host copies digested by the CPU twin (the same
+/// digests), with the reason returned beside them.
+pub fn range_digests(
+    ranges: &[(u64, u64)],
+    stream: u64,
+    nvrtc_path: Option<&Path>,
+) -> Result<(Vec<Option<Digest>>, Option<String>), GpuDigestError> {
+    let driver = |e: graphcheck_driver::DriverError| GpuDigestError::Kernel(DigestError::from(e));
+    let mut out = vec![None; ranges.len()];
+    let mut readable = Vec::new();
+    let mut device = None;
+    for (i, &(addr, size)) in ranges.iter().enumerate() {
+        if size > 0
+            && let Some(d) = graphcheck_driver::mapped_device_range(addr, size).map_err(driver)?
+        {
+            device = Some(d);
+            readable.push(i);
+        }
+    }
+    let Some(device) = device else {
+        return Ok((out, None));
+    };
+    let views: Vec<DeviceView> = readable
+        .iter()
+        .map(|&i| DeviceView {
+            addr: ranges[i].0,
+            shape: vec![ranges[i].1],
+            stride: vec![1],
+            itemsize: 1,
+        })
+        .collect();
+    let (digests, fallback) = match digests(device, stream, &views, nvrtc_path) {
+        Ok(d) => (d, None),
+        Err(GpuDigestError::Unavailable(why)) => {
+            let mut d = Vec::with_capacity(views.len());
+            for v in &views {
+                let len = usize::try_from(v.shape[0]).map_err(|_| {
+                    GpuDigestError::Unavailable(format!(
+                        "{} bytes do not fit in memory",
+                        v.shape[0]
+                    ))
+                })?;
+                d.push(gc::gc128(
+                    &graphcheck_driver::read_device(v.addr, len).map_err(driver)?,
+                ));
+            }
+            (d, Some(why))
+        }
+        Err(e) => return Err(e),
+    };
+    for (i, d) in readable.into_iter().zip(digests) {
+        out[i] = Some(d);
+    }
+    Ok((out, fallback))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

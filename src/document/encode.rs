@@ -15,7 +15,7 @@ use serde::{Serialize, Serializer};
 
 use crate::document::format::{
     Addr, Allocation, AllocationId, DocKind, Event, FORMAT_VERSIONS, Graph, Live, Manifest, Owner,
-    Pool, Probe, Producer, Tensor, TensorId,
+    Pool, Probe, Producer, RangeDigest, Tensor, TensorId,
 };
 use crate::document::ids::IdIndex;
 
@@ -53,6 +53,7 @@ impl Serialize for Manifest {
                 tensors: &self.tensors,
                 owners: &self.owners,
                 graphs: &self.graphs,
+                ranges: &self.ranges,
             }
             .serialize(s),
             2 => v2_manifest(self, s),
@@ -74,6 +75,7 @@ impl Serialize for Live {
                 tensors: &self.tensors,
                 owners: &self.owners,
                 probes: &self.probes,
+                ranges: &self.ranges,
             }
             .serialize(s),
             2 => v2_live(self, s),
@@ -93,6 +95,8 @@ struct V1Manifest<'a> {
     tensors: &'a [Tensor],
     owners: &'a [Owner],
     graphs: &'a [Graph],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    ranges: &'a [RangeDigest],
 }
 
 /// Format 1's live snapshot.
@@ -107,6 +111,8 @@ struct V1Live<'a> {
     tensors: &'a [Tensor],
     owners: &'a [Owner],
     probes: &'a [Probe],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    ranges: &'a [RangeDigest],
 }
 
 /// A column: the values an iterator yields, written as one JSON array. Serializing takes
@@ -443,6 +449,9 @@ fn v2_manifest<S: Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
             bases: &bases,
         },
     )?;
+    if !m.ranges.is_empty() {
+        st.serialize_field("ranges", &m.ranges)?;
+    }
     st.end()
 }
 
@@ -457,5 +466,8 @@ fn v2_live<S: Serializer>(l: &Live, s: S) -> Result<S::Ok, S::Error> {
     st.serialize_field("tensors", &Tensors(&l.tensors))?;
     st.serialize_field("owners", &Owners(&l.owners))?;
     st.serialize_field("probes", &Probes(&l.probes))?;
+    if !l.ranges.is_empty() {
+        st.serialize_field("ranges", &l.ranges)?;
+    }
     st.end()
 }

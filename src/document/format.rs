@@ -287,6 +287,16 @@ impl Digest {
     }
 }
 
+/// The digest of a range of device memory that graphs read but no owner explains: the
+/// allocator block holding an address of an `unowned` finding (a module-global cache a
+/// kernel reads), taken when the document was made. `addr` and `size` are the block's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RangeDigest {
+    pub addr: Addr,
+    pub size: u64,
+    pub digest: Digest,
+}
+
 /// One Python frame of the allocation site of a tensor's block (from PyTorch's memory
 /// history), innermost first.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -690,6 +700,10 @@ pub struct Manifest {
     pub tensors: Vec<Tensor>,
     pub owners: Vec<Owner>,
     pub graphs: Vec<Graph>,
+    /// The contents of the memory the graphs read that no owner explains, where digests
+    /// were taken.
+    #[serde(default)]
+    pub ranges: Vec<RangeDigest>,
 }
 
 impl Manifest {
@@ -704,6 +718,7 @@ impl Manifest {
             tensors: Vec::new(),
             owners: Vec::new(),
             graphs: Vec::new(),
+            ranges: Vec::new(),
         }
     }
 }
@@ -730,6 +745,9 @@ pub struct Live {
     pub owners: Vec<Owner>,
     /// One per distinct address the manifest's graphs hold.
     pub probes: Vec<Probe>,
+    /// The manifest's `ranges` digested again, where their memory is mapped.
+    #[serde(default)]
+    pub ranges: Vec<RangeDigest>,
 }
 
 impl Live {
@@ -745,49 +763,13 @@ impl Live {
             tensors: Vec::new(),
             owners: Vec::new(),
             probes: Vec::new(),
+            ranges: Vec::new(),
         }
     }
 }
 
-/// Either document, as `diff` and `show` take them.
-#[derive(Clone, Debug)]
-pub enum Document {
-    Manifest(Manifest),
-    Live(Live),
-}
-
-impl Document {
-    pub fn kind(&self) -> DocKind {
-        match self {
-            Document::Manifest(_) => DocKind::Manifest,
-            Document::Live(_) => DocKind::Live,
-        }
-    }
-    pub fn tensors(&self) -> &[Tensor] {
-        match self {
-            Document::Manifest(m) => &m.tensors,
-            Document::Live(l) => &l.tensors,
-        }
-    }
-    pub fn owners(&self) -> &[Owner] {
-        match self {
-            Document::Manifest(m) => &m.owners,
-            Document::Live(l) => &l.owners,
-        }
-    }
-    pub fn pools(&self) -> &[Pool] {
-        match self {
-            Document::Manifest(m) => &m.pools,
-            Document::Live(l) => &l.pools,
-        }
-    }
-    pub fn producer(&self) -> &Producer {
-        match self {
-            Document::Manifest(m) => &m.producer,
-            Document::Live(l) => &l.producer,
-        }
-    }
-}
+mod either;
+pub use either::Document;
 
 #[cfg(test)]
 mod tests;

@@ -532,6 +532,32 @@ mod tests {
     }
 
     #[test]
+    fn ranges_round_trip_and_a_bad_one_is_named() {
+        use crate::document::format::{Addr, Digest, RangeDigest};
+        for version in [1, 2] {
+            let mut m = manifest().in_version(version);
+            m.ranges.push(RangeDigest {
+                addr: Addr(0x7f00_0000_2600),
+                size: 4096,
+                digest: Digest("gc128:00ff".into()),
+            });
+            let bytes = serde_json::to_vec(&m).unwrap();
+            assert_eq!(parse_manifest(&bytes, Path::new("m.json")).unwrap(), m);
+            let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            v["ranges"][0]["size"] = 0.into();
+            let e = err(&serde_json::to_vec(&v).unwrap());
+            assert!(e.contains("`ranges[0].size`") && e.contains("empty"), "{e}");
+            let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            v["ranges"][0]["digest"] = "00ff".into();
+            let e = err(&serde_json::to_vec(&v).unwrap());
+            assert!(e.contains("`ranges[0].digest`"), "{e}");
+        }
+        // None: no field, as documents before ranges were written.
+        let text = serde_json::to_string(&manifest()).unwrap();
+        assert!(!text.contains("\"ranges\""));
+    }
+
+    #[test]
     fn round_trips_and_names_file_and_json_path_on_errors() {
         let m = manifest();
         let bytes = serde_json::to_vec(&m).unwrap();

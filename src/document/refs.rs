@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use crate::document::format::{
     Addr, Allocation, AllocationId, DocKind, FORMAT_VERSIONS, Live, Manifest, Owner, Pool, PoolId,
-    Tensor, TensorId,
+    RangeDigest, Tensor, TensorId,
 };
 use crate::document::ids::IdIndex;
 use crate::document::wording::shorten;
@@ -246,6 +246,7 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
         }
     }
     touches_in_parallel(m, &t)?;
+    check_ranges(&m.ranges)?;
     Ok(t)
 }
 
@@ -380,7 +381,31 @@ pub fn check_live(l: &Live) -> Result<Tables, Invalid> {
             ));
         }
     }
+    check_ranges(&l.ranges)?;
     Ok(t)
+}
+
+/// Each range of `ranges` is non-empty, within the address space, and its digest names an
+/// algorithm.
+fn check_ranges(ranges: &[RangeDigest]) -> Result<(), Invalid> {
+    for (i, r) in ranges.iter().enumerate() {
+        if r.size == 0 || r.addr.0.checked_add(r.size).is_none() {
+            return Err(Invalid::at(
+                format!("ranges[{i}].size"),
+                format!(
+                    "a range of {} bytes at {} is empty or passes the end of the address space",
+                    r.size, r.addr
+                ),
+            ));
+        }
+        if r.digest.algorithm().is_empty() {
+            return Err(Invalid::at(
+                format!("ranges[{i}].digest"),
+                format!("`{}` is not `<algorithm>:<hex>`", r.digest.0),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `addr` lies in `[base, base + size)`.

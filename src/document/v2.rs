@@ -24,8 +24,8 @@ use serde::{Deserialize, Deserializer};
 
 use crate::document::format::{
     Addr, AllocState, Allocation, AllocationId, Digest, DocKind, Event, Frame, Graph, GraphId,
-    Live, Manifest, Node, NodeKind, Owner, Pool, PoolId, Probe, Producer, Registration, Tensor,
-    TensorId, Touch, Unread,
+    Live, Manifest, Node, NodeKind, Owner, Pool, PoolId, Probe, Producer, RangeDigest,
+    Registration, Tensor, TensorId, Touch, Unread,
 };
 use crate::document::ids::IdIndex;
 use crate::document::owner_path::OwnerPath;
@@ -57,6 +57,9 @@ pub struct ManifestV2 {
     #[serde(default)]
     pub launches: Vec<Launch>,
     pub graphs: Vec<GraphV2>,
+    /// As in format 1.
+    #[serde(default)]
+    pub ranges: Vec<RangeDigest>,
 }
 
 /// A live snapshot in format 2.
@@ -79,6 +82,9 @@ pub struct LiveV2 {
     pub owners: OwnerColumns,
     /// One row per distinct address the manifest's graphs hold.
     pub probes: ProbeColumns,
+    /// As in format 1.
+    #[serde(default)]
+    pub ranges: Vec<RangeDigest>,
 }
 
 /// `allocations` as columns: one value per allocation in each.
@@ -595,6 +601,7 @@ impl ManifestV2 {
         m.tensors = tensors;
         m.owners = owners;
         m.graphs = graphs;
+        m.ranges = self.ranges;
         Ok(m)
     }
 }
@@ -610,6 +617,7 @@ impl LiveV2 {
         l.tensors = tensors(self.tensors)?;
         l.owners = owners(self.owners)?;
         l.probes = probes(self.probes)?;
+        l.ranges = self.ranges;
         Ok(l)
     }
 }

@@ -7,7 +7,9 @@ use crate::document::ids::IdIndex;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use crate::document::format::{Addr, Document, Live, Manifest, Owner, Pool, PoolId, Tensor};
+use crate::document::format::{
+    Addr, Document, Live, Manifest, Owner, Pool, PoolId, RangeDigest, Tensor,
+};
 use crate::document::index::IntervalIndex;
 use crate::present::fmt::{AddrFmt, escape};
 
@@ -414,7 +416,30 @@ pub fn normalized_manifest(m: &Manifest) -> String {
     }
     out.push_str("tensors:\n");
     tensor_section(&mut out, &m.tensors, &m.owners, &m.pools, &sym);
+    range_section(&mut out, &m.ranges, &sym);
     out
+}
+
+/// The digested ranges no owner explains, where a document has them (none: no section, as
+/// documents before them read).
+fn range_section(out: &mut String, ranges: &[RangeDigest], sym: &Symbolizer) {
+    if ranges.is_empty() {
+        return;
+    }
+    out.push_str("ranges (read by graphs, no owner):\n");
+    let mut lines: Vec<String> = ranges
+        .iter()
+        .map(|r| {
+            format!(
+                "  {}+{} bytes, digest {}\n",
+                sym.symbol(r.addr),
+                r.size,
+                short_digest(&r.digest)
+            )
+        })
+        .collect();
+    lines.sort();
+    lines.into_iter().for_each(|l| out.push_str(&l));
 }
 
 /// The normalized text of a live snapshot.
@@ -463,6 +488,7 @@ pub fn normalized_live(l: &Live) -> String {
     }
     out.push_str("tensors:\n");
     tensor_section(&mut out, &l.tensors, &l.owners, &l.pools, &sym);
+    range_section(&mut out, &l.ranges, &sym);
     out
 }
 

@@ -120,6 +120,44 @@ impl BuildSpec {
     }
 }
 
+impl BuildSpec {
+    /// The allocator blocks handed out when the spec was made (active or pending free),
+    /// `(address, size)`, sorted: where the memory a kernel reads without an owner is
+    /// digested, since a block is one allocation the caller made, a segment many.
+    pub fn active_blocks(&self) -> Vec<(Addr, u64)> {
+        let mut blocks: Vec<(Addr, u64)> = self
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| {
+                matches!(
+                    b.state,
+                    BlockState::ActiveAllocated | BlockState::ActivePendingFree
+                ) && b.size > 0
+            })
+            .map(|b| (b.addr, b.size))
+            .collect();
+        blocks.sort_unstable();
+        blocks
+    }
+}
+
+/// The blocks (sorted, as [`BuildSpec::active_blocks`] gives them) that hold one of
+/// `addrs`, each once, in order.
+pub fn blocks_holding(blocks: &[(Addr, u64)], addrs: &[Addr]) -> Vec<(Addr, u64)> {
+    let mut out: Vec<(Addr, u64)> = addrs
+        .iter()
+        .filter_map(|&a| {
+            let i = blocks.partition_point(|b| b.0 <= a).checked_sub(1)?;
+            let (base, size) = blocks[i];
+            (a.0 - base.0 < size).then_some((base, size))
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// Builds and checks the manifest of `spec`; `walked` holds the graphs that `walked_index`
 /// entries refer to. `name` names the spec in errors.
 pub fn build(
@@ -233,5 +271,29 @@ mod tests {
         let m = build(spec, &[], "<test>").unwrap();
         let pools: Vec<Option<PoolId>> = m.allocations.iter().map(|a| a.pool).collect();
         assert_eq!(pools, vec![Some(PoolId(0)), None]);
+    }
+
+    /// The blocks digested for addresses no owner explains: handed-out blocks only, each
+    /// once, and none for an address in a free block or outside every block.
+    #[test]
+    fn the_blocks_holding_addresses_are_the_handed_out_ones() {
+        let spec = r#"{
+            "producer": {"tool": "t", "tool_version": "0", "rank": 0, "world_size": 1},
+            "segments": [
+                {"base": "0x200000", "size": 2097152,
+                 "blocks": [{"addr": "0x201000", "size": 4096, "state": "active_allocated"},
+                            {"addr": "0x200000", "size": 4096, "state": "inactive"},
+                            {"addr": "0x202000", "size": 512, "state": "active_pending_free"}]}
+            ]
+        }"#;
+        let spec = BuildSpec::parse(spec.as_bytes(), "<test>").unwrap();
+        let blocks = spec.active_blocks();
+        assert_eq!(blocks, vec![(Addr(0x201000), 4096), (Addr(0x202000), 512)]);
+        let addrs = [0x200010, 0x201000, 0x201ff8, 0x202100, 0x202200, 0x300000].map(Addr);
+        assert_eq!(
+            blocks_holding(&blocks, &addrs),
+            vec![(Addr(0x201000), 4096), (Addr(0x202000), 512)]
+        );
+        assert_eq!(blocks_holding(&blocks, &[Addr(0x100)]), vec![]);
     }
 }

@@ -122,3 +122,29 @@ def test_recorded_digests_are_gc128_read_on_the_gpu(gpu):
     reg = gt.walk(model)
     specs = reg.tensor_specs("gc128")
     assert [s["digest"] for s in specs] == [gt.digest(r.tensor.cpu()) for r in reg.tensors]
+
+
+def test_memory_ranges_are_digested_where_mapped_and_only_there(gpu):
+    """`_native.digest_ranges` (the memory graphs read that no owner explains): a mapped
+    range's digest is its bytes' (the CPU twin's of a host copy); a range the driver does not
+    map on this device, or that runs past its allocation, is None and is never read."""
+    torch = gpu
+    t = torch.randn(1001, device="cuda")
+    s = t.untyped_storage()
+    host = torch.zeros(64, dtype=torch.uint8).pin_memory()
+    ranges = [
+        (s.data_ptr(), s.nbytes()),
+        (s.data_ptr() + 8, 24),
+        (0x1000, 64),  # nothing is mapped there
+        (s.data_ptr(), 1 << 40),  # runs past the allocation
+        (host.data_ptr(), 64),  # pinned host memory
+    ]
+    stream = torch.cuda.current_stream().cuda_stream
+    digests, fallback = native.digest_ranges(ranges, stream, registry.nvrtc_path())
+    assert fallback is None
+    bytes_ = t.cpu().view(torch.uint8)
+    assert digests[0] == native.gc128_bytes(bytes(bytes_.numpy())) == gt.digest(t)
+    assert digests[1] == native.gc128_bytes(bytes(bytes_[8:32].numpy()))
+    assert digests[2:] == [None, None, None]
+    torch.cuda.synchronize()  # the context is healthy: nothing unmapped was read
+    assert registry.range_digests(ranges[:1]) == digests[:1]

@@ -200,6 +200,69 @@ def test_constants_registered_as_buffers_verify_clean(sleeper, torch):
     del keep, model
 
 
+#: A module-global cos/sin cache (issue 14): no owner reaches it, a kernel reads it.
+_ROPE: dict = {}
+
+
+def test_a_module_global_cache_lost_by_level2_sleep_is_stale(sleeper, torch):
+    """The issue's case: a cos/sin cache no owner reaches, in a pool level-2 sleep discards,
+    reads NaN after wake and so does the replay; with digests on, graphcheck digests the
+    allocator block the graph reads there (the manifest's `ranges`) and reports it `stale`,
+    beside its capture-time `unowned`. A snapshot before the sleep is clean."""
+    alloc = sleeper
+    with gs.sleep_pool("weights"):
+        model = make_model(torch, constants_as_buffers=True, layers=2)
+        _ROPE["cos"] = torch.linspace(0.5, 1.5, D, device="cuda")
+    forward = model.forward
+
+    def with_rope(x):
+        return forward(x) * _ROPE["cos"]
+
+    model.forward = with_rope
+    x = torch.randn(8, D, device="cuda")
+    g, y, manifest = capture(torch, model, x, alloc)
+    cos = _ROPE["cos"].data_ptr()
+    held = [r for r in manifest.get("ranges", []) if int(r["addr"], 16) <= cos < int(r["addr"], 16) + r["size"]]
+    print("ranges:", manifest.get("ranges"))
+    assert len(held) == 1 and held[0]["digest"].startswith("gc128:"), manifest.get("ranges")
+    subject = next(f.subject for f in graphcheck.verify(manifest, allow=CUBLAS_WORKSPACE).findings if f.kind == "unowned")
+    before = replay(torch, g, y)
+    state = cpu_state(model)
+
+    # Replays change nothing the cache holds: a snapshot now is clean.
+    live = gt.snapshot(model, manifest, event="replays", digests=True, pools=alloc.pool_names())
+    assert graphcheck.load(live)["ranges"] == held
+    assert kinds(graphcheck.verify(manifest, live, allow=CUBLAS_WORKSPACE)) == [("unowned", subject)]
+
+    alloc.sleep(2)
+    # Asleep, the block is unmapped: the digester asks the driver first and reads nothing.
+    asleep = gt.snapshot(model, manifest, event="asleep", digests=False)
+    assert "ranges" not in graphcheck.load(asleep)
+    from graphcheck import _native, _registry
+    assert _registry.range_digests([(int(held[0]["addr"], 16), held[0]["size"])]) == [None]
+    alloc.wake(poison="nan")
+    with torch.no_grad():
+        model.load_state_dict(state)  # the reload restores what the model owns, not the cache
+    torch.cuda.synchronize()
+    after = replay(torch, g, y)
+    print(f"module-global cache after level 2: cos NaN {torch.isnan(_ROPE['cos']).all().item()}, replay NaN {torch.isnan(after).all().item()}")
+    assert torch.isnan(after).all(), "the replay reads the lost cache"
+    live = gt.snapshot(
+        model, manifest, event="sleep(level=2) + wake + reload", digests=True,
+        pools=alloc.pool_names(),
+    )
+    save("sleep_global_cache_manifest.json", manifest)
+    save("sleep_global_cache_live.json", live)
+    report = graphcheck.verify(manifest, live, allow=CUBLAS_WORKSPACE)
+    print(report.table)
+    assert kinds(report) == [("stale", subject), ("unowned", subject)]
+    stale = next(f for f in report.findings if f.kind == "stale")
+    assert held[0]["digest"] in stale.detail and stale.graphs == ("decode_bs8",)
+    del g, y
+    del model.forward
+    _ROPE.clear()
+
+
 def test_persistent_metadata_under_the_kv_cache_tag_is_mispooled(sleeper, torch):
     alloc = sleeper
     with gs.sleep_pool("weights"):

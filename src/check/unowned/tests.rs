@@ -5,7 +5,7 @@ use crate::check::allow::Allowlist;
 use crate::check::finding::{Finding, FindingKind, Report, Severity};
 use crate::check::verify::verify;
 use crate::document::format::{
-    Addr, AllocState, Allocation, AllocationId, Contents, Live, Manifest,
+    Addr, AllocState, Allocation, AllocationId, Contents, Digest, Live, Manifest, RangeDigest,
 };
 use crate::testkit::*;
 
@@ -321,4 +321,77 @@ fn memory_another_library_mapped_is_not_freed_for_being_outside_torch() {
     assert!(of(&r, FindingKind::Reused).is_empty(), "{:?}", kinds(&r));
     set_probe(&mut l, CACHE, AllocState::Free);
     assert_eq!(of(&run(&m, &l), FindingKind::Freed).len(), 1);
+}
+
+/// The cache's block digested: `digest` at capture, `now` in the live snapshot of `contents`.
+fn digested(digest: &str, now: Option<&str>, contents: Contents) -> (Manifest, Live) {
+    let mut m = manifest();
+    let range = |d: &str| RangeDigest {
+        addr: Addr(CACHE),
+        size: 0x200,
+        digest: Digest(d.into()),
+    };
+    m.ranges.push(range(digest));
+    let mut l = live_in_allocations(&m);
+    l.event.contents = contents;
+    l.ranges.extend(now.map(range));
+    (m, l)
+}
+
+#[test]
+fn an_unowned_range_whose_contents_changed_across_a_preserving_event_is_stale() {
+    // The case: a module-global cos/sin cache in memory sleep discarded reads NaN
+    // after wake, at the same address, in the same allocation.
+    let (m, l) = digested("gc128:aa", Some("gc128:bb"), Contents::Preserved);
+    let r = run(&m, &l);
+    let stale = of(&r, FindingKind::Stale);
+    assert_eq!(stale.len(), 1, "{:?}", kinds(&r));
+    let f = stale[0];
+    assert_eq!(f.subject, format!("{CACHE:#x}"));
+    assert!(f.owners.is_empty());
+    assert_eq!(f.graphs, vec!["bs8".to_string()]);
+    assert!(
+        f.detail.contains("gc128:aa at capture, gc128:bb now")
+            && f.detail.contains(&format!("{CACHE:#x}+512")),
+        "{}",
+        f.detail
+    );
+    // Beside the capture-time finding, as `freed` and `reused` are.
+    assert!(kinds(&r).contains(&(FindingKind::Unowned, format!("{CACHE:#x}"))));
+}
+
+#[test]
+fn an_unowned_range_is_not_stale_where_nothing_says_its_contents_changed() {
+    for (digest, now, contents) in [
+        // Equal contents.
+        ("gc128:aa", Some("gc128:aa"), Contents::Preserved),
+        // Not digested again (unmapped now, or the snapshot took no digests).
+        ("gc128:aa", None, Contents::Preserved),
+        // Another algorithm: not comparable.
+        ("gc128:aa", Some("sha256:bb"), Contents::Preserved),
+        // New weights: contents may change.
+        ("gc128:aa", Some("gc128:bb"), Contents::Updated),
+    ] {
+        let (m, l) = digested(digest, now, contents);
+        let r = run(&m, &l);
+        assert!(
+            of(&r, FindingKind::Stale).is_empty(),
+            "{digest} {now:?} {contents:?}: {:?}",
+            kinds(&r)
+        );
+    }
+}
+
+#[test]
+fn a_freed_unowned_range_is_freed_not_stale() {
+    let (mut m, mut l) = digested("gc128:aa", Some("gc128:bb"), Contents::Preserved);
+    m.allocations[4].pool = Some(m.pools[0].id);
+    l.probes
+        .iter_mut()
+        .find(|p| p.addr == Addr(CACHE))
+        .unwrap()
+        .state = AllocState::Free;
+    let r = run(&m, &l);
+    assert_eq!(of(&r, FindingKind::Freed).len(), 1, "{:?}", kinds(&r));
+    assert!(of(&r, FindingKind::Stale).is_empty(), "{:?}", kinds(&r));
 }

@@ -1,0 +1,123 @@
+"""Digests of the memory graphs read that no owner explains (issue 14): with digests on, the
+allocator block holding an `unowned` address is digested into the manifest's `ranges`, again
+into the snapshot's, and contents lost there across an event that preserves them are
+`stale`. On CPU: the allocator snapshot is faked (graphcheck._allocator._memory_segments)
+with a block at a CPU tensor no owner reaches, and the range digester reads the bytes where
+they are (the GPU path, `_native.digest_ranges`, is tested in test_digest_gpu.py)."""
+
+import ctypes
+import re
+
+import pytest
+
+import graphcheck
+import graphcheck._allocator
+import graphcheck._registry
+import graphcheck.torch as gt
+from graphcheck import _native
+from conftest import kernel, walked
+
+
+@pytest.fixture
+def cache_setup(torch, monkeypatch):
+    """A model, a module-global cache no owner reaches in a faked allocator block (and a
+    driver allocation the walk saw), and a digester of host memory that counts its calls."""
+    model = torch.nn.Linear(4, 4)
+    cache = torch.randn(64)  # a module-global cos/sin cache
+    base, size = cache.untyped_storage().data_ptr(), cache.untyped_storage().nbytes()
+    segment = {
+        "address": base,
+        "total_size": size,
+        "segment_pool_id": (1, 2),
+        "blocks": [{"address": base, "size": size, "state": "active_allocated"}],
+    }
+    monkeypatch.setattr(graphcheck._allocator, "_memory_segments", lambda: [segment])
+    calls = []
+
+    def digester(ranges):
+        calls.append(list(ranges))
+        return [_native.gc128_bytes(ctypes.string_at(a, n)) for a, n in ranges]
+
+    monkeypatch.setattr(graphcheck._registry, "range_digests", digester)
+    node = kernel(0, "rope", model.weight, cache)
+    node["words"][1]["allocation"] = [hex(base), size]
+    return model, cache, walked(node), (base, size), calls
+
+
+def record(model, graph, digests, *, pool=(1, 2)):
+    """The manifest of one graph; ``pool``: the allocator pool the faked segment is declared
+    as (a pool sleep discards), or ``None`` for torch's default pool."""
+    rec = gt.Recorder(model, digests=digests)
+    if pool is not None:
+        rec.add_pool("rope", kind="weights", sleep="discarded", torch_pool=pool)
+    rec.add_graph("decode_bs1", graph)
+    return rec.manifest()
+
+
+def test_a_cache_no_owner_explains_is_digested_and_stale_when_its_contents_are_lost(torch, cache_setup):
+    model, cache, graph, (base, size), calls = cache_setup
+    manifest = record(model, graph, True)
+    doc = graphcheck.load(manifest)
+    assert doc["ranges"] == [
+        {"addr": hex(base), "size": size, "digest": _native.gc128_bytes(ctypes.string_at(base, size))}
+    ]
+    assert calls == [[(base, size)]]
+    # At capture: unowned, as before.
+    assert [f.kind for f in graphcheck.verify(manifest).findings] == ["unowned"]
+    # Unchanged: no live finding beside it.
+    live = gt.snapshot(model, manifest, event="sleep(level=2) + wake", digests=True)
+    assert graphcheck.load(live)["ranges"] == doc["ranges"]
+    assert [f.kind for f in graphcheck.verify(manifest, live).findings] == ["unowned"]
+    # Sleep discarded it; wake mapped fresh memory at the same address (the issue's NaN).
+    with torch.no_grad():
+        cache.fill_(float("nan"))
+    live = gt.snapshot(model, manifest, event="sleep(level=2) + wake", digests=True)
+    report = graphcheck.verify(manifest, live)
+    stale = [f for f in report.findings if f.kind == "stale"]
+    assert len(stale) == 1, str(report)
+    assert stale[0].subject == hex(base) and stale[0].owners == ()
+    assert stale[0].graphs == ("decode_bs1",)
+    assert "changed across `sleep(level=2) + wake`" in stale[0].detail
+    # New weights may change anything: not stale.
+    live = gt.snapshot(model, manifest, event="reload", contents="updated", digests=True)
+    assert "stale" not in [f.kind for f in graphcheck.verify(manifest, live).findings]
+
+
+def test_memory_of_no_declared_pool_is_not_digested(torch, cache_setup):
+    # torch's default pool holds scratch graphs write at every replay (cuBLAS's workspace),
+    # and no sleep releases it: digested, it would be `stale` on every clean run.
+    model, cache, graph, _, calls = cache_setup
+    manifest = record(model, graph, True, pool=None)
+    assert "ranges" not in graphcheck.load(manifest)
+    assert calls == []
+    assert [f.kind for f in graphcheck.verify(manifest).findings] == ["unowned"]
+
+
+def test_without_digests_nothing_is_read(torch, cache_setup):
+    model, cache, graph, _, calls = cache_setup
+    manifest = record(model, graph, False)
+    assert "ranges" not in graphcheck.load(manifest)
+    gt.snapshot(model, manifest, digests=True)
+    assert calls == []
+
+
+def test_a_range_the_digester_cannot_read_is_left_out(torch, cache_setup, monkeypatch):
+    model, cache, graph, _, _ = cache_setup
+    monkeypatch.setattr(graphcheck._registry, "range_digests", lambda ranges: [None] * len(ranges))
+    manifest = record(model, graph, True)
+    assert "ranges" not in graphcheck.load(manifest)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda ranges: [], "returned 0 digests for 1 ranges"),
+        (lambda ranges: ["deadbeef"], "is not `<algorithm>:<hex>`"),
+        (lambda ranges: [7], "returns a list of digests"),
+    ],
+)
+def test_a_digester_that_breaks_its_contract_is_a_clear_error(torch, cache_setup, monkeypatch, bad, message):
+    model, cache, graph, _, _ = cache_setup
+    monkeypatch.setattr(graphcheck._registry, "range_digests", bad)
+    with pytest.raises(graphcheck.GraphcheckError, match="ranges: .*" + re.escape(message)):
+        record(model, graph, True)
