@@ -179,6 +179,15 @@ fn a_folder_that_is_not_one_run_is_refused_naming_its_files() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("no manifest or live snapshot"), "{err}");
 
+    // A live snapshot given after a folder: the folder's own live snapshots are verified.
+    let out = graphcheck(&["verify", RUN, &format!("{RUN}/live-0-4100.json")]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("{RUN} is a folder")) && err.contains("takes no live snapshot"),
+        "{err}"
+    );
+
     // Files that are not `*.json` are not read; one rank alone verifies (the other missing).
     let dir = fresh_dir("one-rank");
     put(&dir, "m0.json", &m0);

@@ -96,7 +96,9 @@ def verify(
     allow_entries: str | None = None,
     normalized: bool = False,
     deny_unused_allow: bool = False,
-) -> Verified: ...
+) -> Verified:
+    """``manifest`` is a manifest, or a path naming a folder of one run's documents (every
+    rank's; ``live`` then omitted), verified as ``graphcheck verify DIR`` verifies it."""
 @final
 class Verified:
     """A verify's documents and report on the Rust side (``verify``): each format is
