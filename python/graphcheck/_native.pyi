@@ -16,6 +16,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_FINDINGS",
     "EXIT_BAD_INPUT",
+    "LIVE_KINDS",
     "version",
     "main",
     "load",
@@ -78,6 +79,8 @@ FORMAT_VERSIONS: list[int]
 EXIT_OK: int
 EXIT_FINDINGS: int
 EXIT_BAD_INPUT: int
+#: The finding kinds only a live snapshot gives (the core's ``FindingKind::LIVE``).
+LIVE_KINDS: list[str]
 SLEEP_MALLOC_SYMBOL: str
 SLEEP_FREE_SYMBOL: str
 

@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 
 use graphcheck::check::allow::Allowlist;
+use graphcheck::check::finding::FindingKind;
 use graphcheck::document::format::{Document, FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::document::load::Source;
 use graphcheck::document::owner_path::Glob;
@@ -694,6 +695,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("EXIT_OK", graphcheck::exit::OK)?;
     m.add("EXIT_FINDINGS", graphcheck::exit::FINDINGS)?;
     m.add("EXIT_BAD_INPUT", graphcheck::exit::BAD_INPUT)?;
+    // The kinds only a live snapshot gives: what a replay check stops for (`_guard`).
+    let live_kinds: Vec<&str> = FindingKind::LIVE.iter().map(|k| k.as_str()).collect();
+    m.add("LIVE_KINDS", live_kinds)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
