@@ -35,32 +35,16 @@ def main():
     args = ap.parse_args()
 
     import torch
-    import torch.nn as nn
+
+    import anchor_model  # benches/, first on sys.path when run as a script
 
     import graphcheck.torch as gt
     from graphcheck import _native
 
-    class Block(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.norm = nn.RMSNorm(d, device="cuda", dtype=torch.bfloat16)
-            self.up = nn.Linear(d, 4 * d, device="cuda", dtype=torch.bfloat16)
-            self.down = nn.Linear(4 * d, d, device="cuda", dtype=torch.bfloat16)
-
-        def forward(self, x):
-            return x + self.down(torch.nn.functional.silu(self.up(self.norm(x))))
-
-    model = nn.Sequential(*[Block(1024) for _ in range(64)])
-    bss = [1, 2, 4, 8, 16, 32, 64, 128]
-    xs = {b: torch.randn(b, 1024, device="cuda", dtype=torch.bfloat16) for b in bss}
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(s):
-        for b in bss:
-            for _ in range(2):
-                model(xs[b])
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    model = anchor_model.model()
+    bss = anchor_model.BATCH_SIZES
+    xs = anchor_model.inputs()
+    anchor_model.warm_up(model, xs)
 
     def plain():
         pool = torch.cuda.graph_pool_handle()
