@@ -41,22 +41,12 @@ def main():
     import graphcheck.torch as gt
     from graphcheck import _native
 
-    model = anchor_model.model()
+    model, xs = anchor_model.warmed()
     bss = anchor_model.BATCH_SIZES
-    xs = anchor_model.inputs()
-    anchor_model.warm_up(model, xs)
 
     def plain():
-        pool = torch.cuda.graph_pool_handle()
-        gs = []
-        t0 = time.perf_counter()
-        for b in bss:
-            g = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(g, pool=pool):
-                model(xs[b])
-            gs.append(g)
-        torch.cuda.synchronize()
-        return {"total": time.perf_counter() - t0}, gs
+        t, gs = anchor_model.capture_plain(model, xs)
+        return {"total": t}, gs
 
     def keep(walk=False):
         pool = torch.cuda.graph_pool_handle()
@@ -77,17 +67,7 @@ def main():
         return {"total": time.perf_counter() - t0, "walk": tw}, gs
 
     def recorded():
-        pool = torch.cuda.graph_pool_handle()
-        rec = gt.Recorder(model)
-        gs = []
-        t0 = time.perf_counter()
-        for b in bss:
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.no_grad(), gt.graph(g, recorder=rec, name=f"bs{b}", pool=pool, inputs={"x": xs[b]}):
-                model(xs[b])
-            gs.append(g)
-        torch.cuda.synchronize()
-        t = time.perf_counter() - t0
+        t, gs, rec = anchor_model.capture_recorded(model, xs)
         t0 = time.perf_counter()
         rec.manifest_json()
         t_man = time.perf_counter() - t0
@@ -148,14 +128,7 @@ def main():
         pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(30)
         print(out.getvalue())
     if args.dump:
-        pool = torch.cuda.graph_pool_handle()
-        rec = gt.Recorder(model)
-        gs = []
-        for b in bss:
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.no_grad(), gt.graph(g, recorder=rec, name=f"bs{b}", pool=pool, inputs={"x": xs[b]}):
-                model(xs[b])
-            gs.append(g)
+        _, gs, rec = anchor_model.capture_recorded(model, xs)
         spec = rec.build_spec()
         for entry, g in zip(spec["graphs"], gs):
             entry.pop("walked_index")

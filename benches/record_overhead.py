@@ -28,42 +28,18 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
 
-    import torch
-
     import anchor_model  # benches/, first on sys.path when run as a script
 
     import graphcheck
-    import graphcheck.torch as gt
+    # Loaded before the model is built, as it always was here, so that every timed capture
+    # runs in the same process state (anchor_model.capture_recorded uses it).
+    import graphcheck.torch  # noqa: F401
 
-    model = anchor_model.model()
+    model, xs = anchor_model.warmed()
     bss = anchor_model.BATCH_SIZES
-    xs = anchor_model.inputs()
-    anchor_model.warm_up(model, xs)
-
-    def plain():
-        pool = torch.cuda.graph_pool_handle()
-        gs = []
-        t0 = time.perf_counter()
-        for b in bss:
-            g = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(g, pool=pool):
-                model(xs[b])
-            gs.append(g)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0, gs
 
     def recorded():
-        pool = torch.cuda.graph_pool_handle()
-        rec = gt.Recorder(model)
-        gs = []
-        t0 = time.perf_counter()
-        for b in bss:
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.no_grad(), gt.graph(g, recorder=rec, name=f"bs{b}", pool=pool, inputs={"x": xs[b]}):
-                model(xs[b])
-            gs.append(g)
-        torch.cuda.synchronize()
-        t_rec = time.perf_counter() - t0
+        t_rec, gs, rec = anchor_model.capture_recorded(model, xs)
         t0 = time.perf_counter()
         text = rec.manifest_json()
         t_man = time.perf_counter() - t0
@@ -77,7 +53,7 @@ def main():
     plain_t, rec_t, man_t, write_t = [], [], [], []
     manifest = None
     for i in range(args.runs):  # alternate, so drift hits both alike
-        t, gs = plain()
+        t, gs = anchor_model.capture_plain(model, xs)
         plain_t.append(t)
         del gs
         r, mt, wt, manifest, gs, walks = recorded()
