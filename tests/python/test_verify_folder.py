@@ -116,3 +116,11 @@ def test_the_command_line_refuses_a_live_snapshot_after_a_folder_alike():
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == graphcheck.EXIT_BAD_INPUT, cli.stderr
     assert refused(TP2, live) in cli.stderr
+
+
+def test_a_report_of_a_folder_pickles_with_its_ranks():
+    import pickle
+
+    r = graphcheck.verify(TP2)
+    other = pickle.loads(pickle.dumps(r))
+    assert other == r and other.ranks == r.ranks and other.table == r.table
