@@ -35,44 +35,18 @@ def main():
     args = ap.parse_args()
 
     import torch
-    import torch.nn as nn
+
+    import anchor_model  # benches/, first on sys.path when run as a script
 
     import graphcheck.torch as gt
     from graphcheck import _native
 
-    class Block(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.norm = nn.RMSNorm(d, device="cuda", dtype=torch.bfloat16)
-            self.up = nn.Linear(d, 4 * d, device="cuda", dtype=torch.bfloat16)
-            self.down = nn.Linear(4 * d, d, device="cuda", dtype=torch.bfloat16)
-
-        def forward(self, x):
-            return x + self.down(torch.nn.functional.silu(self.up(self.norm(x))))
-
-    model = nn.Sequential(*[Block(1024) for _ in range(64)])
-    bss = [1, 2, 4, 8, 16, 32, 64, 128]
-    xs = {b: torch.randn(b, 1024, device="cuda", dtype=torch.bfloat16) for b in bss}
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(s):
-        for b in bss:
-            for _ in range(2):
-                model(xs[b])
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    model, xs = anchor_model.warmed()
+    bss = anchor_model.BATCH_SIZES
 
     def plain():
-        pool = torch.cuda.graph_pool_handle()
-        gs = []
-        t0 = time.perf_counter()
-        for b in bss:
-            g = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(g, pool=pool):
-                model(xs[b])
-            gs.append(g)
-        torch.cuda.synchronize()
-        return {"total": time.perf_counter() - t0}, gs
+        t, gs = anchor_model.capture_plain(model, xs)
+        return {"total": t}, gs
 
     def keep(walk=False):
         pool = torch.cuda.graph_pool_handle()
@@ -93,17 +67,7 @@ def main():
         return {"total": time.perf_counter() - t0, "walk": tw}, gs
 
     def recorded():
-        pool = torch.cuda.graph_pool_handle()
-        rec = gt.Recorder(model)
-        gs = []
-        t0 = time.perf_counter()
-        for b in bss:
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.no_grad(), gt.graph(g, recorder=rec, name=f"bs{b}", pool=pool, inputs={"x": xs[b]}):
-                model(xs[b])
-            gs.append(g)
-        torch.cuda.synchronize()
-        t = time.perf_counter() - t0
+        t, gs, rec = anchor_model.capture_recorded(model, xs)
         t0 = time.perf_counter()
         rec.manifest_json()
         t_man = time.perf_counter() - t0
@@ -164,14 +128,7 @@ def main():
         pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(30)
         print(out.getvalue())
     if args.dump:
-        pool = torch.cuda.graph_pool_handle()
-        rec = gt.Recorder(model)
-        gs = []
-        for b in bss:
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.no_grad(), gt.graph(g, recorder=rec, name=f"bs{b}", pool=pool, inputs={"x": xs[b]}):
-                model(xs[b])
-            gs.append(g)
+        _, gs, rec = anchor_model.capture_recorded(model, xs)
         spec = rec.build_spec()
         for entry, g in zip(spec["graphs"], gs):
             entry.pop("walked_index")

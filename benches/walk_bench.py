@@ -31,17 +31,7 @@ def load_reference(path):
 
 
 def build_graphs(torch):
-    nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.norm = nn.RMSNorm(d, device="cuda", dtype=torch.bfloat16)
-            self.up = nn.Linear(d, 4 * d, device="cuda", dtype=torch.bfloat16)
-            self.down = nn.Linear(4 * d, d, device="cuda", dtype=torch.bfloat16)
-
-        def forward(self, x):
-            return x + self.down(torch.nn.functional.silu(self.up(self.norm(x))))
+    import anchor_model  # benches/, first on sys.path when run as a script
 
     def warm_then_capture(fn, arg, pool=None):
         s = torch.cuda.Stream()
@@ -65,7 +55,7 @@ def build_graphs(torch):
 
     graphs = {}
     # ~256 nodes: each block is about 8 kernels (norm, two GEMMs with bias, SiLU, add).
-    mlp = nn.Sequential(*[Block(1024) for _ in range(32)])
+    mlp = anchor_model.model(layers=32)
     x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
     graphs["mlp256"] = [warm_then_capture(mlp, x)]
 
@@ -79,9 +69,9 @@ def build_graphs(torch):
 
     graphs["chain10k"] = [warm_then_capture(chain, None)]
 
-    anchor = nn.Sequential(*[Block(1024) for _ in range(64)])
+    anchor = anchor_model.model()
     pool = torch.cuda.graph_pool_handle()
-    xs = [torch.randn(b, 1024, device="cuda", dtype=torch.bfloat16) for b in (1, 2, 4, 8, 16, 32, 64, 128)]
+    xs = list(anchor_model.inputs().values())
     graphs["anchor64x8"] = [warm_then_capture(anchor, xb, pool) for xb in xs]
     return graphs, (mlp, anchor, bufs, xs, x)
 

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{graphcheck, root, text, transcript};
+use support::{graphcheck, root, settings, text, transcript};
 
 fn fixtures() -> PathBuf {
     root().join("fixtures")
@@ -55,15 +55,6 @@ fn verify_args(s: &Value, format: &str) -> Vec<String> {
     a.push("--format".into());
     a.push(format.into());
     a
-}
-
-fn settings(name: &str, input: &Path) -> insta::Settings {
-    let mut s = insta::Settings::clone_current();
-    s.set_snapshot_path(root().join("snapshots"));
-    s.set_prepend_module_to_snapshot(false);
-    s.set_input_file(input);
-    s.set_snapshot_suffix(name.to_string());
-    s
 }
 
 #[test]

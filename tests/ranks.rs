@@ -9,7 +9,7 @@ use serde_json::Value;
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{graphcheck, root, text, transcript};
+use support::{graphcheck, root, settings, text, transcript};
 
 /// The runs of several ranks the index lists.
 fn runs() -> Vec<Value> {
@@ -19,15 +19,6 @@ fn runs() -> Vec<Value> {
         .as_array()
         .expect("ranks in the index")
         .clone()
-}
-
-fn settings(name: &str, input: &Path) -> insta::Settings {
-    let mut s = insta::Settings::clone_current();
-    s.set_snapshot_path(root().join("snapshots"));
-    s.set_prepend_module_to_snapshot(false);
-    s.set_input_file(input);
-    s.set_snapshot_suffix(name.to_string());
-    s
 }
 
 #[test]
@@ -178,6 +169,15 @@ fn a_folder_that_is_not_one_run_is_refused_naming_its_files() {
     let (code, err) = verify_dir(&dir);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("no manifest or live snapshot"), "{err}");
+
+    // A live snapshot given after a folder: the folder's own live snapshots are verified.
+    let out = graphcheck(&["verify", RUN, &format!("{RUN}/live-0-4100.json")]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("{RUN} is a folder")) && err.contains("takes no live snapshot"),
+        "{err}"
+    );
 
     // Files that are not `*.json` are not read; one rank alone verifies (the other missing).
     let dir = fresh_dir("one-rank");

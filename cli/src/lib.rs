@@ -294,10 +294,8 @@ fn run(cli: Cli) -> Result<i32> {
             output,
             normalized,
         } => {
-            // A folder (and no live snapshot): every rank of a run.
-            let folder = (live.is_none() && manifest.is_dir())
-                .then(|| ops::dir_documents(&manifest))
-                .transpose()?;
+            // A folder: every rank of a run.
+            let folder = ops::folder_documents(&manifest, live.as_deref())?;
             // Before anything is read or written: an output that is an input would be lost.
             if let Some(out) = &output {
                 let mut inputs = vec![("manifest", input_file(&manifest))];
@@ -324,9 +322,9 @@ fn run(cli: Cli) -> Result<i32> {
             }
             .deny_unused(deny_unused_allow);
             let t = progress(&manifest, live.as_deref());
-            let v = match (&live, &folder) {
-                (None, Some(docs)) => ops::verify_dir(&manifest, docs, &allow)?,
-                (Some(l), _) => {
+            let v = match (&folder, &live) {
+                (Some(docs), _) => ops::verify_dir(&manifest, docs, &allow)?,
+                (None, Some(l)) => {
                     let [m, l] = sources([&manifest, l])?;
                     ops::verify(&m, Some(&l), &allow)?
                 }

@@ -97,6 +97,34 @@ pub enum DirError {
     Load(#[from] LoadError),
     #[error("{}: the documents are not one run's: {why}", dir.display())]
     Ranks { dir: PathBuf, why: RanksError },
+    #[error(
+        "{} is a folder, verified with the live snapshots among its documents, so it takes no \
+         live snapshot, but one was given too ({}): give the folder alone, or a manifest file \
+         and its live snapshot",
+        dir.display(), live.display()
+    )]
+    LiveWithFolder { dir: PathBuf, live: PathBuf },
+}
+
+/// The documents `verify` reads when its manifest argument names a folder (every rank of a
+/// run, as [`dir_documents`] lists them); `None` when it names anything else (a file, or
+/// standard input), verified as one manifest. `live` names the live snapshot given, if any:
+/// a folder's live snapshots are among its documents, so one given beside it is refused.
+/// The command line and the Python API (`graphcheck.verify(dir)`) both decide here.
+pub fn folder_documents(
+    manifest: &Path,
+    live: Option<&Path>,
+) -> Result<Option<Vec<PathBuf>>, DirError> {
+    if !manifest.is_dir() {
+        return Ok(None);
+    }
+    if let Some(live) = live {
+        return Err(DirError::LiveWithFolder {
+            dir: manifest.to_path_buf(),
+            live: live.to_path_buf(),
+        });
+    }
+    dir_documents(manifest).map(Some)
 }
 
 /// The documents `verify DIR` reads: every regular file of `dir` (not its subfolders) whose

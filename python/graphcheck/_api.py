@@ -256,6 +256,19 @@ class Allowed:
     reason: str
 
 
+@dataclass(frozen=True)
+class RankSummary:
+    """One rank's part of a report of several ranks (:func:`verify` of a folder): whether
+    the rank is ``ok``, whether it had a live snapshot, and its own findings' counts."""
+
+    rank: int
+    ok: bool
+    live: bool
+    summary: Mapping[str, int]
+    subjects: int
+    graphs: int
+
+
 class _Rendered:
     """The table and Markdown of a report, already rendered: what a :class:`Report` holds
     in place of the native handle once pickled or copied (the handle stays in its
@@ -298,6 +311,12 @@ class Report:
     unread_nodes: int = 0
     #: The graphs some finding names, sorted (the core's ``Report::recapture``).
     _recapture: tuple[str, ...] = field(default=(), repr=False)
+    #: With a folder of several ranks' documents (``graphcheck verify DIR``): the run's
+    #: world size, each rank's part, and the ranks below the world size with no manifest
+    #: (a warning, not verified). ``None``, ``()`` and ``()`` for one manifest.
+    world_size: Optional[int] = None
+    ranks: tuple[RankSummary, ...] = ()
+    missing_ranks: tuple[int, ...] = ()
 
     @classmethod
     def _from_native(cls, verified: "_native.Verified") -> "Report":
@@ -316,6 +335,9 @@ class Report:
             subjects=r["subjects"],
             graphs=r["graphs"],
             unread_nodes=r.get("unread_nodes", 0),
+            world_size=r.get("world_size"),
+            ranks=tuple(RankSummary(**x) for x in r.get("ranks", [])),
+            missing_ranks=tuple(r.get("missing_ranks", [])),
             json=text,
             _texts=verified,
         )
@@ -378,6 +400,15 @@ def verify(
 ) -> Report:
     """Verifies a manifest alone (capture-time checks) or against a live snapshot (every
     kind), under an optional allowlist. ``normalized`` prints addresses as symbolic ids.
+
+    ``manifest`` may instead name a folder (``str`` or ``os.PathLike``, ``live`` omitted)
+    holding one run's documents, one manifest and at most one live snapshot per rank (what
+    ``instrument()`` writes per rank): every rank is verified against its own live
+    snapshot and the manifests against each other, into the one report ``graphcheck verify
+    DIR`` prints (the same code). Each finding names its ``rank``; the report has
+    ``world_size``, ``ranks`` and ``missing_ranks``. A folder with no manifest, documents
+    that are not one run's, or a ``live`` given with a folder are a
+    :class:`GraphcheckError` naming the folder and what is wrong.
 
     An allowlist entry that allowed nothing is an ``unused_allow`` finding of severity
     ``"warning"``: shown, but the report stays ``ok``. ``deny_unused_allow=True`` makes it

@@ -28,14 +28,14 @@ import threading
 import warnings
 from typing import Any, Optional
 
-from . import _args
+from . import _args, _native
 from . import sleep as _sleep
 from ._native import GraphcheckError
 from ._snapshot import snapshot
 
 #: The finding kinds that say a graph's memory changed since capture (docs/findings.md,
-#: "Live checks"): the ones a replay check stops for.
-LIVE_KINDS = frozenset({"vanished", "drifted", "freed", "reused", "reshaped", "stale"})
+#: "Live checks"): the ones a replay check stops for. The core's list.
+LIVE_KINDS = frozenset(_native.LIVE_KINDS)
 
 #: The environment variable that turns the replay check on for :func:`instrument` (and
 #: ``GRAPHCHECK_DIR``'s zero-code attach): ``raise`` or ``warn``; ``off`` or empty: off.

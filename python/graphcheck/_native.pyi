@@ -16,6 +16,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_FINDINGS",
     "EXIT_BAD_INPUT",
+    "LIVE_KINDS",
     "version",
     "main",
     "load",
@@ -79,6 +80,8 @@ FORMAT_VERSIONS: list[int]
 EXIT_OK: int
 EXIT_FINDINGS: int
 EXIT_BAD_INPUT: int
+#: The finding kinds only a live snapshot gives (the core's ``FindingKind::LIVE``).
+LIVE_KINDS: list[str]
 SLEEP_MALLOC_SYMBOL: str
 SLEEP_FREE_SYMBOL: str
 
@@ -97,7 +100,9 @@ def verify(
     allow_entries: str | None = None,
     normalized: bool = False,
     deny_unused_allow: bool = False,
-) -> Verified: ...
+) -> Verified:
+    """``manifest`` is a manifest, or a path naming a folder of one run's documents (every
+    rank's; ``live`` then omitted), verified as ``graphcheck verify DIR`` verifies it."""
 @final
 class Verified:
     """A verify's documents and report on the Rust side (``verify``): each format is

@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 
 use graphcheck::check::allow::Allowlist;
+use graphcheck::check::finding::FindingKind;
 use graphcheck::document::format::{Document, FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::document::load::Source;
 use graphcheck::document::owner_path::Glob;
@@ -136,6 +137,8 @@ pub(crate) enum NativeError {
     #[error(transparent)]
     Allow(#[from] graphcheck::check::allow::AllowError),
     #[error(transparent)]
+    Folder(#[from] ops::DirError),
+    #[error(transparent)]
     Spec(#[from] graphcheck::resolve::spec::SpecError),
     #[error(transparent)]
     Path(#[from] graphcheck::document::owner_path::PathError),
@@ -257,11 +260,13 @@ fn load(
 }
 
 /// Runs verify; returns a [`Verified`] handle, which renders the report in the format asked
-/// for when asked. `allow` is an allowlist file, `allow_entries` its entries as data (a JSON
-/// array of objects with the keys of a TOML entry); one of them at most. `normalized`
-/// prints addresses as symbolic ids, as `graphcheck verify --normalized` does.
-/// `deny_unused_allow` makes an allowlist entry that allowed nothing fail the run, as
-/// `--deny-unused-allow` does.
+/// for when asked. `manifest` is a manifest, or a path naming a folder of one run's
+/// documents (every rank's, `live` omitted), decided and verified as `graphcheck verify`
+/// does ([`ops::folder_documents`], [`ops::verify_dir`]). `allow` is an allowlist file,
+/// `allow_entries` its entries as data (a JSON array of objects with the keys of a TOML
+/// entry); one of them at most. `normalized` prints addresses as symbolic ids, as
+/// `graphcheck verify --normalized` does. `deny_unused_allow` makes an allowlist entry that
+/// allowed nothing fail the run, as `--deny-unused-allow` does.
 #[pyfunction]
 #[pyo3(signature = (manifest, live=None, allow=None, allow_entries=None, normalized=false, deny_unused_allow=false))]
 fn verify(
@@ -286,7 +291,15 @@ fn verify(
             (None, None) => Allowlist::default(),
         }
         .deny_unused(deny_unused_allow);
-        Ok(ops::verify(&m_src, l_src.as_ref(), &allow)?)
+        let folder = match &m_src {
+            Source::Path(dir) => ops::folder_documents(dir, l_src.as_ref().map(Source::name))?
+                .map(|docs| (dir, docs)),
+            Source::Text { .. } => None,
+        };
+        Ok(match folder {
+            Some((dir, docs)) => ops::verify_dir(dir, &docs, &allow)?,
+            None => ops::verify(&m_src, l_src.as_ref(), &allow)?,
+        })
     })?;
     Ok(Verified {
         verified,
@@ -616,6 +629,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("EXIT_OK", graphcheck::exit::OK)?;
     m.add("EXIT_FINDINGS", graphcheck::exit::FINDINGS)?;
     m.add("EXIT_BAD_INPUT", graphcheck::exit::BAD_INPUT)?;
+    // The kinds only a live snapshot gives: what a replay check stops for (`_guard`).
+    let live_kinds: Vec<&str> = FindingKind::LIVE.iter().map(|k| k.as_str()).collect();
+    m.add("LIVE_KINDS", live_kinds)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;

@@ -29,7 +29,22 @@ pub enum FindingKind {
     UnusedAllow,
 }
 
+/// What a kind of finding is found from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Basis {
+    /// A manifest compared with its live snapshot (after sleep/wake or a reload).
+    Live,
+    /// The manifest alone, as captured.
+    Capture,
+    /// The manifests of several ranks compared with each other.
+    Ranks,
+    /// The allowlist (an entry that allowed nothing).
+    Allowlist,
+}
+
 impl FindingKind {
+    /// Every kind, in report order.
     pub const ALL: [FindingKind; 11] = [
         FindingKind::Vanished,
         FindingKind::Drifted,
@@ -44,27 +59,57 @@ impl FindingKind {
         FindingKind::UnusedAllow,
     ];
 
+    /// The kinds only a live snapshot can give (`graphcheck._native.LIVE_KINDS`).
+    pub const LIVE: [FindingKind; 6] = FindingKind::found_from(&[Basis::Live]);
+
+    /// The kinds a run without a live snapshot checks (besides `unused_allow`).
+    pub const CAPTURE_TIME: [FindingKind; 3] = FindingKind::found_from(&[Basis::Capture]);
+
     /// The kinds one manifest and its live snapshot can give: all but `rank_mismatch`,
     /// which compares the manifests of several ranks.
-    pub const PAIR: [FindingKind; 10] = [
-        FindingKind::Vanished,
-        FindingKind::Drifted,
-        FindingKind::Freed,
-        FindingKind::Reused,
-        FindingKind::Reshaped,
-        FindingKind::Stale,
-        FindingKind::Unregistered,
-        FindingKind::Mispooled,
-        FindingKind::Unowned,
-        FindingKind::UnusedAllow,
-    ];
+    pub const PAIR: [FindingKind; 10] =
+        FindingKind::found_from(&[Basis::Live, Basis::Capture, Basis::Allowlist]);
 
-    /// The kinds a run without a live snapshot checks.
-    pub const CAPTURE_TIME: [FindingKind; 3] = [
-        FindingKind::Unregistered,
-        FindingKind::Mispooled,
-        FindingKind::Unowned,
-    ];
+    /// What the kind is found from.
+    pub const fn basis(self) -> Basis {
+        match self {
+            FindingKind::Vanished
+            | FindingKind::Drifted
+            | FindingKind::Freed
+            | FindingKind::Reused
+            | FindingKind::Reshaped
+            | FindingKind::Stale => Basis::Live,
+            FindingKind::Unregistered | FindingKind::Mispooled | FindingKind::Unowned => {
+                Basis::Capture
+            }
+            FindingKind::RankMismatch => Basis::Ranks,
+            FindingKind::UnusedAllow => Basis::Allowlist,
+        }
+    }
+
+    /// The kinds of [`FindingKind::ALL`] found from one of `bases`, in report order. `N`
+    /// must be their number: another is an error when the constant is evaluated (at
+    /// compile time), so the lists cannot drift from [`FindingKind::basis`].
+    const fn found_from<const N: usize>(bases: &[Basis]) -> [FindingKind; N] {
+        let mut out = [FindingKind::Vanished; N];
+        let (mut i, mut n) = (0, 0);
+        while i < FindingKind::ALL.len() {
+            let kind = FindingKind::ALL[i];
+            let mut j = 0;
+            while j < bases.len() {
+                if bases[j] as u8 == kind.basis() as u8 {
+                    assert!(n < N, "more kinds of these bases than the list holds");
+                    out[n] = kind;
+                    n += 1;
+                    break;
+                }
+                j += 1;
+            }
+            i += 1;
+        }
+        assert!(n == N, "fewer kinds of these bases than the list holds");
+        out
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -315,3 +360,26 @@ impl Report {
 
 /// The report JSON layout version.
 pub const REPORT_VERSION: u32 = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::FindingKind as K;
+
+    #[test]
+    fn the_kind_lists_are_all_kinds_by_basis_in_report_order() {
+        // Guards: the lists derived from `basis` are the ones the report and Python use.
+        let live: Vec<&str> = K::LIVE.iter().map(|k| k.as_str()).collect();
+        assert_eq!(
+            live,
+            [
+                "vanished", "drifted", "freed", "reused", "reshaped", "stale"
+            ]
+        );
+        assert_eq!(K::CAPTURE_TIME, [K::Unregistered, K::Mispooled, K::Unowned]);
+        let pair: Vec<K> = K::ALL
+            .into_iter()
+            .filter(|k| *k != K::RankMismatch)
+            .collect();
+        assert_eq!(K::PAIR.to_vec(), pair);
+    }
+}

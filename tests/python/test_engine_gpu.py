@@ -2,6 +2,8 @@
 custom op reading a module-global tensor, a vLLM-style piecewise capture, and the check
 before a replay after a transition. Opt-in: GRAPHCHECK_GPU_TESTS=1."""
 
+import inspect
+
 import pytest
 
 import graphcheck
@@ -14,6 +16,19 @@ LIVE = {"vanished", "drifted", "freed", "reused", "reshaped", "stale"}
 
 def live_kinds(report):
     return sorted({(f.kind, f.subject) for f in report.findings if f.kind in LIVE})
+
+
+def compile_and_warm(torch, model, x, times=4):
+    """``model`` under torch.compile's CUDA-graph trees (``mode="reduce-overhead"``), run
+    ``times`` times on ``x`` without grad (the trees capture on a later call than the
+    first), then synchronized. Returns the compiled module and its last output. The
+    zero-code child script (:data:`ZERO_CODE`) runs this function's own source."""
+    cm = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(times):
+            y = cm(x)
+    torch.cuda.synchronize()
+    return cm, y
 
 
 def mlp(torch):
@@ -44,12 +59,9 @@ def test_compile_trees_are_recorded_named_and_a_rebind_torch_rerecords_is_supers
     torch = compiled
     m = mlp(torch)
     ins = gt.instrument(None, model=m, verify_on_replay="raise")
-    cm = torch.compile(m, mode="reduce-overhead")
     x = torch.randn(8, 256, device="cuda")
+    cm, y = compile_and_warm(torch, m, x)
     with torch.no_grad():
-        for _ in range(4):
-            y = cm(x)
-        torch.cuda.synchronize()
         assert (y - m(x)).abs().max().item() < 1e-3
     assert ins.errors == []
     man = graphcheck.load(ins.manifest())
@@ -108,12 +120,8 @@ def test_a_global_read_by_an_opaque_custom_op_rebound_after_capture_is_caught(co
 
     m = WithOp()
     ins = gt.instrument(None, model=m, verify_on_replay="raise")
-    cm = torch.compile(m, mode="reduce-overhead")
     x = torch.randn(8, 256, device="cuda")
-    with torch.no_grad():
-        for _ in range(4):
-            cm(x)
-    torch.cuda.synchronize()
+    cm, _ = compile_and_warm(torch, m, x)
     captured = cache["t"].data_ptr()
     assert gt.check().of_kind("unowned"), "Dynamo never saw the global: no owner explains it"
     # The global is rebound: the old tensor is freed, the graph keeps its address.
@@ -264,6 +272,8 @@ import json, site, sys
 site.addsitedir(sys.argv[1])  # processes graphcheck-instrument.pth, as an installed wheel's site dir does
 import torch
 
+COMPILE_AND_WARM
+
 class TinyLM(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -273,17 +283,13 @@ class TinyLM(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 m = TinyLM().cuda()
-cm = torch.compile(m, mode="reduce-overhead")
 x = torch.randn(8, 256, device="cuda")
-with torch.no_grad():
-    for _ in range(4):
-        cm(x)
-torch.cuda.synchronize()
+cm, _ = compile_and_warm(torch, m, x)
 import graphcheck.torch as gt
 ins = gt.instrumented()
 print(json.dumps({"instrumented": len(ins), "discovered": ins[0].discovered if ins else None,
                   "errors": [str(e) for e in ins[0].errors] if ins else None}))
-"""
+""".replace("COMPILE_AND_WARM", inspect.getsource(compile_and_warm))
 
 
 def test_zero_code_attach_finds_the_model_under_torch_compile(cuda, tmp_path):

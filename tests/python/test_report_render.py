@@ -90,7 +90,8 @@ def test_a_report_pickles_and_copies_with_its_text():
 def test_a_report_keeps_its_public_attributes():
     r = graphcheck.verify(MARLIN / "manifest.json", MARLIN / "live.json")
     for name in ("ok", "findings", "allowed", "checked", "summary", "subjects", "graphs",
-                 "json", "table", "markdown", "unread_nodes", "errors", "warnings"):
+                 "json", "table", "markdown", "unread_nodes", "errors", "warnings",
+                 "world_size", "ranks", "missing_ranks"):
         assert hasattr(r, name), name
     assert "table=" not in repr(r) and "json=" not in repr(r)
     with pytest.raises(AttributeError):

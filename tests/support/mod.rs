@@ -1,5 +1,5 @@
 //! What the binary's integration tests (`cli`, `ranks`) share: the repository root, running
-//! the binary from it, and a transcript of a run for snapshots.
+//! the binary from it, a transcript of a run for snapshots, and where snapshots are kept.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -33,4 +33,15 @@ pub fn transcript(args: &[&str], out: &Output) -> String {
         text(&out.stdout),
         text(&out.stderr)
     )
+}
+
+/// Snapshots in the top-level `snapshots/`, named `<snapshot>@<name>` and recording the
+/// fixture they were made from (`input`).
+pub fn settings(name: &str, input: &Path) -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path(root().join("snapshots"));
+    s.set_prepend_module_to_snapshot(false);
+    s.set_input_file(input);
+    s.set_snapshot_suffix(name.to_string());
+    s
 }
