@@ -123,7 +123,7 @@ pub fn manifest() -> Manifest {
     let node = |i: u32, touches: Vec<Touch>| Node {
         index: i,
         kind: NodeKind::Kernel,
-        name: format!("k{i}"),
+        name: format!("k{i}").into(),
         grid: None,
         block: None,
         parent: None,

@@ -187,7 +187,7 @@ fn touches_of(m: &Manifest, tensor: TensorId) -> Vec<(String, u32, u32)> {
         .flat_map(|g| &g.nodes)
         .flat_map(|n| n.touches.iter().map(move |t| (n, t)))
         .filter(|(_, t)| t.tensor == Some(tensor))
-        .map(|(n, t)| (n.name.clone(), t.param, t.offset))
+        .map(|(n, t)| (n.name.to_string(), t.param, t.offset))
         .collect();
     v.sort();
     v
@@ -246,7 +246,7 @@ fn raw_pointer_kernel_struct_pointers_and_memset() -> Result<(), CudaError> {
         kinds,
         vec![NodeKind::Memset, NodeKind::Kernel, NodeKind::Kernel]
     );
-    assert_eq!(m.graphs[0].nodes[1].name, "scale");
+    assert_eq!(&*m.graphs[0].nodes[1].name, "scale");
     assert_eq!(m.graphs[0].nodes[1].grid, Some([1, 1, 1]));
     assert_eq!(m.graphs[0].nodes[1].block, Some([1024, 1, 1]));
     // out: memset destination, scale's param 0, add_pair's param 1.
@@ -612,7 +612,7 @@ fn memcpy_nodes_device_and_pinned_host_ends() -> Result<(), CudaError> {
         .nodes
         .iter()
         .filter(|n| n.kind == NodeKind::Memcpy)
-        .map(|n| n.name.as_str())
+        .map(|n| &*n.name)
         .collect();
     eprintln!("memcpy nodes: {names:?}");
     clean(&m);
@@ -771,7 +771,7 @@ fn conditional_node_bodies_are_walked_where_the_driver_allows_and_replay() -> Re
                 .iter()
                 .find(|n| n.kind == NodeKind::Kernel)
                 .expect("the body's kernel");
-            assert_eq!(k.name, "scale");
+            assert_eq!(&*k.name, "scale");
             assert_eq!(k.parent, Some(0), "inside the conditional node");
             assert_eq!(
                 touches_of(&m, tensor_of(&m, "model.out")),

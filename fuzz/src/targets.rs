@@ -140,7 +140,7 @@ impl Corpus {
         }
         c.dict = dict.into_iter().collect();
         c.owner_paths = owner_paths.into_iter().collect();
-        c.kernel_names = kernels.into_iter().collect();
+        c.kernel_names = kernels.into_iter().map(|k| k.to_string()).collect();
         if c.manifests.is_empty() || c.allowlists.is_empty() {
             return Err("the fixture corpus has no manifest or no allowlist".into());
         }

@@ -148,7 +148,7 @@ pub(super) fn kernel_refs(
         kernels.push(KernelRef {
             graph: graph.name.clone(),
             node: node.index,
-            name: node.name.clone(),
+            name: node.name.to_string(),
             param: touch.param,
             offset: touch.offset,
             addr: touch.addr,

@@ -389,7 +389,7 @@ impl Serialize for NodesOut<'_> {
         let mut m = s.serialize_map(None)?;
         entry(&mut m, "index", r, |n| n.index)?;
         entry(&mut m, "kind", r, |n| n.kind)?;
-        entry(&mut m, "name", r, |n| names.position[n.name.as_str()])?;
+        entry(&mut m, "name", r, |n| names.position[&*n.name])?;
         let launches = self.0.launches;
         optional(&mut m, "launch", r, |n| launches.position(n.grid, n.block))?;
         optional(&mut m, "parent", r, |n| n.parent)?;

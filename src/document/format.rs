@@ -585,7 +585,7 @@ pub struct Node {
     pub index: u32,
     pub kind: NodeKind,
     /// Demangled kernel name, or `memset` / `memcpy`.
-    pub name: String,
+    pub name: std::sync::Arc<str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grid: Option<[u32; 3]>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

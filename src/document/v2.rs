@@ -51,7 +51,7 @@ pub struct ManifestV2 {
     /// Node names (demangled kernel names, `memset`, `memcpy`), each once; `nodes.name`
     /// holds positions in this list.
     #[serde(default)]
-    pub names: Vec<String>,
+    pub names: Vec<std::sync::Arc<str>>,
     /// Launch configurations, `[grid, block]` (each `[x, y, z]` or null), each once;
     /// `nodes.launch` holds positions in this list.
     #[serde(default)]
@@ -413,7 +413,7 @@ impl Bases {
 fn graph(
     gi: usize,
     g: GraphV2,
-    (names, launches): (&[String], &[Launch]),
+    (names, launches): (&[std::sync::Arc<str>], &[Launch]),
     bases: &Bases,
 ) -> Result<Graph, Invalid> {
     let table = format!("graphs[{gi}].nodes");
@@ -490,7 +490,7 @@ fn graph(
 /// million touches take tens of milliseconds to resolve). The error is the first graph's.
 fn graphs(
     all: Vec<GraphV2>,
-    names: (&[String], &[Launch]),
+    names: (&[std::sync::Arc<str>], &[Launch]),
     bases: &Bases,
 ) -> Result<Vec<Graph>, Invalid> {
     let nodes: usize = all.iter().map(|g| g.nodes.index.len()).sum();

@@ -350,13 +350,7 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
             .map(|&(g, n, param, offset)| {
                 let graph = &m.graphs[g as usize];
                 let node = &graph.nodes[n as usize];
-                (
-                    graph.name.as_str(),
-                    node.index,
-                    param,
-                    offset,
-                    node.name.as_str(),
-                )
+                (graph.name.as_str(), node.index, param, offset, &*node.name)
             })
             .collect();
         lines.sort();
@@ -527,7 +521,7 @@ mod tests {
         for g in &mut m.graphs {
             g.name.push('\0');
             for n in &mut g.nodes {
-                n.name.push('\u{9b}');
+                n.name = format!("{}\u{9b}", n.name).into();
             }
         }
         let e = explain(&m, &Query::Owner("model.w\r\u{1b}2J".into()), &RawAddrs);

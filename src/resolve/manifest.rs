@@ -491,7 +491,7 @@ impl NodeResolver<'_> {
         Node {
             index: n.index,
             kind: n.kind,
-            name: n.name.to_string(),
+            name: n.name.clone(),
             grid: n.grid,
             block: n.block,
             parent: n.parent,
