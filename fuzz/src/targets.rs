@@ -103,6 +103,7 @@ impl Corpus {
                 world_size: None,
                 ranks: vec![],
                 missing_ranks: vec![],
+                superseded: vec![],
             },
         };
         let mut dict = BTreeSet::new();

@@ -481,6 +481,7 @@ fn build_graphs(
             pool: Some(PoolId(GRAPH as u32)),
             node_counts: counts,
             unread: Vec::new(),
+            guards: Vec::new(),
             nodes,
         });
     }

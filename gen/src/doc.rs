@@ -363,6 +363,7 @@ impl Doc {
             pool: Some(GRAPH_POOL),
             node_counts: BTreeMap::new(),
             unread: Vec::new(),
+            guards: Vec::new(),
             nodes: Vec::new(),
         });
         self.graphs.len() - 1

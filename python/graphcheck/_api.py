@@ -317,6 +317,10 @@ class Report:
     world_size: Optional[int] = None
     ranks: tuple[RankSummary, ...] = ()
     missing_ranks: tuple[int, ...] = ()
+    #: Graphs left out of every finding: torch's CUDA-graph trees guard a static input of
+    #: theirs that its owner now holds at another address, so torch records a new graph
+    #: instead of replaying them (the manifest's graph ``guards``).
+    superseded: tuple[str, ...] = ()
 
     @classmethod
     def _from_native(cls, verified: "_native.Verified") -> "Report":
@@ -338,6 +342,7 @@ class Report:
             world_size=r.get("world_size"),
             ranks=tuple(RankSummary(**x) for x in r.get("ranks", [])),
             missing_ranks=tuple(r.get("missing_ranks", [])),
+            superseded=tuple(r.get("superseded", [])),
             json=text,
             _texts=verified,
         )

@@ -187,36 +187,6 @@ def tree_static_ptrs(node) -> tuple:
         return ()
 
 
-def superseded(manifest: dict, live: dict, states: dict) -> set:
-    """Names of graphs torch will not replay again: a tree graph one of whose static input
-    addresses was, at capture, the data pointer of a tensor whose owner path now holds a
-    tensor at another address (the tree re-records for the new address). The paths are
-    the capture's (:meth:`GraphState.learn_paths`), else the manifest's."""
-    if not any(s.static_ptrs for s in states.values()):
-        return set()
-    tensors = {t["id"]: t for t in manifest.get("tensors", [])}
-    live_tensors = {t["id"]: t for t in live.get("tensors", [])}
-    live_by_path = {o["path"]: live_tensors.get(o["tensor"]) for o in live.get("owners", [])}
-    paths_at: dict = {}
-    for o in manifest.get("owners", []):
-        t = tensors.get(o["tensor"])
-        if t is not None:
-            paths_at.setdefault(_data_ptr(t), []).append(o["path"])
-    out = set()
-    for name, state in states.items():
-        for ptr in state.static_ptrs:
-            for path in state.static_paths.get(ptr) or paths_at.get(ptr, ()):
-                now = live_by_path.get(path)
-                if now is not None and _data_ptr(now) != ptr:
-                    out.add(name)
-    return out
-
-
-def _data_ptr(t: dict) -> int:
-    """A document tensor's data pointer: ``storage_base`` plus the byte ``offset``."""
-    return int(t["storage_base"], 16) + int(t.get("offset", 0))
-
-
 class Checker:
     """The replay check of one instrumentation: one report per epoch for all its graphs."""
 
@@ -238,12 +208,12 @@ class Checker:
 
 
 def run_check(ins, *, event: str, contents: str, digests=None):
-    """Snapshot of the instrumentation's roots against its manifest, superseded tree
-    graphs left out, verified. Returns ``(report, superseded names)``."""
-    from ._api import load, verify
+    """Snapshot of the instrumentation's roots against its manifest, verified (the core
+    leaves superseded tree graphs out: the manifest records what each guards). Returns
+    ``(report, superseded names)``."""
+    from ._api import verify
 
-    # Both in the expanded layout (format 1): `superseded` reads their records.
-    manifest = load(ins.manifest_json(), format_version=1)
+    manifest = ins.manifest_json()
     rec = ins.recorder
     if digests is None:
         digests = contents == "preserved" and bool(rec.digests)
@@ -257,12 +227,9 @@ def run_check(ins, *, event: str, contents: str, digests=None):
         root=rec.root,
         runtime_state=rec.runtime_state,
         max_depth=rec.max_depth,
-        format_version=1,
     )
-    gone = superseded(manifest, live, ins._tree_states())
-    if gone:
-        manifest["graphs"] = [g for g in manifest["graphs"] if g["name"] not in gone]
-    return verify(manifest, live), gone
+    report = verify(manifest, live)
+    return report, set(report.superseded)
 
 
 def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None:

@@ -307,6 +307,10 @@ class Instrumentation:
                     state.names[id(self)] = name
                     state.learn_paths(self.recorder.registry)
                     self._states[name] = state
+                    if state.static_ptrs:
+                        self.recorder.guard_graph(
+                            name, [(p, state.static_paths.get(p, ())) for p in state.static_ptrs]
+                        )
                 self.captures += 1
                 # The manifest is built now, while the allocator, the owners and the
                 # contents are the capture's: one built after a wake would digest the

@@ -374,6 +374,18 @@ class Recorder:
         walked = _walk_graph(raw())
         self.add_graph(name, walked, pool=pool, inputs=inputs, outputs=outputs)
 
+    def guard_graph(self, name: str, guards) -> None:
+        """Records the static inputs torch's CUDA-graph trees guard for the latest graph
+        named ``name``: ``(address, owner paths at capture)`` pairs (an empty list of
+        paths: the manifest's owners of that address). Verify leaves the graph out where
+        one of those paths holds another address (the trees record a new graph instead)."""
+        entry = next((g for g in reversed(self._graphs) if g["name"] == name), None)
+        if entry is None:
+            raise GraphcheckError(f"guard_graph: no graph named {name!r}")
+        entry.setdefault("guards", []).extend(
+            {"addr": hex(int(addr)), "paths": [str(p) for p in paths]} for addr, paths in guards
+        )
+
     def build_spec(self) -> dict:
         """The build spec ``_native.build_manifest`` takes (with :attr:`walked_graphs`, which
         graphs' ``walked_index`` refers to)."""

@@ -314,6 +314,11 @@ pub struct Report {
     /// covers the ranks it was given). Left out when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_ranks: Vec<u32>,
+    /// Graphs left out of every finding: torch's CUDA-graph trees guard a static input of
+    /// theirs that an owner now holds at another address, so torch records a new graph
+    /// instead of replaying them (`Graph::guards`). Left out when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub superseded: Vec<String>,
 }
 
 /// One rank's part of a report of several ranks.

@@ -8,5 +8,6 @@ pub mod diff;
 pub mod finding;
 mod live;
 pub mod ranks;
+mod superseded;
 mod unowned;
 pub mod verify;

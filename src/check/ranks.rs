@@ -46,6 +46,7 @@ pub fn verify_ranks(
     let mut findings = Vec::new();
     let mut checked: BTreeSet<FindingKind> = BTreeSet::from([FindingKind::RankMismatch]);
     let mut parts = Vec::new();
+    let mut superseded = Vec::new();
     for d in ranks {
         // Allowlist entries apply below, across ranks: here every finding is kept.
         let r = verify_checked(d.manifest, d.tables, d.live, &Allowlist::default()).map_err(
@@ -55,6 +56,11 @@ pub fn verify_ranks(
             },
         )?;
         checked.extend(&r.checked);
+        superseded.extend(
+            r.superseded
+                .iter()
+                .map(|g| format!("{g} (rank {})", d.rank)),
+        );
         findings.extend(r.findings.into_iter().map(|mut f| {
             f.rank = Some(d.rank);
             f
@@ -116,6 +122,7 @@ pub fn verify_ranks(
         world_size: Some(world_size),
         ranks,
         missing_ranks: missing,
+        superseded,
     })
 }
 

@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap;
 
 use super::context::{Ctx, Subject, TouchIndex, persistent};
 use super::live::{ProbeIndex, live_checks};
-use super::unowned;
+use super::{superseded, unowned};
 use crate::check::allow::Allowlist;
 use crate::check::finding::{Finding, FindingKind, REPORT_VERSION, Report, Severity};
 use crate::document::format::{Addr, Live, Manifest, SleepPolicy, TensorId, ViewKey};
@@ -121,6 +121,8 @@ pub fn verify_checked(
         }));
         unowned::live_checks(&ctx, l, lt, &probes, &ownerless, &mut findings);
     }
+    let gone = live.map_or_else(Vec::new, |(l, _)| superseded::superseded(m, l));
+    let findings = superseded::leave_out(findings, &gone);
 
     let checked: Vec<FindingKind> = if live.is_some() {
         FindingKind::PAIR.to_vec()
@@ -155,6 +157,7 @@ pub fn verify_checked(
         world_size: None,
         ranks: Vec::new(),
         missing_ranks: Vec::new(),
+        superseded: gone,
     })
 }
 

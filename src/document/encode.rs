@@ -376,6 +376,9 @@ impl Serialize for GraphOut<'_> {
         if !g.unread.is_empty() {
             m.serialize_entry("unread", &g.unread)?;
         }
+        if !g.guards.is_empty() {
+            m.serialize_entry("guards", &g.guards)?;
+        }
         m.serialize_entry("nodes", &NodesOut(self))?;
         m.end()
     }

@@ -627,7 +627,19 @@ pub struct Graph {
     pub node_counts: BTreeMap<String, u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unread: Vec<Unread>,
+    /// Static inputs torch's CUDA-graph trees guard for this graph: where one of `paths`
+    /// holds a tensor at another address than `addr`, torch records a new graph instead of
+    /// replaying this one, which verify then leaves out (`superseded`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guards: Vec<Guard>,
     pub nodes: Vec<Node>,
+}
+
+/// A static input address of a graph and the owner paths that held it at capture.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Guard {
+    pub addr: Addr,
+    pub paths: Vec<String>,
 }
 
 /// The state of the allocator at an address.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::document::format::{
     Addr, AllocState, Allocation, AllocationId, Digest, DocKind, Event, Frame, Graph, GraphId,
-    Live, Manifest, Node, NodeKind, Owner, Pool, PoolId, Probe, Producer, RangeDigest,
+    Guard, Live, Manifest, Node, NodeKind, Owner, Pool, PoolId, Probe, Producer, RangeDigest,
     Registration, Tensor, TensorId, Touch, Unread,
 };
 use crate::document::ids::IdIndex;
@@ -160,6 +160,9 @@ pub struct GraphV2 {
     pub node_counts: BTreeMap<String, u64>,
     #[serde(default)]
     pub unread: Vec<Unread>,
+    /// As in format 1.
+    #[serde(default)]
+    pub guards: Vec<Guard>,
     pub nodes: NodeColumns,
 }
 
@@ -481,6 +484,7 @@ fn graph(
         pool: g.pool,
         node_counts: g.node_counts,
         unread: g.unread,
+        guards: g.guards,
         nodes,
     })
 }

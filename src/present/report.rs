@@ -198,7 +198,8 @@ fn mode(r: &Report) -> String {
 }
 
 /// With several ranks, one line per rank and one for the ranks that had no manifest (empty
-/// for one manifest). Findings about several ranks are counted in the headline only.
+/// for one manifest); then the superseded graphs, where there are any. Findings about
+/// several ranks are counted in the headline only.
 fn rank_lines(r: &Report) -> Vec<String> {
     let mut out: Vec<String> = r
         .ranks
@@ -229,6 +230,12 @@ fn rank_lines(r: &Report) -> Vec<String> {
         out.push(format!(
             "warning: no manifest for {} of world size {w}: not verified",
             rank_list(&r.missing_ranks)
+        ));
+    }
+    if !r.superseded.is_empty() {
+        out.push(format!(
+            "superseded, left out: {} (torch's CUDA-graph trees record a new graph instead: a static input they guard is held at another address now)",
+            r.superseded.join(", ")
         ));
     }
     out
@@ -836,6 +843,7 @@ mod tests {
             world_size: None,
             ranks: vec![],
             missing_ranks: vec![],
+            superseded: vec![],
         }
     }
 

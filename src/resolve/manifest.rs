@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use super::signature::{NodeSignature, ParamLayout, WordRole, param_layouts};
 use super::walked::{RangeSet, WalkedGraph, WalkedNode, slots};
 use crate::document::format::{
-    Addr, Allocation, AllocationId, Digest, Frame, Graph, GraphId, IgnoredReason, IgnoredWord,
-    Manifest, Node, Owner, Pool, PoolId, PoolKind, Producer, Registration, SleepPolicy, Tensor,
-    TensorId, Touch,
+    Addr, Allocation, AllocationId, Digest, Frame, Graph, GraphId, Guard, IgnoredReason,
+    IgnoredWord, Manifest, Node, Owner, Pool, PoolId, PoolKind, Producer, Registration,
+    SleepPolicy, Tensor, TensorId, Touch,
 };
 use crate::document::index::{AddressIndex, IntervalIndex};
 use crate::document::load::{Invalid, check_manifest};
@@ -101,6 +101,8 @@ pub struct ManifestBuilder {
     graphs: Vec<(String, Option<PoolId>, Arc<WalkedGraph>)>,
     /// Memory the allocator holds free (`[start, end)`), for [`IgnoredReason::FreeMemory`].
     free_ranges: Vec<(u64, u64)>,
+    /// Each graph's guarded static inputs (`Graph::guards`), by graph.
+    guards: HashMap<GraphId, Vec<Guard>>,
 }
 
 impl ManifestBuilder {
@@ -116,7 +118,14 @@ impl ManifestBuilder {
             owner_paths: HashMap::new(),
             graphs: Vec::new(),
             free_ranges: Vec::new(),
+            guards: HashMap::new(),
         }
+    }
+
+    /// Records the static inputs torch's CUDA-graph trees guard for graph `id`
+    /// ([`Graph::guards`]).
+    pub fn guard_graph(&mut self, id: GraphId, guards: Vec<Guard>) {
+        self.guards.entry(id).or_default().extend(guards);
     }
 
     /// Declares `[base, base + size)` free in the allocator now (a free block of a segment):
@@ -264,6 +273,7 @@ impl ManifestBuilder {
             layout_by_ptr: FxHashMap::default(),
             layout_by_name: FxHashMap::default(),
         };
+        let mut guards = self.guards;
         let graphs = self
             .graphs
             .into_iter()
@@ -274,6 +284,7 @@ impl ManifestBuilder {
                 pool,
                 node_counts: walked.node_counts.clone(),
                 unread: walked.unread.clone(),
+                guards: guards.remove(&GraphId(gi as u32)).unwrap_or_default(),
                 nodes: walked.nodes.iter().map(|n| nodes.node(n)).collect(),
             })
             .collect();

@@ -9,7 +9,9 @@ use serde::Deserialize;
 use super::facts::{BlockState, OwnerSpec, PoolBinding, Segment};
 use super::manifest::{BuildError, ManifestBuilder, TensorSpec};
 use super::walked::WalkedGraph;
-use crate::document::format::{Addr, Manifest, PoolId, PoolKind, Producer, SleepPolicy, TensorId};
+use crate::document::format::{
+    Addr, Guard, Manifest, PoolId, PoolKind, Producer, SleepPolicy, TensorId,
+};
 
 /// See the module documentation. Ids of pools are their positions in `pools`; owners name
 /// tensors by their position in `tensors`.
@@ -77,6 +79,9 @@ struct GraphSpec {
     walked: Option<WalkedGraph>,
     #[serde(default)]
     walked_index: Option<usize>,
+    /// The static inputs torch's CUDA-graph trees guard for the graph (`Graph::guards`).
+    #[serde(default)]
+    guards: Vec<Guard>,
 }
 
 /// Why a build spec gave no manifest. `at` is where in the spec (`owners[3]`).
@@ -237,7 +242,10 @@ pub fn build(
                 ));
             }
         };
-        b.add_graph(&g.name, g.pool, graph);
+        let id = b.add_graph(&g.name, g.pool, graph);
+        if !g.guards.is_empty() {
+            b.guard_graph(id, g.guards);
+        }
     }
     b.finish().map_err(at("failed to build".into()))
 }

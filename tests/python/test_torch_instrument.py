@@ -614,28 +614,41 @@ def test_check_on_demand(torch, fake):
         gt.check()
 
 
-def test_a_tree_graph_whose_guarded_parameter_moved_is_superseded():
+def test_a_tree_graph_whose_guarded_parameter_moved_is_superseded(torch):
     # torch.compile's trees re-record when a static input's address changes: the old
-    # graph never replays again, so what it read is no hazard.
-    from graphcheck import _guard
-
-    manifest = {
-        "tensors": [{"id": 0, "storage_base": "0x1000", "offset": 0}],
-        "owners": [{"path": "model.w", "tensor": 0}],
+    # graph never replays again, so what it read is no hazard. The manifest records what
+    # each graph guards; the core leaves a superseded graph out of every finding.
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.randn(8))
+    model.v = torch.nn.Parameter(torch.randn(8))
+    w = model.w.data_ptr()
+    rec = gt.Recorder(model)
+    for name in ("old", "other", "plain"):
+        rec.add_graph(name, walked(kernel(0, "k", model.w, model.v)))
+    rec.guard_graph("old", [(w, ["model.w"])])
+    rec.guard_graph("other", [(model.v.data_ptr(), [])])  # paths: the manifest's owners
+    manifest = rec.manifest()
+    graphs = {g["name"]: g.get("guards") for g in graphcheck.load(manifest)["graphs"]}
+    assert graphs == {
+        "old": [{"addr": hex(w), "paths": ["model.w"]}],
+        "other": [{"addr": hex(model.v.data_ptr()), "paths": []}],
+        "plain": None,
     }
-    moved = {"tensors": [{"id": 5, "storage_base": "0x9000", "offset": 0}], "owners": [{"path": "model.w", "tensor": 5}]}
-    kept = {"tensors": [{"id": 5, "storage_base": "0x1000", "offset": 0}], "owners": [{"path": "model.w", "tensor": 5}]}
-    old, other, plain = _guard.GraphState(), _guard.GraphState(), _guard.GraphState()
-    old.static_ptrs, other.static_ptrs = (0x1000,), (0x5000,)
-    states = {"old": old, "other": other, "plain": plain}
-    assert _guard.superseded(manifest, moved, states) == {"old"}
-    assert _guard.superseded(manifest, kept, states) == set()
-    # The manifest built after the re-record no longer names the replaced parameter (it
-    # died): the paths the capture learned still do.
-    bare = {"tensors": [], "owners": []}
-    assert _guard.superseded(bare, moved, states) == set()
-    old.static_paths = {0x1000: ["model.w"]}
-    assert _guard.superseded(bare, moved, states) == {"old"}
+    kept = graphcheck.verify(manifest, gt.snapshot(model, manifest))
+    assert kept.superseded == () and kept.ok
+    model.w = torch.nn.Parameter(torch.randn(8))  # rebound: the tree records anew
+    moved = graphcheck.verify(manifest, gt.snapshot(model, manifest))
+    assert moved.superseded == ("old",)
+    assert [(f.kind, f.graphs) for f in moved.findings if f.kind == "drifted"] == [
+        ("drifted", ("other", "plain"))
+    ]
+    assert "superseded, left out: old" in moved.table
+    model.v = torch.nn.Parameter(torch.randn(8))
+    both = graphcheck.verify(manifest, gt.snapshot(model, manifest))
+    assert both.superseded == ("old", "other")
+    assert {f.graphs for f in both.findings if f.kind == "drifted"} == {("plain",)}
+    with pytest.raises(graphcheck.GraphcheckError, match="no graph named 'nope'"):
+        rec.guard_graph("nope", [])
 
 
 # -- zero-code attach: discovery ----------------------------------------------------------
