@@ -358,6 +358,16 @@ pub fn normalized_manifest(m: &Manifest) -> String {
                 escape(&u.reason)
             );
         }
+        let mut guards: Vec<String> = g
+            .guards
+            .iter()
+            .map(|gu| {
+                let paths: Vec<String> = gu.paths.iter().map(|p| escape(p).into_owned()).collect();
+                format!("    guards {}: {}\n", sym.symbol(gu.addr), paths.join(", "))
+            })
+            .collect();
+        guards.sort();
+        guards.into_iter().for_each(|l| out.push_str(&l));
         let mut nodes: Vec<_> = g.nodes.iter().collect();
         nodes.sort_by_key(|n| n.index);
         for n in nodes {

@@ -9,7 +9,7 @@ import pytest
 import graphcheck
 import graphcheck.sleep as gs
 import graphcheck.torch as gt
-from conftest import warm_up
+from conftest import save_gpu_document as save, warm_up
 
 LIVE = {"vanished", "drifted", "freed", "reused", "reshaped", "stale"}
 
@@ -77,12 +77,27 @@ def test_compile_trees_are_recorded_named_and_a_rebind_torch_rerecords_is_supers
     assert touched, "the tree graph's kernels read the parameters"
     report = gt.check()
     assert live_kinds(report) == [], report.table
+    first = ins.manifest_json()  # as a run writes it at capture
 
     # A reload that rebinds a parameter: the tree re-records (torch guards the address of
     # its static inputs), so the old graph never replays again and is not reported.
     with torch.no_grad():
         m.fc1.weight = torch.nn.Parameter(m.fc1.weight.detach() * 2)
     gt.mark_transition("reload_weights() (rebinding)", "updated")
+    # The documents alone (the CLI, CI): the manifest written at capture and a snapshot
+    # after the reload, before the next call. The manifest says what the tree guards, so
+    # the graph torch will re-record for is superseded, not drifted.
+    live = gt.snapshot(m, first, event="reload_weights() (rebinding)", contents="updated")
+    save("engine_tree_superseded_manifest.json", graphcheck.load(first))
+    save("engine_tree_superseded_live.json", graphcheck.load(live))
+    cli = graphcheck.verify(first, live)
+    print(cli.table)
+    assert cli.superseded == (tree[0]["name"],) and live_kinds(cli) == [], cli.table
+    unguarded = graphcheck.load(first)
+    for g in unguarded["graphs"]:
+        g.pop("guards", None)
+    plain = live_kinds(graphcheck.verify(unguarded, live))
+    assert any(k == "drifted" for k, _ in plain), f"without guards: drifted, not {plain}"
     with torch.no_grad():
         for _ in range(3):
             y = cm(x)  # no ReplayCheckError: the new graph reads the new weight
