@@ -263,6 +263,71 @@ def test_a_module_global_cache_lost_by_level2_sleep_is_stale(sleeper, torch):
     _ROPE.clear()
 
 
+def test_a_compiled_models_constant_lost_by_level2_sleep_stops_the_replay(sleeper, torch):
+    """Issue 13, torch.compile beside sleep: a constant kept as a non-persistent buffer
+    (not in the state dict, so a reload does not restore it) of a model under the CUDA-graph
+    trees, in memory level-2 sleep discards. After wake and the reload its address is the
+    same, so the tree replays its graph; graphcheck's replay check (digests on) finds it
+    stale and refuses the replay; let through, the replay is NaN."""
+    alloc = sleeper
+    torch._dynamo.reset()
+    nn = torch.nn
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(D, D, device="cuda")
+            self.register_buffer("scale", torch.tensor(D**0.5, device="cuda"), persistent=False)
+
+        def forward(self, x):
+            return self.proj(x) * self.scale
+
+    with gs.sleep_pool("weights"):
+        model = Scaled()
+    x = torch.randn(8, D, device="cuda")
+    ins = gt.instrument(None, model=model, digests=True, verify_on_replay="raise")
+    try:
+        cm = torch.compile(model, mode="reduce-overhead")
+        with torch.no_grad():
+            for _ in range(4):
+                y = cm(x)
+        torch.cuda.synchronize()
+        before = y.clone()
+        assert ins.errors == [], ins.errors
+        names = [g["name"] for g in graphcheck.load(ins.manifest())["graphs"]]
+        print("graphs:", names)
+        assert any(n.startswith("inductor_fn") for n in names), names
+        state = cpu_state(model)
+        assert "scale" not in state
+
+        alloc.sleep(2)
+        alloc.wake(poison="nan")
+        with torch.no_grad():
+            model.load_state_dict(state)
+        torch.cuda.synchronize()
+        # load_state_dict marks a transition with new weights (`updated`: digests are not
+        # compared, and the replay went through on the H200); an engine that reloads the
+        # same weights says so, as after reload_weights(): contents preserved.
+        gt.mark_transition("sleep(level=2) + wake + reload_weights()", "preserved")
+        assert torch.isnan(model.scale).item()
+        report = gt.check(ins)
+        print(report.table)
+        assert ("stale", "model.scale") in kinds(report), report.table
+        with pytest.raises(gt.ReplayCheckError) as refused, torch.no_grad():
+            cm(x)
+        print(refused.value)
+        assert "stale" in str(refused.value) and "model.scale" in str(refused.value)
+    finally:
+        gt.uninstrument()
+    with torch.no_grad():
+        after = cm(x)
+    torch.cuda.synchronize()
+    print(f"compiled, level 2: before finite {torch.isfinite(before).all().item()}, after NaN {torch.isnan(after).all().item()}")
+    assert torch.isnan(after).all(), "let through, the replay reads the lost constant"
+    del cm, model
+    torch._dynamo.reset()
+
+
 def test_persistent_metadata_under_the_kv_cache_tag_is_mispooled(sleeper, torch):
     alloc = sleeper
     with gs.sleep_pool("weights"):
