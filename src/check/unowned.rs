@@ -36,6 +36,21 @@ impl Group<'_> {
         self.alloc.is_some_and(|a| m.allocations[a].pool.is_some())
     }
 
+    /// The group's touches whose captured address `keep` accepts.
+    fn refs_at(
+        &self,
+        m: &crate::document::format::Manifest,
+        keep: impl Fn(Addr) -> bool,
+    ) -> Vec<TouchRef> {
+        self.refs
+            .iter()
+            .copied()
+            .filter(|&(gi, ni, ki)| {
+                keep(m.graphs[gi as usize].nodes[ni as usize].touches[ki as usize].addr)
+            })
+            .collect()
+    }
+
     /// The group's captured addresses, sorted, each once.
     pub(super) fn addresses(&self, m: &crate::document::format::Manifest) -> Vec<Addr> {
         let mut addrs: Vec<Addr> = self
@@ -185,14 +200,7 @@ pub(super) fn live_checks(
             // Named by the kernels that read a freed address, not every kernel of the
             // group: one allocation can hold a live input and a freed intermediate.
             let gone = |addr: Addr| probes.at(addr).is_some_and(|pi| released(&l.probes[pi]));
-            let refs: Vec<TouchRef> = g
-                .refs
-                .iter()
-                .copied()
-                .filter(|&(gi, ni, ki)| {
-                    gone(m.graphs[gi as usize].nodes[ni as usize].touches[ki as usize].addr)
-                })
-                .collect();
+            let refs = g.refs_at(m, gone);
             out.push(finding(
                 ctx,
                 g,
@@ -233,14 +241,7 @@ pub(super) fn live_checks(
             && let Some((r, now)) = changed_range(&m.ranges, &l.ranges, &addrs)
         {
             let inside = |addr: Addr| in_range(addr, r.addr, r.size);
-            let refs: Vec<TouchRef> = g
-                .refs
-                .iter()
-                .copied()
-                .filter(|&(gi, ni, ki)| {
-                    inside(m.graphs[gi as usize].nodes[ni as usize].touches[ki as usize].addr)
-                })
-                .collect();
+            let refs = g.refs_at(m, inside);
             out.push(finding(
                 ctx,
                 g,

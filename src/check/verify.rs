@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use rustc_hash::FxHashMap;
 
-use super::context::{Ctx, Subject, TouchIndex, persistent};
+use super::context::{Ctx, Subject, TouchIndex, TouchRef, persistent};
 use super::live::{ProbeIndex, live_checks};
 use super::{superseded, unowned};
 use crate::check::allow::Allowlist;
@@ -46,14 +46,7 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
 /// torch's default pool holds scratch the graphs write at every replay (cuBLAS's
 /// workspace), whose contents change without anything being wrong, and no sleep releases it.
 pub fn unexplained_addresses(m: &Manifest, mt: &Tables) -> Vec<Addr> {
-    let (touches_of, bare) = TouchIndex::new(m, mt);
-    let ctx = Ctx {
-        m,
-        mt,
-        touches_of,
-        storages: OnceLock::new(),
-        views: OnceLock::new(),
-    };
+    let (ctx, bare) = context(m, mt);
     let subjects = subjects_of(&ctx);
     let mut addrs: Vec<Addr> = unowned::groups(&ctx, &bare, &subjects)
         .iter()
@@ -63,6 +56,19 @@ pub fn unexplained_addresses(m: &Manifest, mt: &Tables) -> Vec<Addr> {
     addrs.sort_unstable();
     addrs.dedup();
     addrs
+}
+
+/// The check context of a checked manifest, and its touches that name no tensor.
+fn context<'m>(m: &'m Manifest, mt: &'m Tables) -> (Ctx<'m>, Vec<TouchRef>) {
+    let (touches_of, bare) = TouchIndex::new(m, mt);
+    let ctx = Ctx {
+        m,
+        mt,
+        touches_of,
+        storages: OnceLock::new(),
+        views: OnceLock::new(),
+    };
+    (ctx, bare)
 }
 
 /// The touched tensors grouped by view key, in document order of first tensor.
@@ -100,14 +106,7 @@ pub fn verify_checked(
     if let Some((l, _)) = live {
         check_pair(m, l)?;
     }
-    let (touches_of, bare) = TouchIndex::new(m, mt);
-    let ctx = Ctx {
-        m,
-        mt,
-        touches_of,
-        storages: OnceLock::new(),
-        views: OnceLock::new(),
-    };
+    let (ctx, bare) = context(m, mt);
     let subjects = subjects_of(&ctx);
 
     let mut findings = in_parallel(&subjects, |s, out| capture_checks(&ctx, s, out));
