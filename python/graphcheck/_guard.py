@@ -9,6 +9,14 @@ attribute read and one comparison: the price of a replay with nothing pending), 
 where they differ is anything checked. One live snapshot and one verify serve every graph
 of an instrumentation per epoch; each graph is judged by the findings that name it.
 
+Contents are compared against the digests of the latest capture, except those an update
+since then rewrote: an ``updated`` transition says which tensors it wrote
+(``Module.load_state_dict`` by itself, an engine with ``written=``), and everything else
+must still hold what it held, at that check and at every later ``preserved`` one (verl
+over SGLang resumes the weights, loads new ones, then resumes the KV cache: the new
+weights are no finding there, a lost constant is). An update that does not say what it
+wrote stops content comparisons until the next capture.
+
 Which findings stop a replay: the live ones (``vanished``, ``drifted``, ``freed``,
 ``reused``, ``reshaped``, ``stale``), the memory the graph reads changed since capture.
 Capture-time findings (``unowned``, ``unregistered``, ``mispooled``) were there before the
@@ -28,7 +36,7 @@ import threading
 import warnings
 from typing import Any, Optional
 
-from . import _args, _native
+from . import _args, _native, _registry
 from . import sleep as _sleep
 from ._native import GraphcheckError
 from ._snapshot import snapshot
@@ -67,18 +75,87 @@ def epoch() -> int:
     return _STATE[0]
 
 
-def mark_transition(event: str = "reload", contents: str = "preserved") -> int:
+def mark_transition(
+    event: str = "reload", contents: str = "preserved", written: Any = None
+) -> int:
     """Says that the memory graphs read may have changed: after ``reload_weights()``, a
     wake, a resume. ``contents`` is ``preserved`` (every persistent tensor must still hold
     what it held at capture; digests are compared where the manifest has them) or
     ``updated`` (new weights: addresses must hold, contents may change). Each recorded
     graph is checked at its next replay, where an instrumentation has
-    ``verify_on_replay``. Returns the new epoch."""
+    ``verify_on_replay``. Returns the new epoch.
+
+    ``written`` (``updated`` only) says what the update wrote: a tensor, a module (its
+    parameters and buffers) or an iterable of them. Digests of everything else are still
+    compared, at this check and at every later one, so that a constant the reload did not
+    restore is ``stale``. Without it, anything may have been rewritten: contents are not
+    compared again until the next capture (``Module.load_state_dict`` says what it wrote
+    by itself)."""
     event = _args.text("event", event)
     contents = _args.choice("contents", contents, ("preserved", "updated"))
+    if written is not None and contents != "updated":
+        raise GraphcheckError(
+            f"written says what an update wrote: it takes contents='updated', not {contents!r}"
+        )
+    storages = None if written is None else _storages("written", written)
     with _LOCK:
-        _STATE[:] = [_STATE[0] + 1, event, contents]
-        return _STATE[0]
+        now = _STATE[0] + 1
+        _STATE[:] = [now, event, contents]
+        if contents == "updated":
+            _WRITES.append((now, storages))
+            if len(_WRITES) > _WRITES_KEPT:
+                _FORGOTTEN[0] = _WRITES.pop(0)[0]
+        return now
+
+
+# The updated transitions, oldest first: (epoch, frozenset of (device, storage address) the
+# update wrote, or None: unknown). The oldest are forgotten past _WRITES_KEPT; a check of a
+# manifest older than the last one forgotten (_FORGOTTEN) knows nothing of what was written.
+_WRITES: list = []
+_WRITES_KEPT = 1024
+_FORGOTTEN = [0]
+
+
+def _storages(name: str, value: Any) -> frozenset:
+    """(device, storage address) of every tensor ``value`` names: a tensor, a module's
+    parameters and buffers, or an iterable of them."""
+    torch = _torch_module()
+    out = set()
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, torch.Tensor):
+            out.add((_registry._device_name(v), v.untyped_storage().data_ptr()))
+        elif isinstance(v, torch.nn.Module):
+            todo.extend(v.parameters())
+            todo.extend(v.buffers())
+        elif isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+            raise GraphcheckError(
+                f"{name} takes tensors, modules or an iterable of them, not {_args.show(v)}"
+            )
+        else:
+            todo.extend(v)
+    return frozenset(out)
+
+
+def _torch_module():
+    return _registry._torch()
+
+
+def rewritten_since(epoch: int) -> Optional[frozenset]:
+    """What updates after ``epoch`` wrote: (device, storage address) pairs, or ``None`` where
+    one of them did not say (anything may have been rewritten)."""
+    with _LOCK:
+        if epoch < _FORGOTTEN[0]:
+            return None
+        out: set = set()
+        for at, storages in _WRITES:
+            if at <= epoch:
+                continue
+            if storages is None:
+                return None
+            out |= storages
+        return frozenset(out)
 
 
 def _live_findings(report, name: Optional[str] = None) -> list:
@@ -201,20 +278,32 @@ class Checker:
         with _LOCK:
             if at_epoch is not None and self._epoch == at_epoch and self._result is not None:
                 return self._result
-            result = run_check(self.ins, event=event, contents=contents)
+            result = run_check(self.ins, event=event, contents=contents, transition=True)
             if at_epoch is not None:
                 self._epoch, self._result = at_epoch, result
             return result
 
 
-def run_check(ins, *, event: str, contents: str, digests=None):
+def run_check(ins, *, event: str, contents: str, digests=None, transition: bool = False):
     """Snapshot of the instrumentation's roots against its manifest, verified (the core
     leaves superseded tree graphs out: the manifest records what each guards). Returns
-    ``(report, superseded names)``."""
+    ``(report, superseded names)``.
+
+    Contents are compared against the manifest's digests (taken at the latest capture)
+    except where an update since then rewrote them: the tensors it says it wrote are not
+    digested, and after an update that did not say, nothing is (``contents`` is then
+    ``updated`` whatever the caller said). ``transition``: ``contents`` is the latest
+    marked transition's, already among the updates; else an ``updated`` asked for here
+    (``check()``) is one more update that does not say what it wrote."""
     from ._api import verify
 
-    manifest = ins.manifest_json()
+    manifest, at = ins._manifest_and_epoch()
     rec = ins.recorder
+    rewritten = rewritten_since(at)
+    if contents == "updated" and not transition:
+        rewritten = None
+    # Where what the updates wrote is known, everything else must hold what it held.
+    contents = "updated" if rewritten is None else "preserved"
     if digests is None:
         digests = contents == "preserved" and bool(rec.digests)
     live = snapshot(
@@ -227,6 +316,7 @@ def run_check(ins, *, event: str, contents: str, digests=None):
         root=rec.root,
         runtime_state=rec.runtime_state,
         max_depth=rec.max_depth,
+        _rewritten=rewritten or frozenset(),
     )
     report = verify(manifest, live)
     return report, set(report.superseded)

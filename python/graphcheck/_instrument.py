@@ -324,7 +324,7 @@ class Instrumentation:
                     or self.recorder.digests
                 ):
                     try:
-                        self._frozen = (self.captures, self._build_json())
+                        self._frozen = (self.captures, self._build_json(), _guard.epoch())
                     except BaseException as e:  # noqa: BLE001 - built when asked instead
                         if _fatal(e):
                             raise
@@ -366,11 +366,15 @@ class Instrumentation:
     def manifest_json(self) -> str:
         """The manifest of every capture recorded so far in this process, as JSON text:
         as built at the latest capture (the facts of then), else built now."""
+        return self._manifest_and_epoch()[0]
+
+    def _manifest_and_epoch(self) -> tuple:
+        """The manifest and the transition epoch its facts (digests) are of."""
         with _LOCK:
             self._fork_check()
             if self._frozen is not None and self._frozen[0] == self.captures:
-                return self._frozen[1]
-            return self._build_json()
+                return self._frozen[1], self._frozen[2]
+            return self._build_json(), _guard.epoch()
 
     def _build_json(self) -> str:
         with _LOCK:
@@ -449,9 +453,12 @@ def _patch_torch() -> None:
             setattr(module, "CUDAGraph", cls)
 
 
-def _wrap_transition(owner, attr: str, event: Callable, contents: str) -> None:
+def _wrap_transition(
+    owner, attr: str, event: Callable, contents: str, written: Optional[Callable] = None
+) -> None:
     """Replaces ``owner.attr`` (a method) with one that marks a transition after it
-    returns; restored with the rest of the patch."""
+    returns (``written(self, args, kwargs)``: the tensors it wrote, where known); restored
+    with the rest of the patch."""
     original = getattr(owner, attr, None)
     if original is None or getattr(original, "_graphcheck_transition", False):
         return
@@ -459,9 +466,13 @@ def _wrap_transition(owner, attr: str, event: Callable, contents: str) -> None:
     def wrapper(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         try:
-            _guard.mark_transition(event(self, args, kwargs), contents)
+            wrote = None if written is None else written(self, args, kwargs)
+            _guard.mark_transition(event(self, args, kwargs), contents, written=wrote)
         except Exception:  # noqa: BLE001 - never into the engine
-            pass
+            try:  # what was written is unknown: the transition is still marked
+                _guard.mark_transition(event(self, args, kwargs), contents)
+            except Exception:  # noqa: BLE001
+                pass
         return out
 
     wrapper._graphcheck_transition = True
@@ -472,11 +483,21 @@ def _wrap_transition(owner, attr: str, event: Callable, contents: str) -> None:
     setattr(owner, attr, wrapper)
 
 
+def _loaded_tensors(module, args, kwargs) -> list:
+    """The tensors ``module.load_state_dict(state_dict, ...)`` wrote: its parameters and
+    persistent buffers under the keys the state dict holds (a non-persistent buffer, a
+    plain attribute or a module-global cache is not written, so its contents must hold)."""
+    given = args[0] if args else kwargs.get("state_dict")
+    own = module.state_dict(keep_vars=True)
+    return [own[k] for k in given.keys() if k in own]
+
+
 def _patch_transitions() -> None:
     """The transitions a replay check sees without the engine saying so:
-    ``Module.load_state_dict`` (new weights: ``updated``) and torch_memory_saver's
-    ``resume`` (``preserved``), where that package is imported. (This package's sleep
-    allocator marks its wakes itself.)"""
+    ``Module.load_state_dict`` (new weights: ``updated``, the tensors it wrote known, so
+    that the rest are still compared) and torch_memory_saver's ``resume``
+    (``preserved``), where that package is imported. (This package's sleep allocator
+    marks its wakes itself.)"""
     import sys
 
     torch = _torch()
@@ -485,6 +506,7 @@ def _patch_transitions() -> None:
         "load_state_dict",
         lambda self, a, k: f"{type(self).__name__}.load_state_dict",
         "updated",
+        _loaded_tensors,
     )
     tms = sys.modules.get("torch_memory_saver")
     cls = getattr(tms, "TorchMemorySaver", None) if tms is not None else None

@@ -528,15 +528,21 @@ class Registry:
         o = self.by_path().get(path)
         return None if o is None else self.tensors[o.tensor].tensor
 
-    def tensor_specs(self, digests: Optional[str] = None) -> list:
+    def tensor_specs(self, digests: Optional[str] = None, skip: frozenset = frozenset()) -> list:
         """``TensorSpec`` dicts in registry order, with digests of ``digests``' algorithm
-        (all of one device in one call, for ``gc128``)."""
+        (all of one device in one call, for ``gc128``), except for views of the storages
+        in ``skip`` ((device, storage address) pairs)."""
         out = []
         todo: list = []  # (position, tensor)
         for rec in self.tensors:
             t = rec.tensor
             # A record whose storage moved would digest other bytes than its address's.
-            if digests and t is not None and rec.current():
+            if (
+                digests
+                and t is not None
+                and rec.current()
+                and (not skip or (rec.meta[8], rec.meta[0]) not in skip)
+            ):
                 todo.append((len(out), t))
             out.append(rec.spec)
         if todo and digests == "gc128":

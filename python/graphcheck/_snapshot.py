@@ -49,6 +49,7 @@ def snapshot(
     producer: Optional[Mapping[str, Any]] = None,
     roots: Optional[Mapping[str, Any]] = None,
     format_version: int = FORMAT_VERSION,
+    _rewritten: frozenset = frozenset(),
 ) -> dict:
     """The live snapshot of ``model`` against ``manifest`` after sleep/wake or a reload.
 
@@ -98,7 +99,8 @@ def snapshot(
     # Looked up in _allocator at each call, as the recorder does: one place where the
     # allocator's snapshot is read, and where the CPU tests fake it.
     raw_segments = _allocator._memory_segments()
-    specs = registry.tensor_specs(algorithm)
+    # (device, storage address) an update rewrote (the replay check): left undigested.
+    specs = registry.tensor_specs(algorithm, skip=_rewritten)
     _AllocSites(raw_segments).annotate(specs, registry.tensors)
     # The core builds the snapshot from these facts (graphcheck::resolve::live): segments
     # to allocations and pools, probes of the captured addresses, and the document check.

@@ -13,10 +13,13 @@ import pytest
 SCENARIO = Path(__file__).parent / "scenarios" / "tms_resume.py"
 
 
-def test_a_persistent_state_under_the_kv_tag_is_refused_after_resume(cuda):
+@pytest.mark.parametrize("flow", ["resume", "refit"])
+def test_a_persistent_state_under_the_kv_tag_is_refused_after_resume(cuda, flow):
+    """``refit``: resume the weights, load new ones, resume the KV cache (verl over
+    SGLang): the new weights are no finding, the lost state still is."""
     pytest.importorskip("torch_memory_saver", reason="torch_memory_saver is not installed")
     done = subprocess.run(
-        [sys.executable, str(SCENARIO)],
+        [sys.executable, str(SCENARIO), flow],
         capture_output=True,
         text=True,
         timeout=300,
@@ -32,3 +35,5 @@ def test_a_persistent_state_under_the_kv_tag_is_refused_after_resume(cuda):
     assert ["stale", "model.state"] in out["findings"], out
     assert not [f for f in out["findings"] if f[1].startswith("model.proj")], out
     assert out["errors"] == []
+    if flow == "refit":
+        assert out["weights_changed"] and out["epoch"] == 3, out

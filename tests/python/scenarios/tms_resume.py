@@ -1,7 +1,11 @@
 """A torch_memory_saver engine (SGLang's way) under graphcheck's replay check, in a process
 of its own (torch_memory_saver installs its own pluggable allocator). sglang #27140's
 class: a persistent recurrent state allocated under the KV-cache tag, which a pause
-discards, while the weights are paused with a CPU backup. Prints one JSON line."""
+discards, while the weights are paused with a CPU backup. Prints one JSON line.
+
+With the argument ``refit``, the RL framework's order (verl over SGLang): resume the
+weights, load new ones (``load_state_dict``, which says what it wrote), then resume the
+KV cache; the new weights must be no finding at the last resume, which preserves."""
 
 import json
 import sys
@@ -10,6 +14,7 @@ import torch
 import torch_memory_saver as tms_module
 
 import graphcheck.torch as gt
+from graphcheck import _guard
 
 saver = tms_module.torch_memory_saver
 saver.hook_mode = "torch"
@@ -40,8 +45,18 @@ g.replay()
 torch.cuda.synchronize()
 out["patched"] = getattr(type(saver).resume, "_graphcheck_transition", False)
 
+refit = "refit" in sys.argv[1:]
 saver.pause()
-saver.resume()  # a transition graphcheck sees by itself
+if refit:
+    saver.resume("weights")
+    new = {k: v + 0.25 for k, v in model.proj.state_dict().items()}
+    with torch.no_grad():
+        model.proj.load_state_dict(new)
+    out["weights_changed"] = bool((model.proj.weight == new["weight"]).all().item())
+    saver.resume("kv_cache")  # the latest transition: contents preserved
+else:
+    saver.resume()  # a transition graphcheck sees by itself
+out["epoch"] = _guard.epoch()  # transitions marked: 1, or 3 with the refit
 out["state_after_resume"] = float(model.state[0].item())
 try:
     g.replay()
