@@ -203,8 +203,8 @@ class GraphState:
 
 def tree_node_of(cuda_graph, depth: int = 12):
     """The torch.compile CUDA-graph tree node whose graph ``cuda_graph`` is, found on the
-    calling frames at ``capture_end`` (the node's ``_record`` runs the capture), with the
-    inputs it recorded; ``(None, None)`` for any other capture. Reads frames only."""
+    calling frames at ``capture_begin`` (the node's ``_record`` runs the capture), with
+    the inputs it records; ``(None, None)`` for any other capture. Reads frames only."""
     import sys
 
     try:
@@ -225,13 +225,10 @@ def tree_node_of(cuda_graph, depth: int = 12):
     return None, None
 
 
-def tree_input_shapes(cuda_graph) -> Optional[list]:
+def tree_input_shapes(node, inputs) -> Optional[list]:
     """At ``capture_begin`` of a tree graph: the shapes of the inputs that are not static
     (the batch the graph is recorded for). By ``capture_end`` the tree's boxed call has
     cleared its input list."""
-    node, inputs = tree_node_of(cuda_graph)
-    if node is None:
-        return None
     try:
         static = set(node.wrapped_function.static_input_idxs or ())
         return [

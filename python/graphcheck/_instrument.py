@@ -125,10 +125,17 @@ def _instrumented_class(base: type) -> type:
         def capture_begin(self, *args, **kwargs):
             pool = args[0] if args else kwargs.get("pool")
             self._graphcheck_pool = pool
+            # A graph of torch.compile's CUDA-graph trees: the tree node recording it, found
+            # once on the calling frames, and the shapes of its batch inputs (cleared from
+            # the node by capture_end); held until capture_end only.
+            self._graphcheck_tree = (None, None)
             try:
-                self._graphcheck_shapes = _guard.tree_input_shapes(self) if _ACTIVE else None
+                if _ACTIVE:
+                    node, inputs = _guard.tree_node_of(self)
+                    if node is not None:
+                        self._graphcheck_tree = (node, _guard.tree_input_shapes(node, inputs))
             except Exception:  # noqa: BLE001 - a name without shapes, never a failed capture
-                self._graphcheck_shapes = None
+                pass
             return super().capture_begin(*args, **kwargs)
 
         def capture_end(self):
@@ -182,11 +189,12 @@ def _on_capture(cuda_graph) -> None:
         return
     # A graph of torch.compile's CUDA-graph trees: its name and the static inputs torch
     # guards come from the tree node recording it.
-    node, _ = _guard.tree_node_of(cuda_graph)
+    node, shapes = getattr(cuda_graph, "_graphcheck_tree", (None, None))
+    cuda_graph._graphcheck_tree = (None, None)
     state = _guard.GraphState()
     hint = None
     if node is not None:
-        hint = _guard.tree_graph_name(node, getattr(cuda_graph, "_graphcheck_shapes", None))
+        hint = _guard.tree_graph_name(node, shapes)
         state.static_ptrs = _guard.tree_static_ptrs(node)
         state.tree = hint
     cuda_graph._graphcheck_state = state
