@@ -6,6 +6,9 @@ into one pool), each variant side by side in one process, alternating, medians:
   keep       the same with CUDAGraph(keep_graph=True) and g.instantiate() after: torch's
              own cost of keeping the graph for graphcheck to read
   walk       keep + graphcheck._native.walk(raw graph) before instantiate (the walker alone)
+  inflight   plain, and the walk of the graph still being captured (cuStreamGetCaptureInfo
+             on the capture stream, before capture_end): no keep_graph, no separate
+             instantiate; checked against the keep walk (same nodes and words) and replayed
   recorded   graphcheck.torch.graph(...) into a fresh Recorder: the whole capture path
   manifest   rec.manifest_json() after the recorded captures
 
@@ -87,7 +90,67 @@ def main():
         rec.rewalk()
         return {"total": time.perf_counter() - t0}, []
 
-    variants = {"plain": plain, "keep": keep, "walk": lambda: keep(True), "recorded": recorded, "rewalk": rewalk}
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    # cuStreamGetCaptureInfo_v2(stream, *status, *id, *graph, *deps, *ndeps): the graph a
+    # capture is building, which the driver allows querying while the capture is open.
+    info = cuda.cuStreamGetCaptureInfo_v2
+    info.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64),
+                     ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+                     ctypes.POINTER(ctypes.c_size_t)]
+
+    def capturing_graph():
+        status, cid, graph = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_void_p()
+        deps, n = ctypes.c_void_p(), ctypes.c_size_t()
+        rc = info(ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.byref(status),
+                  ctypes.byref(cid), ctypes.byref(graph), ctypes.byref(deps), ctypes.byref(n))
+        if rc != 0 or status.value != 1:
+            raise RuntimeError(f"cuStreamGetCaptureInfo_v2: rc {rc}, status {status.value}")
+        return graph.value
+
+    def inflight():
+        pool = torch.cuda.graph_pool_handle()
+        gs, walks = [], []
+        tw = 0.0
+        t0 = time.perf_counter()
+        for b in bss:
+            g = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(g, pool=pool):
+                model(xs[b])
+                t1 = time.perf_counter()
+                walks.append(_native.walk(capturing_graph()))
+                tw += time.perf_counter() - t1
+            gs.append(g)
+        torch.cuda.synchronize()
+        return {"total": time.perf_counter() - t0, "walk": tw, "walks": walks}, gs
+
+    # Is the graph walked while open the graph torch instantiates? Same nodes and words as
+    # the keep walk of the same capture, and the replay gives what the model gives.
+    r_in, g_in = inflight()
+    r_keep_walks = []
+    pool = torch.cuda.graph_pool_handle()
+    for b in bss:
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.no_grad(), torch.cuda.graph(g, pool=pool):
+            model(xs[b])
+        r_keep_walks.append(json.loads(_native.walk_graph(g.raw_cuda_graph())))
+        g.instantiate()
+        del g
+    same = []
+    for w_in, w_keep in zip(r_in["walks"], r_keep_walks):
+        a = json.loads(w_in.to_json()) if hasattr(w_in, "to_json") else None
+        nodes_in = a["nodes"] if a else None
+        same.append(None if a is None else (
+            [(n.get("kind"), n.get("name"), len(n.get("words", []))) for n in nodes_in]
+            == [(n.get("kind"), n.get("name"), len(n.get("words", []))) for n in w_keep["nodes"]]))
+    g_in[-1].replay()
+    torch.cuda.synchronize()
+    print(f"[profile] inflight walk vs keep walk, same nodes and word counts per graph: {same}",
+          file=sys.stderr)
+    del g_in
+
+    variants = {"plain": plain, "inflight": inflight, "keep": keep, "walk": lambda: keep(True), "recorded": recorded, "rewalk": rewalk}
     times = {k: [] for k in variants}
     for i in range(args.runs):
         for k, f in variants.items():
@@ -104,6 +167,7 @@ def main():
     p = med("plain")
     rows = {
         "plain_ms": p, "keep_ms": med("keep"), "walk_total_ms": med("walk"), "walk_only_ms": med("walk", "walk"),
+        "inflight_ms": med("inflight"), "inflight_walk_ms": med("inflight", "walk"),
         "recorded_ms": med("recorded"), "manifest_ms": med("recorded", "manifest"), "rewalk_ms": med("rewalk"),
         "spec_ms": med("recorded", "spec"), "native_ms": med("recorded", "native"),
         "runs": args.runs,
@@ -111,9 +175,11 @@ def main():
     print(f"anchor model, {len(bss)} graphs, medians of {args.runs}")
     print(f"{'variant':<28} {'ms':>8} {'vs plain':>9}")
     for label, key in [("plain capture", "plain_ms"), ("keep_graph + instantiate", "keep_ms"),
-                       ("  + walk", "walk_total_ms"), ("recorded (whole path)", "recorded_ms")]:
+                       ("  + walk", "walk_total_ms"), ("plain + walk while open", "inflight_ms"),
+                       ("recorded (whole path)", "recorded_ms")]:
         print(f"{label:<28} {rows[key]:8.2f} {100 * (rows[key] - p) / p:+8.1f}%")
     print(f"{'walk alone (8 graphs)':<28} {rows['walk_only_ms']:8.2f} {100 * rows['walk_only_ms'] / p:8.1f}% of plain")
+    print(f"{'walk while open (8 graphs)':<28} {rows['inflight_walk_ms']:8.2f} {100 * rows['inflight_walk_ms'] / p:8.1f}% of plain")
     print(f"{'registry walk (rewalk)':<28} {rows['rewalk_ms']:8.2f} {100 * rows['rewalk_ms'] / p:8.1f}% of plain")
     print(f"{'manifest_json':<28} {rows['manifest_ms']:8.2f} {100 * rows['manifest_ms'] / p:8.1f}% of plain")
     print(f"{'  build spec (Python)':<28} {rows['spec_ms']:8.2f} {100 * rows['spec_ms'] / p:8.1f}% of plain")
