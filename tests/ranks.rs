@@ -259,6 +259,33 @@ fn an_output_file_among_the_folders_documents_is_refused() {
     );
 }
 
+#[test]
+fn an_output_file_among_the_pairs_is_refused() {
+    // Guards: every file of every pair is an input `--output` must not replace.
+    let dir = fresh_dir("pairs-output");
+    for f in [
+        "graphcheck-0-4100.json",
+        "live-0-4100.json",
+        "graphcheck-1-4101.json",
+        "live-1-4101.json",
+    ] {
+        put(&dir, f, &doc(f));
+    }
+    let files: Vec<String> = pair_args(dir.to_str().unwrap());
+    let target = dir.join("live-1-4101.json");
+    let mut argv: Vec<&str> = vec!["verify"];
+    argv.extend(files.iter().map(String::as_str));
+    argv.extend(["--output", target.to_str().unwrap()]);
+    let out = graphcheck(&argv);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("live snapshot"), "{err}");
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        serde_json::to_vec_pretty(&doc("live-1-4101.json")).unwrap()
+    );
+}
+
 /// The TP=2 run recorded on two H200s (fixtures/gpu/README.md): instrument's own files
 /// (`graphcheck-<rank>-<pid>.json`) and a live snapshot per rank, read as one run. Rank 1
 /// alone rebound its shard; rank 0 has nothing live; NCCL's communicator is no finding.

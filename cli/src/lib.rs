@@ -56,6 +56,8 @@ enum Command {
     /// snapshot (every finding kind); or every rank of a run, from a folder or from pairs.
     #[command(after_help = EXIT_CODES)]
     Verify {
+        /// MANIFEST [LIVE], DIR, or MANIFEST LIVE MANIFEST LIVE … (one pair per rank).
+        ///
         /// MANIFEST [LIVE]: the manifest recorded at capture, then the live snapshot taken
         /// after sleep/wake or reload (either `-`: standard input). DIR: a folder holding one
         /// run's documents (`*.json`: one manifest per rank, at most one live snapshot per
@@ -77,7 +79,8 @@ enum Command {
         /// an input is refused.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does.
+        /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does; with
+        /// several ranks, each finding's named by its own rank's manifest.
         #[arg(long)]
         normalized: bool,
     },
