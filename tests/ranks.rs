@@ -2,6 +2,8 @@
 //! fixture index (`fixtures/index.json`, `ranks`): expected findings with their ranks,
 //! missing ranks and exit codes; insta snapshots of the table, JSON and Markdown; an
 //! allowlist over `rank_mismatch`; and every way a folder is refused (exit 2, naming files).
+//! `verify M0 L0 M1 L1 …` (explicit pairs) against the folder's report and every way pairs
+//! are refused; `--normalized` naming each finding's addresses by its own rank's manifest.
 
 use std::path::{Path, PathBuf};
 
@@ -257,6 +259,33 @@ fn an_output_file_among_the_folders_documents_is_refused() {
     );
 }
 
+#[test]
+fn an_output_file_among_the_pairs_is_refused() {
+    // Guards: every file of every pair is an input `--output` must not replace.
+    let dir = fresh_dir("pairs-output");
+    for f in [
+        "graphcheck-0-4100.json",
+        "live-0-4100.json",
+        "graphcheck-1-4101.json",
+        "live-1-4101.json",
+    ] {
+        put(&dir, f, &doc(f));
+    }
+    let files: Vec<String> = pair_args(dir.to_str().unwrap());
+    let target = dir.join("live-1-4101.json");
+    let mut argv: Vec<&str> = vec!["verify"];
+    argv.extend(files.iter().map(String::as_str));
+    argv.extend(["--output", target.to_str().unwrap()]);
+    let out = graphcheck(&argv);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("live snapshot"), "{err}");
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        serde_json::to_vec_pretty(&doc("live-1-4101.json")).unwrap()
+    );
+}
+
 /// The TP=2 run recorded on two H200s (fixtures/gpu/README.md): instrument's own files
 /// (`graphcheck-<rank>-<pid>.json`) and a live snapshot per rank, read as one run. Rank 1
 /// alone rebound its shard; rank 0 has nothing live; NCCL's communicator is no finding.
@@ -294,5 +323,224 @@ fn the_gpu_recorded_tp2_run_is_one_report_with_the_reload_on_rank_1_only() {
             let kernels = f["kernels"].to_string();
             assert!(!kernels.contains("nccl"), "{kernels}");
         }
+    }
+}
+
+/// The documents of a run with a live snapshot per rank, as `verify` takes pairs: each rank's
+/// manifest, then its live snapshot, in rank order.
+fn pair_args(dir: &str) -> Vec<String> {
+    let mut files: Vec<(u64, bool, String)> = std::fs::read_dir(root().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| {
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            let name = p.file_name().unwrap().to_str().unwrap();
+            (
+                v["producer"]["rank"].as_u64().unwrap(),
+                v["kind"] == "live",
+                format!("{dir}/{name}"),
+            )
+        })
+        .collect();
+    files.sort();
+    files.into_iter().map(|(_, _, f)| f).collect()
+}
+
+const GPU_RUN: &str = "fixtures/gpu/tp2_rebind_rank1";
+
+#[test]
+fn pairs_give_the_folders_report_byte_for_byte_in_any_pair_order() {
+    for dir in [RUN, GPU_RUN] {
+        let pairs = pair_args(dir);
+        assert_eq!(pairs.len(), 4, "{pairs:?}");
+        // The ranks' pairs in reverse order: grouping by rank puts them back.
+        let reversed: Vec<String> = pairs.chunks(2).rev().flatten().cloned().collect();
+        for format in ["table", "json", "markdown"] {
+            for normalized in [false, true] {
+                let mut flags = vec!["--format", format];
+                if normalized {
+                    flags.push("--normalized");
+                }
+                let folder = graphcheck(&[&["verify", dir][..], &flags].concat());
+                assert_eq!(folder.status.code(), Some(1), "{}", text(&folder.stderr));
+                for order in [&pairs, &reversed] {
+                    let files: Vec<&str> = order.iter().map(String::as_str).collect();
+                    let argv = [&["verify"][..], &files, &flags].concat();
+                    let out = graphcheck(&argv);
+                    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+                    assert_eq!(text(&out.stdout), text(&folder.stdout), "{argv:?}");
+                    assert_eq!(text(&out.stderr), "", "{argv:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Runs `verify` over `files` (paths under the repository root) and returns (exit code,
+/// stderr, stdout).
+fn verify_files(files: &[&str]) -> (Option<i32>, String, String) {
+    let out = graphcheck(&[&["verify"][..], files].concat());
+    (out.status.code(), text(&out.stderr), text(&out.stdout))
+}
+
+#[test]
+fn pairs_that_are_not_one_runs_pairs_are_refused_naming_the_files() {
+    let m0 = "fixtures/ranks/tp2_rebind_rank1/graphcheck-0-4100.json";
+    let l0 = "fixtures/ranks/tp2_rebind_rank1/live-0-4100.json";
+    let m1 = "fixtures/ranks/tp2_rebind_rank1/graphcheck-1-4101.json";
+    let l1 = "fixtures/ranks/tp2_rebind_rank1/live-1-4101.json";
+    let refused = |files: &[&str], want: &[&str]| {
+        let (code, err, out) = verify_files(files);
+        assert_eq!(code, Some(2), "{files:?}: {err}");
+        assert_eq!(out, "", "{files:?}: nothing is printed");
+        for w in want {
+            assert!(err.contains(w), "{files:?}: {w:?} not in {err}");
+        }
+    };
+    // An odd number of files beyond one pair.
+    refused(&[m0, l0, m1], &["3 documents were given, an odd number"]);
+    refused(&[m0, l0, m1, l1, m0], &["5 documents"]);
+    // A live snapshot where a manifest goes, and a manifest where a live snapshot goes.
+    refused(
+        &[m0, l0, l1, m1],
+        &[&format!(
+            "{l1} is a live snapshot, but it comes first in pair 2"
+        )],
+    );
+    refused(
+        &[m0, m1, m1, l1],
+        &[&format!(
+            "{m1} is a manifest, but it comes second in pair 1"
+        )],
+    );
+    // A live snapshot paired with another rank's manifest: never compared across ranks.
+    refused(
+        &[m0, l1, m1, l0],
+        &[&format!(
+            "{l1} is a live snapshot of rank 1, but it is paired with {m0}, the manifest of rank 0"
+        )],
+    );
+    // Two pairs of one rank: the folder's refusal, naming both manifests.
+    refused(
+        &[m1, l1, m1, l1],
+        &["the pairs are not one run's: rank 1 has two manifests", m1],
+    );
+    // A folder among pairs, and standard input among pairs.
+    refused(
+        &[RUN, l0, m1, l1],
+        &[&format!("{RUN} is a folder, which is verified alone")],
+    );
+    refused(
+        &[m0, l0, m1, "-"],
+        &["standard input (`-`) holds one document"],
+    );
+    // Mixed world sizes, as a folder refuses them.
+    let dir = fresh_dir("pairs-world-sizes");
+    let mut m1_of_4 = doc("graphcheck-1-4101.json");
+    m1_of_4["producer"]["world_size"] = 4.into();
+    let mut l1_of_4 = doc("live-1-4101.json");
+    l1_of_4["producer"]["world_size"] = 4.into();
+    put(&dir, "m1.json", &m1_of_4);
+    put(&dir, "l1.json", &l1_of_4);
+    let (m1_4, l1_4) = (dir.join("m1.json"), dir.join("l1.json"));
+    refused(
+        &[m0, l0, m1_4.to_str().unwrap(), l1_4.to_str().unwrap()],
+        &["different world sizes: 2 in", m0, "4 in"],
+    );
+    // A JSON file that is no graphcheck document is named by the loader.
+    let stray = dir.join("notes.json");
+    put(
+        &dir,
+        "notes.json",
+        &serde_json::json!({"format_version": 1, "kind": "notes"}),
+    );
+    refused(
+        &[m0, l0, m1, stray.to_str().unwrap()],
+        &["notes.json", "`kind`"],
+    );
+}
+
+#[test]
+fn one_or_two_documents_are_still_a_single_pair_or_a_folder() {
+    // Guards: two files stay `MANIFEST LIVE` (no rank fields), not pairs of the ranks path.
+    let m1 = "fixtures/ranks/tp2_rebind_rank1/graphcheck-1-4101.json";
+    let l1 = "fixtures/ranks/tp2_rebind_rank1/live-1-4101.json";
+    let (code, err, out) = verify_files(&[m1, l1, "--format", "json"]);
+    assert_eq!(code, Some(1), "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert!(r.get("world_size").is_none(), "{out}");
+    // No document at all is a usage error.
+    let (code, err, _) = verify_files(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("<DOCUMENT>"), "{err}");
+}
+
+/// The findings of a JSON report as (rank, kind, captured, live, detail), for comparing
+/// the addresses two reports name.
+fn addressed(json: &str) -> Vec<(Value, Value, Value, Value, Value)> {
+    let r: Value = serde_json::from_str(json).unwrap();
+    r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["rank"].clone(),
+                f["kind"].clone(),
+                f["captured_addr"].clone(),
+                f["live_addr"].clone(),
+                f["detail"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Regression: `verify DIR --normalized` named every rank's addresses with the lowest rank's
+/// manifest, so rank 1's rebound shard read `? → ?` (its addresses are no allocation of
+/// rank 0's) and a rank-1 address that rank 0 also holds got rank 0's symbol.
+#[test]
+fn normalized_names_each_findings_addresses_by_its_own_ranks_manifest() {
+    let normalized = |args: &[&str]| {
+        let argv = [&["verify"], args, &["--format", "json", "--normalized"]].concat();
+        let out = graphcheck(&argv);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        addressed(&text(&out.stdout))
+    };
+    let folder = normalized(&[GPU_RUN]);
+    let pairs = pair_args(GPU_RUN);
+    for rank in [0u64, 1] {
+        let (m, l) = (&pairs[2 * rank as usize], &pairs[2 * rank as usize + 1]);
+        // The rank's pair verified alone, named by its own manifest: the same symbols.
+        let mut alone: Vec<_> = normalized(&[m, l])
+            .into_iter()
+            .map(|(_, kind, c, l, d)| (Value::from(rank), kind, c, l, d))
+            .collect();
+        let mut mine: Vec<_> = folder.iter().filter(|f| f.0 == rank).cloned().collect();
+        assert!(!mine.is_empty(), "rank {rank}");
+        alone.sort_by_key(|f| f.1.to_string());
+        mine.sort_by_key(|f| f.1.to_string());
+        assert_eq!(mine, alone, "rank {rank}");
+    }
+    // Every address has a symbol: none is `?`, none is left raw.
+    for f in &folder {
+        for a in [&f.2, &f.3] {
+            if let Some(a) = a.as_str() {
+                assert!(a.starts_with('A') || a.starts_with('S'), "{f:?}");
+            }
+        }
+        assert!(!f.4.as_str().unwrap().contains("0x7f"), "{f:?}");
+    }
+}
+
+#[test]
+fn normalized_snapshot_of_the_gpu_recorded_tp2_run() {
+    let _guard = settings("gpu_tp2_rebind_rank1", &root().join(GPU_RUN)).bind_to_scope();
+    for format in ["table", "json", "markdown"] {
+        let argv = ["verify", GPU_RUN, "--normalized", "--format", format];
+        insta::assert_snapshot!(
+            format!("verify_ranks_normalized_{format}"),
+            transcript(&argv, &graphcheck(&argv))
+        );
     }
 }

@@ -53,15 +53,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Check a manifest alone (unregistered, unowned, mispooled) or against a live
-    /// snapshot (every finding kind); or every rank of a run, from a folder.
+    /// snapshot (every finding kind); or every rank of a run, from a folder or from pairs.
     #[command(after_help = EXIT_CODES)]
     Verify {
-        /// The manifest recorded at capture (`-`: standard input); or a folder holding one
+        /// MANIFEST [LIVE], DIR, or MANIFEST LIVE MANIFEST LIVE … (one pair per rank).
+        ///
+        /// MANIFEST [LIVE]: the manifest recorded at capture, then the live snapshot taken
+        /// after sleep/wake or reload (either `-`: standard input). DIR: a folder holding one
         /// run's documents (`*.json`: one manifest per rank, at most one live snapshot per
-        /// rank), verified rank by rank and across ranks into one report.
-        manifest: PathBuf,
-        /// The live snapshot taken after sleep/wake or reload (`-`: standard input).
-        live: Option<PathBuf>,
+        /// rank). MANIFEST LIVE MANIFEST LIVE …: several ranks' pairs, each manifest followed
+        /// by its own rank's live snapshot. A folder and pairs are verified rank by rank and
+        /// across ranks into one report.
+        #[arg(required = true, value_name = "DOCUMENT")]
+        documents: Vec<PathBuf>,
         /// An allowlist (TOML: [[allow]] path, kinds, reason).
         #[arg(long, value_name = "FILE")]
         allow: Option<PathBuf>,
@@ -75,7 +79,8 @@ enum Command {
         /// an input is refused.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does.
+        /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does; with
+        /// several ranks, each finding's named by its own rank's manifest.
         #[arg(long)]
         normalized: bool,
     },
@@ -283,28 +288,82 @@ fn done(t: Option<Instant>) {
     }
 }
 
+/// What `verify`'s documents name.
+enum VerifyRun<'a> {
+    /// `MANIFEST [LIVE]`.
+    One {
+        manifest: &'a Path,
+        live: Option<&'a Path>,
+    },
+    /// `DIR`, with the documents it holds.
+    Folder {
+        dir: &'a Path,
+        documents: Vec<PathBuf>,
+    },
+    /// `MANIFEST LIVE MANIFEST LIVE …`.
+    Pairs(Vec<(PathBuf, PathBuf)>),
+}
+
+/// Decides what `verify`'s documents are, before any is read: one to two name a manifest
+/// (or a folder) and its live snapshot, more are pairs ([`ops::pairs`]). Standard input
+/// holds one document, so `-` among pairs is refused.
+fn verify_run(documents: &[PathBuf]) -> Result<VerifyRun<'_>> {
+    let (manifest, live) = match documents {
+        [m] => (m.as_path(), None),
+        [m, l] => (m.as_path(), Some(l.as_path())),
+        _ => {
+            if documents.iter().any(|p| is_stdin(p)) {
+                bail!(
+                    "standard input (`-`) holds one document, of `verify - [LIVE]` or `verify \
+                     MANIFEST -`, not one among several pairs: give the pairs as files"
+                );
+            }
+            return Ok(VerifyRun::Pairs(ops::pairs(documents)?));
+        }
+    };
+    Ok(match ops::folder_documents(manifest, live)? {
+        Some(documents) => VerifyRun::Folder {
+            dir: manifest,
+            documents,
+        },
+        None => VerifyRun::One { manifest, live },
+    })
+}
+
+impl VerifyRun<'_> {
+    /// The files read, each with its role, for refusing an `--output` that is one of them.
+    fn inputs(&self) -> Vec<(&'static str, &Path)> {
+        match self {
+            VerifyRun::One { manifest, live } => {
+                let mut inputs = vec![("manifest", input_file(manifest))];
+                inputs.extend(live.map(|l| ("live snapshot", input_file(l))));
+                inputs
+            }
+            VerifyRun::Folder { dir, documents } => std::iter::once(("manifest", *dir))
+                .chain(documents.iter().map(|d| ("document", d.as_path())))
+                .collect(),
+            VerifyRun::Pairs(pairs) => pairs
+                .iter()
+                .flat_map(|(m, l)| [("manifest", m.as_path()), ("live snapshot", l.as_path())])
+                .collect(),
+        }
+    }
+}
+
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Verify {
-            manifest,
-            live,
+            documents,
             allow,
             deny_unused_allow,
             format,
             output,
             normalized,
         } => {
-            // A folder: every rank of a run.
-            let folder = ops::folder_documents(&manifest, live.as_deref())?;
+            let run = verify_run(&documents)?;
             // Before anything is read or written: an output that is an input would be lost.
             if let Some(out) = &output {
-                let mut inputs = vec![("manifest", input_file(&manifest))];
-                for doc in folder.iter().flatten() {
-                    inputs.push(("document", doc));
-                }
-                if let Some(l) = &live {
-                    inputs.push(("live snapshot", input_file(l)));
-                }
+                let mut inputs = run.inputs();
                 if let Some(a) = &allow {
                     inputs.push(("allowlist", a.as_path()));
                 }
@@ -321,19 +380,25 @@ fn run(cli: Cli) -> Result<i32> {
                 None => Allowlist::default(),
             }
             .deny_unused(deny_unused_allow);
-            let t = progress(&manifest, live.as_deref());
-            let v = match (&folder, &live) {
-                (Some(docs), _) => ops::verify_dir(&manifest, docs, &allow)?,
-                (None, Some(l)) => {
-                    let [m, l] = sources([&manifest, l])?;
-                    ops::verify(&m, Some(&l), &allow)?
-                }
-                (None, None) => {
-                    let [m] = sources([&manifest])?;
-                    ops::verify(&m, None, &allow)?
+            let v = match &run {
+                VerifyRun::Folder { dir, documents } => ops::verify_dir(dir, documents, &allow)?,
+                VerifyRun::Pairs(pairs) => ops::verify_pairs(pairs, &allow)?,
+                VerifyRun::One { manifest, live } => {
+                    let t = progress(manifest, *live);
+                    let v = match live {
+                        Some(l) => {
+                            let [m, l] = sources([manifest, l])?;
+                            ops::verify(&m, Some(&l), &allow)?
+                        }
+                        None => {
+                            let [m] = sources([manifest])?;
+                            ops::verify(&m, None, &allow)?
+                        }
+                    };
+                    done(t);
+                    v
                 }
             };
-            done(t);
             // Fitted to the terminal only when printed to one: a file keeps the fixed layout.
             let width = output
                 .is_none()

@@ -8,10 +8,11 @@ use graphcheck::check::finding::Report;
 use graphcheck::check::ranks::{RankDocs, verify_ranks};
 use graphcheck::document::format::{DocKind, Document, Live, Manifest};
 use graphcheck::document::load::{Checked, LoadError, Source, Tables};
-use graphcheck::document::ranks::{RankDoc, RanksError, group};
+use graphcheck::document::ranks::{RankDoc, Ranks, RanksError, group};
 use graphcheck::present::explain::{Query, explain};
 use graphcheck::present::fmt::{AddrFmt, RawAddrs};
 use graphcheck::present::normalize::Symbolizer;
+use graphcheck::present::rank_symbols::RankSymbolizer;
 use graphcheck::present::report::{render_json, render_markdown, render_table_fit};
 use graphcheck::present::text::diff_text_fit;
 
@@ -40,13 +41,15 @@ impl std::str::FromStr for Format {
 
 /// A verified manifest: the documents and the report, ready to render in any format.
 pub struct Verified {
-    /// The manifest verified; with several ranks (`verify DIR`), the lowest rank's, whose
-    /// addresses `--normalized` names (the other ranks' documents are dropped once
-    /// verified).
+    /// The manifest verified; with several ranks (`verify DIR`, pairs), the lowest rank's.
     pub manifest: Manifest,
     pub tables: Tables,
     pub live: Option<(Live, Tables)>,
     pub report: Report,
+    /// With several ranks, every rank's manifest but `manifest`'s, by rank: `--normalized`
+    /// names each finding's addresses with its own rank's manifest. Empty for one manifest.
+    /// (The live snapshots of several ranks are dropped once verified.)
+    pub other_ranks: Vec<(u32, Manifest)>,
 }
 
 /// Loads the manifest and the live snapshot (on two threads: parsing is most of the work)
@@ -80,10 +83,11 @@ pub fn verify(
         tables,
         live,
         report,
+        other_ranks: Vec::new(),
     })
 }
 
-/// Why `verify DIR` could not run.
+/// Why `verify DIR`, or `verify` of several manifest and live snapshot pairs, could not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DirError {
@@ -104,6 +108,42 @@ pub enum DirError {
         dir.display(), live.display()
     )]
     LiveWithFolder { dir: PathBuf, live: PathBuf },
+    #[error(
+        "{count} documents were given, an odd number: more than two are pairs, each manifest \
+         followed by its own rank's live snapshot (MANIFEST LIVE MANIFEST LIVE …)"
+    )]
+    OddPairs { count: usize },
+    #[error(
+        "{} is a folder, which is verified alone (`verify DIR`), not among pairs of manifests \
+         and live snapshots: give the folder alone, or the pairs' files",
+        dir.display()
+    )]
+    FolderAmongPairs { dir: PathBuf },
+    #[error(
+        "{} is a live snapshot, but it comes first in pair {pair}, where the manifest goes: \
+         give each manifest, then its live snapshot",
+        path.display()
+    )]
+    LiveAsManifest { pair: usize, path: PathBuf },
+    #[error(
+        "{} is a manifest, but it comes second in pair {pair}, where the live snapshot goes: \
+         give each manifest, then its live snapshot",
+        path.display()
+    )]
+    ManifestAsLive { pair: usize, path: PathBuf },
+    #[error(
+        "{} is a live snapshot of rank {live_rank}, but it is paired with {}, the manifest of \
+         rank {manifest_rank}: a live snapshot is verified only against its own rank's manifest",
+        live.display(), manifest.display()
+    )]
+    PairRanks {
+        manifest: PathBuf,
+        manifest_rank: u32,
+        live: PathBuf,
+        live_rank: u32,
+    },
+    #[error("the pairs are not one run's: {why}")]
+    PairsRanks { why: RanksError },
 }
 
 /// The documents `verify` reads when its manifest argument names a folder (every rank of a
@@ -151,7 +191,80 @@ pub fn dir_documents(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
 /// ([`graphcheck::document::ranks::group`]), verifies each rank's manifest against its own
 /// live snapshot, and the manifests against each other, into one report.
 pub fn verify_dir(dir: &Path, paths: &[PathBuf], allow: &Allowlist) -> Result<Verified, DirError> {
-    let loaded: Vec<Result<Checked, LoadError>> = std::thread::scope(|s| {
+    let docs = load_all(paths)?;
+    let meta = rank_docs(&docs, paths);
+    let ranks = group(&meta).map_err(|why| DirError::Ranks {
+        dir: dir.to_path_buf(),
+        why,
+    })?;
+    Ok(verify_grouped(docs, paths, &ranks, allow)?)
+}
+
+/// The files `verify` takes after its first two, as pairs (`M0 L0 M1 L1 …`: each manifest,
+/// then its live snapshot): an even number of them, none a folder. What each file is and
+/// its rank are checked once read ([`verify_pairs`]).
+pub fn pairs(files: &[PathBuf]) -> Result<Vec<(PathBuf, PathBuf)>, DirError> {
+    if files.len() % 2 != 0 {
+        return Err(DirError::OddPairs { count: files.len() });
+    }
+    no_folder(files.iter())?;
+    Ok(files
+        .chunks_exact(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect())
+}
+
+/// A folder among pairs is refused: it is a run of its own (`verify DIR`).
+fn no_folder<'a>(mut paths: impl Iterator<Item = &'a PathBuf>) -> Result<(), DirError> {
+    match paths.find(|p| p.is_dir()) {
+        Some(dir) => Err(DirError::FolderAmongPairs { dir: dir.clone() }),
+        None => Ok(()),
+    }
+}
+
+/// Verifies the ranks of one run given as pairs, each a manifest and its live snapshot
+/// (`verify M0 L0 M1 L1 …`, `graphcheck.verify([(m0, l0), (m1, l1)])`), as [`verify_dir`]
+/// verifies a folder's documents (the same grouping, refusals and report), once each pair
+/// is checked to be a manifest, then a live snapshot, of one rank: a snapshot is never
+/// compared with another rank's manifest.
+pub fn verify_pairs(pairs: &[(PathBuf, PathBuf)], allow: &Allowlist) -> Result<Verified, DirError> {
+    no_folder(pairs.iter().flat_map(|(m, l)| [m, l]))?;
+    let paths: Vec<PathBuf> = pairs
+        .iter()
+        .flat_map(|(m, l)| [m.clone(), l.clone()])
+        .collect();
+    let docs = load_all(&paths)?;
+    let meta = rank_docs(&docs, &paths);
+    for (i, pair) in meta.chunks_exact(2).enumerate() {
+        let (m, l) = (&pair[0], &pair[1]);
+        if m.kind != DocKind::Manifest {
+            return Err(DirError::LiveAsManifest {
+                pair: i + 1,
+                path: m.path.to_path_buf(),
+            });
+        }
+        if l.kind != DocKind::Live {
+            return Err(DirError::ManifestAsLive {
+                pair: i + 1,
+                path: l.path.to_path_buf(),
+            });
+        }
+        if m.rank != l.rank {
+            return Err(DirError::PairRanks {
+                manifest: m.path.to_path_buf(),
+                manifest_rank: m.rank,
+                live: l.path.to_path_buf(),
+                live_rank: l.rank,
+            });
+        }
+    }
+    let ranks = group(&meta).map_err(|why| DirError::PairsRanks { why })?;
+    Ok(verify_grouped(docs, &paths, &ranks, allow)?)
+}
+
+/// Loads and checks every document, each on a thread of its own.
+fn load_all(paths: &[PathBuf]) -> Result<Vec<Checked>, LoadError> {
+    std::thread::scope(|s| {
         let jobs: Vec<_> = paths
             .iter()
             .map(|p| s.spawn(move || source(p).checked()))
@@ -162,10 +275,12 @@ pub fn verify_dir(dir: &Path, paths: &[PathBuf], allow: &Allowlist) -> Result<Ve
                 Err(panic) => std::panic::resume_unwind(panic),
             })
             .collect()
-    });
-    let docs: Vec<Checked> = loaded.into_iter().collect::<Result<_, _>>()?;
-    let meta: Vec<RankDoc<'_>> = docs
-        .iter()
+    })
+}
+
+/// What grouping by rank needs of each document.
+fn rank_docs<'a>(docs: &[Checked], paths: &'a [PathBuf]) -> Vec<RankDoc<'a>> {
+    docs.iter()
         .zip(paths)
         .map(|(d, path)| {
             let (kind, p) = match d {
@@ -179,11 +294,17 @@ pub fn verify_dir(dir: &Path, paths: &[PathBuf], allow: &Allowlist) -> Result<Ve
                 world_size: p.world_size,
             }
         })
-        .collect();
-    let ranks = group(&meta).map_err(|why| DirError::Ranks {
-        dir: dir.to_path_buf(),
-        why,
-    })?;
+        .collect()
+}
+
+/// Verifies documents grouped by rank (`docs[i]` read from `paths[i]`) into one report:
+/// each rank's manifest against its own live snapshot, the manifests against each other.
+fn verify_grouped(
+    docs: Vec<Checked>,
+    paths: &[PathBuf],
+    ranks: &Ranks,
+    allow: &Allowlist,
+) -> Result<Verified, LoadError> {
     let manifest = |i: usize| match &docs[i] {
         Checked::Manifest(m, t) => (m, t),
         Checked::Live(..) => unreachable!("grouping put a live snapshot as a manifest"),
@@ -215,23 +336,26 @@ pub fn verify_dir(dir: &Path, paths: &[PathBuf], allow: &Allowlist) -> Result<Ve
             let live = files.live.map_or(Path::new("live"), |l| &paths[l]);
             e.source.in_files(&paths[files.manifest], live)
         })?;
-    let first = ranks.ranks[0].manifest;
     drop(rank_docs);
-    let (manifest, tables) = match docs.into_iter().nth(first) {
-        Some(Checked::Manifest(m, t)) => (m, t),
-        _ => unreachable!("the lowest rank's manifest"),
-    };
+    // Each rank's manifest is kept for `--normalized`; the live snapshots go.
+    let mut docs: Vec<Option<Checked>> = docs.into_iter().map(Some).collect();
+    let mut manifests = ranks.ranks.iter().map(|r| match docs[r.manifest].take() {
+        Some(Checked::Manifest(m, t)) => (r.rank, m, t),
+        _ => unreachable!("grouping put a live snapshot as a manifest"),
+    });
+    let (_, manifest, tables) = manifests.next().expect("grouping gives at least one rank");
     Ok(Verified {
         manifest,
         tables,
         live: None,
         report,
+        other_ranks: manifests.map(|(rank, m, _)| (rank, m)).collect(),
     })
 }
 
 impl Verified {
     /// The report in `format`; with `normalized`, every address (in sentences too) as its
-    /// symbolic id.
+    /// symbolic id, named by the manifest of the finding's own rank where there are several.
     pub fn render(&self, format: Format, normalized: bool) -> String {
         self.render_fit(format, normalized, None)
     }
@@ -239,6 +363,9 @@ impl Verified {
     /// [`Verified::render`] with the table fitted to `width` columns (`None`: the fixed
     /// layout, for files, pipes and logs).
     pub fn render_fit(&self, format: Format, normalized: bool, width: Option<u16>) -> String {
+        if normalized && self.report.world_size.is_some() {
+            return self.render_ranks_normalized(format, width);
+        }
         let sym = normalized.then(|| Symbolizer::for_manifest(&self.manifest));
         let fmt: &dyn AddrFmt = match &sym {
             Some(s) => s,
@@ -252,6 +379,22 @@ impl Verified {
         match &sym {
             Some(s) => s.redact(&text),
             None => text,
+        }
+    }
+
+    /// A report of several ranks with every finding's addresses named by its own rank's
+    /// manifest (the report's ranks are in rank order; `manifest` is the lowest's).
+    fn render_ranks_normalized(&self, format: Format, width: Option<u16>) -> String {
+        let lowest = self.report.ranks.first().map_or(0, |r| r.rank);
+        let manifests = std::iter::once((lowest, &self.manifest))
+            .chain(self.other_ranks.iter().map(|(rank, m)| (*rank, m)));
+        let ranks =
+            RankSymbolizer::new(manifests.map(|(rank, m)| (rank, Symbolizer::for_manifest(m))));
+        let (report, symbols) = ranks.normalize(&self.report);
+        match format {
+            Format::Table => render_table_fit(&report, &symbols, width),
+            Format::Markdown => render_markdown(&report, &symbols),
+            Format::Json => symbols.redact(&render_json(&report)),
         }
     }
 }

@@ -32,6 +32,8 @@ Document = Union[str, bytes, "os.PathLike[str]", Mapping[str, Any]]
 #: entry (``path`` or ``kernel``/``kernels``, ``reason``, optional ``kinds``). ``kinds`` and
 #: ``kernels`` are lists, as in TOML: a single string is an error naming ``allow[i].kinds``.
 Allow = Union[str, "os.PathLike[str]", Sequence[Mapping[str, Any]]]
+#: The ranks of one run as pairs of paths, each a rank's manifest and its live snapshot.
+Pairs = Sequence[Sequence[Union[str, "os.PathLike[str]"]]]
 
 
 def _source(doc: Document, name: str = "document") -> Union[str, bytes, "os.PathLike[str]"]:
@@ -396,7 +398,7 @@ def _rebuild_report(values: dict) -> Report:
 
 
 def verify(
-    manifest: Document,
+    manifest: Union[Document, Pairs],
     live: Optional[Document] = None,
     allow: Optional[Allow] = None,
     *,
@@ -419,16 +421,52 @@ def verify(
     ``"warning"``: shown, but the report stays ``ok``. ``deny_unused_allow=True`` makes it
     an error, as ``graphcheck verify --deny-unused-allow`` does.
 
+    ``manifest`` may also be a list of ``(manifest, live)`` pairs of paths, one per rank
+    (``live`` omitted): the report ``graphcheck verify M0 L0 M1 L1 …`` prints, the same as
+    for a folder holding those files. Each pair must be a manifest, then a live snapshot,
+    of one rank; pairs that are not one run's are refused as a folder's documents are.
+
     The table and Markdown are rendered when first read (:class:`Report`); every wrong
     argument is a :class:`GraphcheckError` naming it."""
-    verified = _native.verify(
-        _source(manifest, "manifest"),
-        None if live is None else _source(live, "live"),
+    flags = dict(
         normalized=_args.flag("normalized", normalized),
         deny_unused_allow=_args.flag("deny_unused_allow", deny_unused_allow),
         **_allow_args(allow),
     )
+    if isinstance(manifest, (list, tuple)):
+        verified = _native.verify_pairs(_pair_paths(manifest, live), **flags)
+    else:
+        verified = _native.verify(
+            _source(manifest, "manifest"),
+            None if live is None else _source(live, "live"),
+            **flags,
+        )
     return Report._from_native(verified)
+
+
+def _pair_paths(pairs: Sequence, live: Optional[Document]) -> list:
+    """``verify``'s list of (manifest, live) pairs, flat, each a path, as the command line
+    takes them."""
+    if live is not None:
+        raise GraphcheckError(
+            "manifest is a list of (manifest, live) pairs, which hold the live snapshots, "
+            "so live is omitted"
+        )
+    if not pairs:
+        raise GraphcheckError("manifest is an empty list: give one (manifest, live) pair or more")
+    paths = []
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes, Mapping)) or not _args.iterable(pair):
+            raise GraphcheckError(
+                f"manifest[{i}] is a (manifest, live) pair of paths, not {_args.show(pair)}"
+            )
+        pair = list(pair)
+        if len(pair) != 2:
+            raise GraphcheckError(
+                f"manifest[{i}] is a (manifest, live) pair of paths, not {len(pair)} items"
+            )
+        paths += [_args.path(f"manifest[{i}][{j}]", p) for j, p in enumerate(pair)]
+    return paths
 
 
 class VerificationFailed(GraphcheckError, AssertionError):

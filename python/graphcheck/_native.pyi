@@ -21,6 +21,7 @@ __all__ = [
     "main",
     "load",
     "verify",
+    "verify_pairs",
     "Verified",
     "normalized",
     "summary",
@@ -103,6 +104,15 @@ def verify(
 ) -> Verified:
     """``manifest`` is a manifest, or a path naming a folder of one run's documents (every
     rank's; ``live`` then omitted), verified as ``graphcheck verify DIR`` verifies it."""
+def verify_pairs(
+    paths: Sequence[str | os.PathLike[str]],
+    allow: str | os.PathLike[str] | None = None,
+    allow_entries: str | None = None,
+    normalized: bool = False,
+    deny_unused_allow: bool = False,
+) -> Verified:
+    """The ranks of one run as pairs, ``paths`` flat (each manifest, then its live
+    snapshot), verified as ``graphcheck verify M0 L0 M1 L1 …`` verifies them."""
 @final
 class Verified:
     """A verify's documents and report on the Rust side (``verify``): each format is

@@ -282,15 +282,7 @@ fn verify(
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
     let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
     let verified = detached(py, move || -> Result<_, NativeError> {
-        let allow = match (allow, allow_entries) {
-            (Some(_), Some(_)) => return Err("give allow or allow_entries, not both".into()),
-            (Some(p), None) => Allowlist::load(&p)?,
-            (None, Some(t)) => {
-                Allowlist::from_json(&t).map_err(|m| format!("invalid allowlist: {m}"))?
-            }
-            (None, None) => Allowlist::default(),
-        }
-        .deny_unused(deny_unused_allow);
+        let allow = allowlist(allow, allow_entries, deny_unused_allow)?;
         let folder = match &m_src {
             Source::Path(dir) => ops::folder_documents(dir, l_src.as_ref().map(Source::name))?
                 .map(|docs| (dir, docs)),
@@ -300,6 +292,54 @@ fn verify(
             Some((dir, docs)) => ops::verify_dir(dir, &docs, &allow)?,
             None => ops::verify(&m_src, l_src.as_ref(), &allow)?,
         })
+    })?;
+    Ok(Verified {
+        verified,
+        normalized,
+        table: PyOnceLock::new(),
+        markdown: PyOnceLock::new(),
+    })
+}
+
+/// The allowlist `verify` and `verify_pairs` apply: a file, or entries as data (one of them
+/// at most), or none.
+fn allowlist(
+    allow: Option<PathBuf>,
+    allow_entries: Option<String>,
+    deny_unused_allow: bool,
+) -> Result<Allowlist, NativeError> {
+    Ok(match (allow, allow_entries) {
+        (Some(_), Some(_)) => return Err("give allow or allow_entries, not both".into()),
+        (Some(p), None) => Allowlist::load(&p)?,
+        (None, Some(t)) => {
+            Allowlist::from_json(&t).map_err(|m| format!("invalid allowlist: {m}"))?
+        }
+        (None, None) => Allowlist::default(),
+    }
+    .deny_unused(deny_unused_allow))
+}
+
+/// Runs verify over the ranks of one run given as pairs, `paths` flat (each manifest, then
+/// its live snapshot), as `graphcheck verify M0 L0 M1 L1 …` does ([`ops::pairs`],
+/// [`ops::verify_pairs`]): one pair or more, every pair of one rank. The other arguments
+/// are [`verify`]'s.
+#[pyfunction]
+#[pyo3(signature = (paths, allow=None, allow_entries=None, normalized=false, deny_unused_allow=false))]
+fn verify_pairs(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    allow: Option<&Bound<'_, PyAny>>,
+    allow_entries: Option<String>,
+    normalized: bool,
+    deny_unused_allow: bool,
+) -> PyResult<Verified> {
+    let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
+    let verified = detached(py, move || -> Result<_, NativeError> {
+        let allow = allowlist(allow, allow_entries, deny_unused_allow)?;
+        if paths.is_empty() {
+            return Err("no (manifest, live) pair to verify".into());
+        }
+        Ok(ops::verify_pairs(&ops::pairs(&paths)?, &allow)?)
     })?;
     Ok(Verified {
         verified,
@@ -636,6 +676,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_pairs, m)?)?;
     m.add_class::<Verified>()?;
     m.add_function(wrap_pyfunction!(normalized, m)?)?;
     m.add_function(wrap_pyfunction!(summary, m)?)?;

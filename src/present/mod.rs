@@ -4,5 +4,6 @@
 pub mod explain;
 pub mod fmt;
 pub mod normalize;
+pub mod rank_symbols;
 pub mod report;
 pub mod text;

@@ -166,32 +166,38 @@ impl Symbolizer {
     /// Replaces every `0x…` word of 8 to 16 hex digits in `text` with its symbol (`?` when
     /// no allocation or storage of the document holds it); shorter hex is left alone.
     pub fn redact(&self, text: &str) -> String {
-        let b = text.as_bytes();
-        let mut out = String::with_capacity(text.len());
-        let mut i = 0;
-        let mut copied = 0;
-        while i + 2 < b.len() {
-            if b[i] == b'0' && b[i + 1] == b'x' && (i == 0 || !b[i - 1].is_ascii_alphanumeric()) {
-                let mut j = i + 2;
-                while j < b.len() && b[j].is_ascii_hexdigit() {
-                    j += 1;
-                }
-                let digits = j - i - 2;
-                if (8..=16).contains(&digits) && (j == b.len() || !b[j].is_ascii_alphanumeric()) {
-                    if let Some(a) = Addr::parse(&text[i..j]) {
-                        out.push_str(&text[copied..i]);
-                        out.push_str(&self.symbol(a));
-                        copied = j;
-                    }
-                }
-                i = j.max(i + 1);
-            } else {
-                i += 1;
-            }
-        }
-        out.push_str(&text[copied..]);
-        out
+        redact_words(text, |a| Some(self.symbol(a)))
     }
+}
+
+/// Replaces every `0x…` word of 8 to 16 hex digits in `text` that `name` names (`Some`)
+/// with that name; shorter hex, and words `name` leaves (`None`), stay as they are.
+pub(crate) fn redact_words(text: &str, name: impl Fn(Addr) -> Option<String>) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let mut copied = 0;
+    while i + 2 < b.len() {
+        if b[i] == b'0' && b[i + 1] == b'x' && (i == 0 || !b[i - 1].is_ascii_alphanumeric()) {
+            let mut j = i + 2;
+            while j < b.len() && b[j].is_ascii_hexdigit() {
+                j += 1;
+            }
+            let digits = j - i - 2;
+            if (8..=16).contains(&digits) && (j == b.len() || !b[j].is_ascii_alphanumeric()) {
+                if let Some(symbol) = Addr::parse(&text[i..j]).and_then(&name) {
+                    out.push_str(&text[copied..i]);
+                    out.push_str(&symbol);
+                    copied = j;
+                }
+            }
+            i = j.max(i + 1);
+        } else {
+            i += 1;
+        }
+    }
+    out.push_str(&text[copied..]);
+    out
 }
 
 impl AddrFmt for Symbolizer {

@@ -2,7 +2,9 @@
 `graphcheck verify DIR` gives (the same core code): over the runs of fixtures/ranks/, the
 expected findings each naming its rank, the missing ranks and the per-rank counts; the
 table, Markdown and JSON byte for byte what the Rust binary prints; and every way a folder is
-refused is a GraphcheckError naming the folder."""
+refused is a GraphcheckError naming the folder. graphcheck.verify([(m0, l0), (m1, l1)]):
+explicit pairs give what `graphcheck verify M0 L0 M1 L1` and the folder give, and are refused
+with the command line's messages."""
 
 import json
 import os
@@ -124,3 +126,65 @@ def test_a_report_of_a_folder_pickles_with_its_ranks():
     r = graphcheck.verify(TP2)
     other = pickle.loads(pickle.dumps(r))
     assert other == r and other.ranks == r.ranks and other.table == r.table
+
+
+def pairs_of(folder):
+    """The folder's documents as (manifest, live) pairs in rank order."""
+    docs = {}
+    for p in sorted(folder.glob("*.json")):
+        doc = json.loads(p.read_text())
+        docs[(doc["producer"]["rank"], doc["kind"])] = p
+    ranks = sorted({rank for rank, _ in docs})
+    return [(docs[(r, "manifest")], docs[(r, "live")]) for r in ranks]
+
+
+PAIRED = [TP2, FIXTURES / "gpu" / "tp2_rebind_rank1"]
+
+
+@pytest.mark.parametrize("folder", PAIRED, ids=lambda p: p.parent.name)
+def test_pairs_give_what_the_command_line_prints_for_them_and_for_the_folder(folder):
+    binary = rust_binary()
+    pairs = pairs_of(folder)
+    files = [str(p) for pair in pairs for p in pair]
+    for normalized in (False, True):
+        report = graphcheck.verify(pairs, normalized=normalized)
+        for fmt, text in (("table", lambda: report.table), ("markdown", lambda: report.markdown),
+                          ("json", lambda: report.json)):
+            for argv in ([str(binary), "verify", *files], [str(binary), "verify", str(folder)]):
+                argv += ["--format", fmt] + (["--normalized"] if normalized else [])
+                cli = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+                assert cli.returncode == graphcheck.EXIT_FINDINGS, cli.stderr
+                assert text() == cli.stdout, f"{argv} normalized={normalized}"
+
+
+def test_pairs_that_are_not_one_rank_each_are_refused_as_the_command_line_refuses_them():
+    (m0, l0), (m1, l1) = pairs_of(TP2)
+    binary = rust_binary()
+    for pairs, want in (
+        ([(m0, l1), (m1, l0)], f"{l1} is a live snapshot of rank 1, but it is paired with {m0}"),
+        ([(m0, l0), (l1, m1)], f"{l1} is a live snapshot, but it comes first in pair 2"),
+        ([(m1, l1), (m1, l1)], "rank 1 has two manifests"),
+        ([(m0, l0), (TP2, l1)], f"{TP2} is a folder"),
+    ):
+        msg = refused(pairs)
+        assert want in msg, msg
+        files = [str(p) for pair in pairs for p in pair]
+        cli = subprocess.run([str(binary), "verify", *files], capture_output=True, text=True,
+                             timeout=120)
+        assert cli.returncode == graphcheck.EXIT_BAD_INPUT, cli.stderr
+        assert msg in cli.stderr
+
+
+def test_a_list_of_pairs_is_checked_item_by_item():
+    (m0, l0), (m1, l1) = pairs_of(TP2)
+    assert "live is omitted" in refused([(m0, l0)], l1)
+    assert "empty list" in refused([])
+    assert "manifest[1] is a (manifest, live) pair of paths, not 'x'" in refused([(m0, l0), "x"])
+    assert "manifest[0] is a (manifest, live) pair of paths, not 3 items" in refused(
+        [(m0, l0, l1)])
+    assert "manifest[0][1] is a path" in refused([(m0, 7)])
+    # One pair is one rank's report of the run (world size and missing ranks), not a single
+    # pair's.
+    r = graphcheck.verify([(m1, l1)])
+    assert (r.world_size, list(r.missing_ranks)) == (2, [0])
+    assert all(f.rank == 1 for f in r.findings)
