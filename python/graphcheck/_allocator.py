@@ -49,6 +49,52 @@ def _pool_key(pool_id) -> tuple:
         ) from None
 
 
+#: Pool kinds of the tags engines use (graphcheck.sleep and torch_memory_saver alike).
+TAG_KINDS = {"weights": "weights", "kv_cache": "kv_cache"}
+
+
+def tms_pools() -> list:
+    """torch_memory_saver's regions, where that package is imported and has made one:
+    ``(name, kind, sleep, MemPool)`` per region it keeps a ``MemPool`` for (one per tag,
+    CPU backup, disk backup, backup backend and device; its ``torch`` and ``preload``
+    modes alike), so that manifests and snapshots attribute its memory to its tags
+    without the user declaring them. A region paused without a CPU or disk backup comes
+    back with its contents lost: ``discarded``; with one, ``restored``. The name is the tag,
+    and where several regions share a tag, the tag with what sets the region apart
+    (``kv_cache (cpu backup)``, ``weights (device 1)``). Read from the package's private
+    state (``torch_memory_saver.torch_memory_saver._impl._mem_pools``, version 0.0.10);
+    a package whose state looks otherwise gives none."""
+    import sys
+
+    module = sys.modules.get("torch_memory_saver")
+    saver = getattr(module, "torch_memory_saver", None) if module is not None else None
+    impl = saver.__dict__.get("_impl") if hasattr(saver, "__dict__") else None
+    pools = getattr(impl, "_mem_pools", None) if impl is not None else None
+    if not isinstance(pools, Mapping):
+        return []
+    regions = []
+    for key, pool in list(dict.items(pools)) if isinstance(pools, dict) else list(pools.items()):
+        if not (isinstance(key, tuple) and len(key) >= 3 and isinstance(key[0], str)):
+            continue
+        regions.append((key, pool))
+    shared: dict = {}
+    for key, _ in regions:
+        shared[key[0]] = shared.get(key[0], 0) + 1
+    out = []
+    for key, pool in regions:
+        tag, cpu, disk = key[0], bool(key[1]), bool(key[2])
+        device = key[4] if len(key) > 4 else None
+        name = tag
+        if shared[tag] > 1:
+            apart = ["cpu backup" if cpu else "disk backup" if disk else "no backup"]
+            if isinstance(device, int) and device != 0:
+                apart.append(f"device {device}")
+            name = f"{tag} ({', '.join(apart)})"
+        sleep = "restored" if cpu or disk else "discarded"
+        out.append((name, TAG_KINDS.get(tag, "other"), sleep, pool))
+    return out
+
+
 def _memory_segments() -> list:
     """``torch.cuda.memory_snapshot()``: the caching allocator's segments as torch gives
     them (blocks with their ``frames`` where memory history is on); [] where CUDA is not in

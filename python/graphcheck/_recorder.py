@@ -285,16 +285,18 @@ class Recorder:
 
     def _declare_sleep_pools(self) -> None:
         """Declares a pool for each tag of the process's sleep allocator (where one is in
-        use) that is not declared yet, with its kind and sleep policy, so that manifests
-        attribute tensors to tags without the caller asking."""
+        use) and each region of torch_memory_saver (where that package is imported) that
+        is not declared yet, with its kind and sleep policy, so that manifests attribute
+        tensors to tags without the caller asking."""
         alloc = _sleep_module._ALLOCATOR
-        if alloc is None:
-            return
+        tags = []
+        if alloc is not None:
+            tags = [(tag, *alloc.pool_policy(tag), pool) for tag, pool in sorted(alloc._pools.items())]
         names = {p["name"] for p in self._pools}
-        for tag, pool in sorted(alloc._pools.items()):
+        for tag, kind, policy, pool in tags + _allocator.tms_pools():
             if _pool_key(pool) in self._pool_by_key or tag in names:
                 continue
-            kind, policy = alloc.pool_policy(tag)
+            names.add(tag)
             self.add_pool(tag, kind=kind, sleep=policy, torch_pool=pool)
 
     def _pool_id(self, pool) -> Optional[int]:

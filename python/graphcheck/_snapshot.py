@@ -88,9 +88,13 @@ def snapshot(
 
     pool_ids = {p["name"]: p["id"] for p in m.get("pools", [])}
     bindings = {}
-    # The sleep allocator's pools, where the manifest declares their tags; `pools` wins.
+    # The sleep allocator's and torch_memory_saver's pools, where the manifest declares
+    # their tags; `pools` wins.
     alloc = _sleep_module._ALLOCATOR
     auto = {} if alloc is None else {k: n for k, n in alloc.pool_names().items() if n in pool_ids}
+    for name, _, _, pool in _allocator.tms_pools():
+        if name in pool_ids:
+            auto.setdefault(pool.id, name)
     for key, name in {**auto, **(pools or {})}.items():
         if not isinstance(name, str) or name not in pool_ids:
             raise GraphcheckError(f"pools: the manifest has no pool named {name!r}")

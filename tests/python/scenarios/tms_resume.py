@@ -3,21 +3,26 @@ of its own (torch_memory_saver installs its own pluggable allocator). sglang #27
 class: a persistent recurrent state allocated under the KV-cache tag, which a pause
 discards, while the weights are paused with a CPU backup. Prints one JSON line.
 
+Its regions are pools of the manifest by themselves (``weights`` restored, ``kv_cache``
+discarded), so the state is ``mispooled`` at capture. With the argument ``preload``, the
+same in the package's ``preload`` mode (the test sets ``LD_PRELOAD`` to its hook library).
 With the argument ``refit``, the RL framework's order (verl over SGLang): resume the
 weights, load new ones (``load_state_dict``, which says what it wrote), then resume the
 KV cache; the new weights must be no finding at the last resume, which preserves."""
 
 import json
+import os
 import sys
 
 import torch
 import torch_memory_saver as tms_module
 
+import graphcheck
 import graphcheck.torch as gt
 from graphcheck import _guard
 
 saver = tms_module.torch_memory_saver
-saver.hook_mode = "torch"
+saver.hook_mode = "preload" if "preload" in sys.argv[1:] else "torch"
 out = {}
 
 with saver.region(tag="weights", enable_cpu_backup=True):
@@ -44,6 +49,10 @@ with torch.no_grad(), torch.cuda.graph(g):
 g.replay()
 torch.cuda.synchronize()
 out["patched"] = getattr(type(saver).resume, "_graphcheck_transition", False)
+manifest = ins.manifest_json()
+out["pools"] = sorted([p["name"], p["kind"], p["sleep"]] for p in graphcheck.load(manifest)["pools"])
+at_capture = graphcheck.verify(manifest)
+out["capture"] = sorted({(f.kind, o.path) for f in at_capture.findings for o in f.owners})
 
 refit = "refit" in sys.argv[1:]
 saver.pause()
@@ -67,6 +76,17 @@ except gt.ReplayCheckError as e:
     out["findings"] = sorted({(f.kind, o.path) for f in e.findings for o in f.owners})
     out["message"] = str(e).splitlines()[0]
 out["errors"] = [str(e) for e in ins.errors]
+# The documents, for fixtures/gpu/ (GRAPHCHECK_GPU_OUT): the manifest of the capture and a
+# snapshot after the resume (not for `refit`: its check leaves out what the load wrote,
+# which a snapshot on file cannot say).
+save = os.environ.get("GRAPHCHECK_GPU_OUT")
+if save and not refit:
+    flow = "preload" if "preload" in sys.argv[1:] else "torch"
+    live = gt.snapshot(model, manifest, event="torch_memory_saver.resume()", digests=True)
+    for kind, doc in (("manifest", json.loads(manifest)), ("live", live)):
+        with open(os.path.join(save, f"tms_{flow}_{kind}.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
 gt.uninstrument(ins)
 print(json.dumps(out))
 sys.exit(0)
