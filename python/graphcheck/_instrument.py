@@ -216,6 +216,17 @@ def _on_capture(cuda_graph) -> None:
         sink._record(walked, pool, state=state, hint=hint)
 
 
+def _built(frozen: list) -> str:
+    """The manifest of ``frozen`` ([captures, manifest or Frozen, epoch]) as JSON text,
+    built from its facts at the first ask and kept."""
+    value = frozen[1]
+    if isinstance(value, str):
+        return value
+    text = Recorder.build_frozen(value)
+    frozen[1] = text  # one list item stored: another thread sees the facts or the text
+    return text
+
+
 class Instrumentation:
     """What :func:`instrument` returns: the recorder every capture of the process goes
     into, and the manifest file it writes (``path``, ``None`` until the first capture or
@@ -255,8 +266,15 @@ class Instrumentation:
         self._states: dict = {}
         #: Graphs the last :func:`check` left out: torch will not replay them again.
         self.superseded: list = []
-        # (captures, manifest JSON) built at the latest capture (None: built when asked).
-        self._frozen: Optional[tuple] = None
+        # [captures, manifest, epoch] of the latest capture: the manifest as JSON text, or
+        # the facts it is built from (Frozen) until something asks for it (None: built
+        # when asked, from the facts of then).
+        self._frozen: Optional[list] = None
+        # The writer thread and what it has to write: manifests of the first `_want`
+        # captures asked for, of the first `_done` written (see _write_later).
+        self._writer: Optional[threading.Thread] = None
+        self._cv = threading.Condition()
+        self._want = self._done = 0
         self.discover = discover
         #: Root names discovery chose (zero-code attach), empty where roots were named.
         self.discovered: list = []
@@ -271,6 +289,8 @@ class Instrumentation:
             self.recorder._roots = list(roots)
             self.path, self.captures, self.errors, self._pid = None, 0, [], os.getpid()
             self._frozen = None
+            # The parent's writer thread is not in the child.
+            self._writer, self._cv, self._want, self._done = None, threading.Condition(), 0, 0
 
     def _graph_name(self, hint: Optional[str] = None) -> str:
         if callable(self.name):
@@ -320,11 +340,13 @@ class Instrumentation:
                             name, [(p, state.static_paths.get(p, ())) for p in state.static_ptrs]
                         )
                 self.captures += 1
-                # The manifest is built now, while the allocator, the owners and the
-                # contents are the capture's: one built after a wake would digest the
-                # poison, and after a step would see a freed intermediate as free memory.
-                # Only a directory with write_every > 1 (and no check or digest asking for
-                # capture-time facts) defers it, to its write.
+                # The facts of the manifest are read now, while the allocator, the owners
+                # and the contents are the capture's: one built after a wake would digest
+                # the poison, and after a step would see a freed intermediate as free
+                # memory. The manifest is built from them when a write or a check asks
+                # (with digests, now: the ranges no owner explains are digested at the
+                # build). Only a directory with write_every > 1 (and no check or digest
+                # asking for capture-time facts) reads them at its write instead.
                 if (
                     self.directory is None
                     or self.write_every == 1
@@ -332,7 +354,8 @@ class Instrumentation:
                     or self.recorder.digests
                 ):
                     try:
-                        self._frozen = (self.captures, self._build_json(), _guard.epoch())
+                        built = self._build_json() if self.recorder.digests else self._freeze()
+                        self._frozen = [self.captures, built, _guard.epoch()]
                     except BaseException as e:  # noqa: BLE001 - built when asked instead
                         if _fatal(e):
                             raise
@@ -342,7 +365,7 @@ class Instrumentation:
                 self._unwritten += 1
                 if self.directory is not None and self._unwritten >= self.write_every:
                     try:
-                        self.write()
+                        self._write_later()
                     except BaseException as e:  # noqa: BLE001 - a panic too
                         if _fatal(e):
                             raise
@@ -380,16 +403,71 @@ class Instrumentation:
         """The manifest and the transition epoch its facts (digests) are of."""
         with _LOCK:
             self._fork_check()
-            if self._frozen is not None and self._frozen[0] == self.captures:
-                return self._frozen[1], self._frozen[2]
-            return self._build_json(), _guard.epoch()
+            frozen = self._frozen
+            if frozen is None or frozen[0] != self.captures:
+                return self._build_json(), _guard.epoch()
+        return _built(frozen), frozen[2]
+
+    def _producer_rank(self) -> None:
+        rank, world = _rank_and_world()
+        self.recorder.producer.setdefault("rank", rank)
+        self.recorder.producer.setdefault("world_size", world)
+
+    def _freeze(self):
+        with _LOCK:
+            self._producer_rank()
+            return self.recorder.freeze()
 
     def _build_json(self) -> str:
         with _LOCK:
-            rank, world = _rank_and_world()
-            self.recorder.producer.setdefault("rank", rank)
-            self.recorder.producer.setdefault("world_size", world)
+            self._producer_rank()
             return self.recorder.manifest_json()
+
+    def _write_later(self) -> None:
+        """Has the writer thread write the manifest of the latest capture: the build (the
+        core's part without the GIL) and the write leave the capture path, and a writer
+        still busy when more captures come writes only the latest once done. A manifest
+        not frozen at this capture, or ``strict``, is written here and now."""
+        frozen = self._frozen
+        if self.strict or frozen is None or frozen[0] != self.captures:
+            self.write()
+            return
+        self.manifest_path()
+        self._unwritten = 0
+        with self._cv:
+            self._want = max(self._want, frozen[0])
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(
+                    target=self._write_loop, name="graphcheck-writer", daemon=True
+                )
+                self._writer.start()
+            self._cv.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._want <= self._done:
+                    if not self._cv.wait(timeout=5.0) and self._want <= self._done:
+                        self._writer = None  # idle: the next capture starts another
+                        return
+            with _LOCK:
+                frozen, path = self._frozen, self.path
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                _native.write_atomic(path, _built(frozen).encode())
+            except BaseException as e:  # noqa: BLE001 - a panic too, never into the engine
+                if not _fatal(e):
+                    with _LOCK:
+                        self._unwritten = max(self._unwritten, 1)  # flush tries again
+                    self._failed(e, f"{_NOT_WRITTEN}: {e}")
+            with self._cv:
+                self._done = max(self._done, frozen[0])
+                self._cv.notify_all()
+
+    def _wait_for_writer(self, timeout: float = 120.0) -> None:
+        """Waits until the writer thread wrote what it was asked to."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._done >= self._want or self._writer is None, timeout)
 
     def manifest(self) -> dict:
         """The manifest of every capture recorded so far in this process."""
@@ -412,7 +490,10 @@ class Instrumentation:
         """Writes the manifest if captures were recorded since the last write (with a
         directory); returns the path written, if any. Runs at interpreter exit, and when
         the instrumentation stops."""
-        if self.directory is None or self._unwritten == 0 or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
+            return None
+        self._wait_for_writer()
+        if self.directory is None or self._unwritten == 0:
             return None
         try:
             return self.write()
@@ -561,7 +642,11 @@ def instrument(
 
     ``directory`` (default: ``$GRAPHCHECK_DIR``; ``None`` keeps the manifest in memory)
     receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
-    rewritten atomically after every capture, so a crash loses nothing. ``name`` names the
+    rewritten atomically after every capture. The capture reads what the manifest needs
+    (owners, the allocator's segments, pools) and a writer thread builds and writes it:
+    the capture does not wait, and captures that come while it writes are written once,
+    as the latest (``strict=True`` writes at the capture); :meth:`Instrumentation.flush`
+    waits for it, and runs when the instrumentation stops and at exit. ``name`` names the
     graphs: a format string with ``{index}`` (and ``{pid}``) or a callable of the index.
 
     Owners: a capture has no model argument. ``model`` (under ``root``) and every

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Union
 
 from . import _allocator, _args, _native, _registry
 from . import sleep as _sleep_module
@@ -48,6 +48,21 @@ def _pack_ranges(ranges: Iterable[tuple]) -> bytes:
             flat.append(base)
             flat.append(size)
     return flat.tobytes()
+
+
+class Frozen(NamedTuple):
+    """What :meth:`Recorder.freeze` read: the facts of one moment a manifest is built from."""
+
+    registry: Registry
+    tensors: Optional[list]  # the tensor specs, where digests were taken then
+    raw_segments: list
+    pools: list
+    pool_ranges: list
+    pool_bindings: list
+    graphs: list
+    walked: list
+    producer: dict
+    digests: Optional[str]
 
 
 class Recorder:
@@ -388,33 +403,66 @@ class Recorder:
             {"addr": hex(int(addr)), "paths": [str(p) for p in paths]} for addr, paths in guards
         )
 
-    def build_spec(self) -> dict:
-        """The build spec ``_native.build_manifest`` takes (with :attr:`walked_graphs`, which
-        graphs' ``walked_index`` refers to)."""
+    def freeze(self) -> "Frozen":
+        """The facts a manifest of now needs that may change before it is built, read now:
+        the owners (the registry, walked again where stale, with the declared inputs'
+        views), the allocator's segments, the pools, the graphs so far, and with digests
+        the tensors' digests. :meth:`build_frozen` builds the manifest of then from them,
+        later (at a write, a check, on another thread) and with the same result; only the
+        digests of ranges no owner explains are taken at the build (so a recorder with
+        digests builds at once)."""
         if self.registry is None or self._stale:
             self.rewalk()
         reg = self.registry.copy()
         for path, t, registration in self._extra:
             reg.add(t, path, registration, None)
         self._declare_sleep_pools()
-        pool_ranges = list(self._pool_ranges)
         # Looked up in _allocator at each call, as the snapshot does: one place where the
         # allocator's snapshot is read, and where the CPU tests fake it.
         raw_segments = _allocator._memory_segments()
-        tensors = reg.tensor_specs(self.digests)
-        _AllocSites(raw_segments).annotate(tensors, reg.tensors)
+        return Frozen(
+            registry=reg,
+            tensors=reg.tensor_specs(self.digests) if self.digests else None,
+            raw_segments=raw_segments,
+            pools=[dict(p) for p in self._pools],
+            pool_ranges=list(self._pool_ranges),
+            pool_bindings=[{"key": list(k), "pool": v} for k, v in self._pool_by_key.items()],
+            graphs=[{**g, "guards": list(g["guards"])} if "guards" in g else dict(g) for g in self._graphs],
+            walked=list(self._walked),
+            producer=dict(self.producer),
+            digests=self.digests,
+        )
+
+    @staticmethod
+    def _spec(f: "Frozen") -> dict:
+        tensors = f.tensors if f.tensors is not None else f.registry.tensor_specs(None)
+        _AllocSites(f.raw_segments).annotate(tensors, f.registry.tensors)
         # The core reads the segments (graphcheck::resolve::spec): a bound pool's segments
         # are its ranges, free blocks are free memory (IgnoredReason::FreeMemory).
         return {
-            "producer": _producer(self.producer),
-            "pools": self._pools,
-            "pool_ranges": pool_ranges,
-            "segments": _allocator._segment_facts(raw_segments),
-            "pool_bindings": [{"key": list(k), "pool": v} for k, v in self._pool_by_key.items()],
+            "producer": _producer(f.producer),
+            "pools": f.pools,
+            "pool_ranges": f.pool_ranges,
+            "segments": _allocator._segment_facts(f.raw_segments),
+            "pool_bindings": f.pool_bindings,
             "tensors": tensors,
-            "owners": reg.owner_specs(),
-            "graphs": self._graphs,
+            "owners": f.registry.owner_specs(),
+            "graphs": f.graphs,
         }
+
+    def build_spec(self) -> dict:
+        """The build spec ``_native.build_manifest`` takes (with :attr:`walked_graphs`, which
+        graphs' ``walked_index`` refers to)."""
+        return self._spec(self.freeze())
+
+    @classmethod
+    def build_frozen(cls, f: "Frozen") -> str:
+        """The manifest of what :meth:`freeze` read, as JSON text. Touches nothing of the
+        recorder's: it can run on another thread while the recorder takes more graphs."""
+        # With digests, the memory the graphs read that no owner explains is digested too
+        # (the manifest's `ranges`): contents a sleep lost there are `stale` after it.
+        ranges = _registry.range_digests if f.digests else None
+        return _native.build_manifest(json.dumps(cls._spec(f)), f.walked, ranges=ranges)
 
     @property
     def walked_graphs(self) -> list:
@@ -424,10 +472,7 @@ class Recorder:
     def manifest_json(self) -> str:
         """The manifest of every graph added so far, resolved and checked by the core, as
         JSON text."""
-        # With digests, the memory the graphs read that no owner explains is digested too
-        # (the manifest's `ranges`): contents a sleep lost there are `stale` after it.
-        ranges = _registry.range_digests if self.digests else None
-        return _native.build_manifest(json.dumps(self.build_spec()), self._walked, ranges=ranges)
+        return self.build_frozen(self.freeze())
 
     def manifest(self) -> dict:
         """The manifest of every graph added so far, resolved and checked by the core."""

@@ -46,5 +46,7 @@ def test_a_persistent_state_under_the_kv_tag_is_refused_after_resume(cuda, flow)
     assert ["stale", "model.state"] in out["findings"], out
     assert not [f for f in out["findings"] if f[1].startswith("model.proj")], out
     assert out["errors"] == []
+    # graphcheck.sleep beside it: same address, contents exact after a level-1 round trip.
+    assert out["sleep_beside"] == [True, True], out
     if flow == "refit":
         assert out["weights_changed"] and out["epoch"] == 3, out

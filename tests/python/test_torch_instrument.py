@@ -130,7 +130,8 @@ def test_subclass_forces_keep_graph_walks_at_capture_end_then_instantiates(torch
     # Walked after torch's capture_end (the template exists), instantiated after the walk.
     assert g.calls == [("capture_begin", None), ("capture_end",), ("raw_cuda_graph",), ("instantiate",)]
     assert fake.captured == [g.handle]
-    # The manifest is on disk already, named by rank and pid.
+    # The manifest is written by the writer thread, named by rank and pid; flush waits.
+    ins.flush()
     path = tmp_path / f"graphcheck-0-{os.getpid()}.json"
     assert ins.path == str(path) and path.is_file()
     m = graphcheck.load(path, expect="manifest")
@@ -174,6 +175,7 @@ def test_manifest_rewritten_atomically_after_every_capture(torch, fake, tmp_path
     ins = gt.instrument(tmp_path, model=model)
     for _ in range(3):
         capture(torch, model)
+        ins.flush()  # the writer thread's write of this capture, waited for
     assert writes == [(ins.path, 1), (ins.path, 2), (ins.path, 3)]
     assert os.listdir(tmp_path) == [os.path.basename(ins.path)]  # no temporary left
     assert len(graphcheck.load(ins.path)["graphs"]) == 3
@@ -190,8 +192,10 @@ def test_write_every_batches_rewrites_and_stopping_flushes_the_rest(torch, fake,
 
     monkeypatch.setattr(_native, "write_atomic", spy)
     ins = gt.instrument(tmp_path, model=model, write_every=2)
-    for _ in range(5):
+    for i in range(5):
         capture(torch, model)
+        if i % 2:
+            ins._wait_for_writer()
     assert writes == [2, 4]
     gt.uninstrument(ins)  # the fifth capture is written when the instrumentation stops
     assert writes == [2, 4, 5]
@@ -211,6 +215,7 @@ def test_one_manifest_per_rank(torch, fake, tmp_path, monkeypatch, env, rank, wo
     model = make_model(torch)
     ins = gt.instrument(tmp_path, model=model)
     capture(torch, model)
+    ins.flush()
     assert os.path.basename(ins.path) == f"graphcheck-{rank}-{os.getpid()}.json"
     producer = graphcheck.load(ins.path)["producer"]
     assert (producer["rank"], producer["world_size"]) == (rank, world)
@@ -221,6 +226,7 @@ def test_directory_from_the_environment(torch, fake, tmp_path, monkeypatch):
     model = make_model(torch)
     ins = gt.instrument(model=model)
     capture(torch, model)
+    ins.flush()
     assert Path(ins.path).parent == tmp_path / "gc" and Path(ins.path).is_file()
 
 
@@ -348,6 +354,7 @@ def test_a_failed_write_keeps_the_capture_and_says_so(torch, fake, tmp_path):
     ins = gt.instrument(blocked / "out", model=model)
     with pytest.warns(RuntimeWarning, match=r"^graphcheck: the manifest was not written .*Not a directory"):
         capture(torch, model)
+        ins._wait_for_writer()  # the writer thread's write fails
     assert ins.captures == 1 and len(ins.errors) == 1
     assert [gr["name"] for gr in graphcheck.load(ins.manifest())["graphs"]] == ["capture0"]
     blocked.unlink()

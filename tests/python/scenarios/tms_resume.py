@@ -88,5 +88,20 @@ if save and not refit:
             json.dump(doc, f, indent=1)
             f.write("\n")
 gt.uninstrument(ins)
+
+# graphcheck's own sleep allocator beside it: it maps its memory itself (cuMemCreate), never
+# through cudaMalloc, which the preload hook intercepts. A level-1 round trip of an offloaded
+# tag, with torch_memory_saver pausing and resuming in between, keeps address and contents.
+import graphcheck.sleep as gs
+
+with gs.sleep_pool("draft"):
+    extra = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+at = extra.data_ptr()
+gs.sleep(1, offload_tags=["draft"])
+saver.pause()
+saver.resume()
+gs.wake()
+expect = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+out["sleep_beside"] = [extra.data_ptr() == at, bool(torch.equal(extra, expect))]
 print(json.dumps(out))
 sys.exit(0)

@@ -1,0 +1,66 @@
+"""instrument()'s writer thread (issue 14): a capture reads the manifest's facts and leaves
+the build and the write to a thread of their own; captures that come while it is busy are
+written once, as the latest; flush() waits. CPU, with test_torch_instrument's fake class."""
+
+import json
+import threading
+import time
+
+import graphcheck
+import graphcheck.torch as gt
+from graphcheck import _native
+from test_torch_instrument import capture, fake, make_model  # noqa: F401 - fixture
+
+
+def test_captures_do_not_wait_for_the_build_and_the_latest_is_written(torch, fake, tmp_path, monkeypatch):
+    model = make_model(torch)
+    real = _native.build_manifest
+    builds = []
+
+    def slow(spec, walked, **kwargs):
+        builds.append(threading.current_thread().name)
+        time.sleep(0.4)
+        return real(spec, walked, **kwargs)
+
+    monkeypatch.setattr(_native, "build_manifest", slow)
+    writes = []
+    real_write = _native.write_atomic
+    monkeypatch.setattr(
+        _native, "write_atomic",
+        lambda path, data: writes.append(len(json.loads(data)["graphs"])) or real_write(path, data),
+    )
+    ins = gt.instrument(tmp_path, model=model)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        capture(torch, model)
+    took = time.perf_counter() - t0
+    assert took < 0.4, f"four captures waited for a build: {took:.2f} s"
+    ins.flush()
+    # The first capture's manifest, then the latest (the ones between were never built).
+    assert writes[-1] == 4 and len(writes) < 4, writes
+    assert set(builds) == {"graphcheck-writer"}, builds
+    assert len(graphcheck.load(ins.path)["graphs"]) == 4
+    assert ins.errors == []
+
+
+def test_a_check_builds_from_the_facts_of_the_capture(torch, fake, monkeypatch):
+    """The replay check's manifest is built at the first check, from what the latest
+    capture read: a weight rebound after the capture is drifted, not taken as the owner."""
+    model = make_model(torch)
+    builds = []
+    real = _native.build_manifest
+    monkeypatch.setattr(_native, "build_manifest", lambda *a, **k: builds.append(1) or real(*a, **k))
+    ins = gt.instrument(None, model=model, verify_on_replay="raise")
+    g = capture(torch, model)
+    assert builds == [], "nothing built at capture"
+    with torch.no_grad():
+        model.proj.weight = torch.nn.Parameter(model.proj.weight.detach().clone())
+    gt.mark_transition("reload", "updated")
+    try:
+        g.replay()
+        raise AssertionError("the replay went through")
+    except gt.ReplayCheckError as e:
+        assert {f.kind for f in e.findings} >= {"drifted"}, e
+    assert len(builds) == 1
+    ins.manifest_json()
+    assert len(builds) == 1, "built once, kept"
