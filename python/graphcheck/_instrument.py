@@ -493,6 +493,17 @@ class Instrumentation:
         if os.getpid() != self._pid:
             return None
         self._wait_for_writer()
+        with _LOCK:
+            # Addresses the recorder's walks left waiting (Recorder.catch_up): walked for
+            # now, and the manifest built again with what that walk found.
+            try:
+                if self.recorder.catch_up():
+                    self._frozen = None
+                    self._unwritten = max(self._unwritten, 1)
+            except BaseException as e:  # noqa: BLE001 - the manifest is written without it
+                if _fatal(e):
+                    raise
+                self._failed(e, f"the walk for the addresses left waiting failed: {e}")
         if self.directory is None or self._unwritten == 0:
             return None
         try:

@@ -38,6 +38,15 @@ _POOL_KINDS = ("default", "graph", "weights", "kv_cache", "other")
 _SLEEP = ("untouched", "restored", "discarded")
 
 
+def _addresses_walked(addrs: list) -> str:
+    """A walked graph of one node holding ``addrs``: how ``Walked.unexplained`` is asked
+    about addresses alone."""
+    words = [{"param": 0, "offset": 8 * i, "addr": hex(a), "allocation": None} for i, a in enumerate(addrs)]
+    node = {"index": 0, "kind": "kernel", "name": "waiting", "grid": [1, 1, 1], "block": [1, 1, 1],
+            "parent": None, "opaque": None, "words": words}
+    return json.dumps({"node_counts": {"kernel": 1}, "unread": [], "nodes": [node]})
+
+
 def _pack_ranges(ranges: Iterable[tuple]) -> bytes:
     """``(base, size)`` pairs as native-endian ``u64`` words (``Walked.unexplained``)."""
     import array
@@ -77,7 +86,11 @@ class Recorder:
     cuBLAS workspace, a module-level global). A word outside all of them — a tensor made
     after the last walk, such as a later graph's input, a lazily allocated workspace or a
     tensor in a dead one's memory — makes the recorder walk again at once, while that
-    tensor is alive. Words the kernel's signature sets aside (index slots, torch's RNG
+    tensor is alive. Where such walks explain nothing (each graph reading an input of its
+    own that no root holds), the next ones wait: a walk that found none of the new
+    addresses doubles how many graphs with unexplained words pass before the next (up to
+    64), and one that finds something resets it; :meth:`catch_up` walks for the addresses
+    left waiting (``instrument()`` does at its last write). Words the kernel's signature sets aside (index slots, torch's RNG
     state) never do. A new walk keeps what earlier walks found and it no longer reaches
     (:meth:`Registry.absorb`): graphs captured before keep their capture-time owners, a
     dead tensor as a tensor of its own even where a new one now has its address and
@@ -144,6 +157,11 @@ class Recorder:
         self._pool_known = b""
         self._ownerless: set = set()
         self._ownerless_known = b""
+        # Unexplained addresses of graphs since the last walk, and how many graphs with
+        # some pass before the next walk (doubled by a walk that explained none).
+        self._waiting: set = set()
+        self._waited = 0
+        self._backoff = 1
         self._known: Optional[bytes] = None
 
     def add_root(self, obj, root: str = "model", *, weak: bool = False) -> None:
@@ -246,15 +264,56 @@ class Recorder:
     def _keep_current(self, walked) -> None:
         """Walks the roots again if ``walked`` (a ``_native.Walked``, or ``None`` where the
         graph came as JSON that does not parse: the build reports it) reads an address
-        nothing known explains; then remembers what the walk left ownerless."""
+        nothing known explains, unless walks have explained nothing lately (class
+        docstring); then remembers what the walk left ownerless."""
         if self.registry is not None and not self._stale:
-            if walked is None or not self._roots or not self._unexplained(walked):
+            if walked is None or not self._roots:
                 return
+            missing = self._unexplained(walked)
+            if not missing:
+                return
+            self._waiting.update(missing)
+            self._waited += 1
+            if self._waited < self._backoff:
+                return
+            self._walk_for_waiting()
+            return
         self.rewalk()
         if walked is not None and self._roots:
-            self._ownerless.update(self._unexplained(walked))
+            self._waiting.update(self._unexplained(walked))
+            self._settle_waiting(None)
+
+    def _walk_for_waiting(self) -> None:
+        waiting = len(self._waiting)
+        self.rewalk()
+        self._settle_waiting(waiting)
+
+    def _settle_waiting(self, before: Optional[int]) -> None:
+        """After a walk: the waiting addresses it did not explain are ownerless; a walk for
+        addresses (``before``: how many waited) that explained none doubles the wait."""
+        still = self._unexplained_of(self._waiting)
+        if before is not None:
+            self._backoff = min(self._backoff * 2, 64) if len(still) == before else 1
+        self._waiting.clear()
+        self._waited = 0
+        if still:
+            self._ownerless.update(still)
             self._ownerless_known = _pack_ranges((a, 1) for a in sorted(self._ownerless))
             self._known = None
+
+    def _unexplained_of(self, addrs) -> list:
+        """Which of ``addrs`` nothing known explains now."""
+        if not addrs:
+            return []
+        return self._unexplained(_native.Walked.from_json(_addresses_walked(sorted(addrs))))
+
+    def catch_up(self) -> bool:
+        """Walks the roots for the unexplained addresses still waiting for a walk (class
+        docstring); returns whether it walked."""
+        if not self._waiting or self.registry is None:
+            return False
+        self._walk_for_waiting()
+        return True
 
     def _add_extra(self, path: str, t, registration: str) -> None:
         self._extra.append((path, t, registration))

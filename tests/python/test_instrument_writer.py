@@ -64,3 +64,38 @@ def test_a_check_builds_from_the_facts_of_the_capture(torch, fake, monkeypatch):
     assert len(builds) == 1
     ins.manifest_json()
     assert len(builds) == 1, "built once, kept"
+
+
+def test_walks_that_explain_nothing_wait_longer_and_flush_catches_up(torch, fake, tmp_path):
+    """Each graph reads an input of its own that no root holds: the recorder walks at the
+    first graph, then at the 2nd, 4th and 8th (each walk explained nothing, so the wait
+    doubles), not at every graph. A tensor the model gains while walks wait is owned once
+    the last write catches up."""
+    from conftest import kernel, walked
+
+    model = make_model(torch)
+    ins = gt.instrument(tmp_path, model=model)
+    inputs = []
+
+    def capture_with_fresh_input(extra=None):
+        x = torch.randn(4)
+        inputs.append(x)
+        tensors = [model.proj.weight, x] + ([extra] if extra is not None else [])
+        fake.next = walked(kernel(0, "gemv", *tensors))
+        g = torch.cuda.CUDAGraph()
+        g.capture_begin()
+        g.capture_end()
+
+    walks = []
+    for _ in range(8):
+        capture_with_fresh_input()
+        walks.append(ins.recorder.walks)
+    assert walks == [1, 2, 2, 3, 3, 3, 3, 4], walks
+    # The model gains a tensor that the next graph reads; the recorder waits to walk.
+    model.late = torch.nn.Parameter(torch.randn(4))
+    capture_with_fresh_input(model.late)
+    assert ins.recorder.walks == 4
+    ins.flush()
+    assert ins.recorder.walks == 5
+    owners = {o["path"] for o in graphcheck.load(ins.path)["owners"]}
+    assert "model.late" in owners, owners
