@@ -6,8 +6,10 @@ its engine settings, alternating, medians:
   plain        torch.cuda.graph(g, pool=pool) per batch size
   dir          instrument(directory): the manifest rewritten after every capture (the
                default write_every=1; what GRAPHCHECK_DIR does), until the last is on disk
-  check        instrument(verify_on_replay="raise"), no directory: the manifest built at
-               every capture, for the replay check's capture-time facts
+               (flush: the writer thread done)
+  check        instrument(verify_on_replay="raise"), no directory: the capture-time facts
+               the replay check needs, read at every capture
+  check_built  the same and the manifest built once after (what the first check builds)
   dir_every8   instrument(directory, write_every=8): one write for the 8 graphs
 
 ``--graphs N`` captures the batch sizes over and over into one pool until N graphs (an
@@ -29,6 +31,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--graphs", type=int, default=8)
+    ap.add_argument("--inputs", choices=["own", "static"], default="own",
+                    help="own: each batch size's input a tensor of its own (a walk-triggering "
+                         "address per graph); static: slices of one static buffer, as engines "
+                         "capture (vLLM's and SGLang's input buffers)")
     ap.add_argument("--json")
     ap.add_argument("--cprofile", metavar="VARIANT", help="print a cProfile of one run of VARIANT (top by cumulative time)")
     args = ap.parse_args()
@@ -40,6 +46,9 @@ def main():
     import graphcheck.torch as gt
 
     model, xs = anchor_model.warmed()
+    if args.inputs == "static":
+        buf = torch.randn(max(anchor_model.BATCH_SIZES), anchor_model.WIDTH, device="cuda", dtype=torch.bfloat16)
+        xs = {b: buf[:b] for b in anchor_model.BATCH_SIZES}
     sizes = [anchor_model.BATCH_SIZES[i % len(anchor_model.BATCH_SIZES)] for i in range(args.graphs)]
     tmp = tempfile.mkdtemp(prefix="gc-instrument-")
 
@@ -60,15 +69,20 @@ def main():
         return time.perf_counter() - t0, gs
 
     def instrumented(**kwargs):
+        built = kwargs.pop("_built", False)
+        want_dir = kwargs.pop("_dir", False)
+
         def run():
-            d = tempfile.mkdtemp(dir=tmp) if kwargs.pop("_dir", False) else None
+            d = tempfile.mkdtemp(dir=tmp) if want_dir else None
             t0 = time.perf_counter()
             ins = gt.instrument(d, model=model, **kwargs)
             try:
                 gs = capture_all()
                 torch.cuda.synchronize()
                 if d is not None:
-                    ins.write()  # what is left to write (nothing at write_every=1)
+                    ins.flush()  # the writer thread done, and what is left written
+                if built:
+                    ins.manifest_json()  # what the first replay check builds
                 t = time.perf_counter() - t0
                 assert not ins.errors, ins.errors
                 assert ins.captures == len(sizes), ins.captures
@@ -81,6 +95,7 @@ def main():
         "plain": plain,
         "dir": lambda: instrumented(_dir=True)(),
         "check": lambda: instrumented(verify_on_replay="raise")(),
+        "check_built": lambda: instrumented(verify_on_replay="raise", _built=True)(),
         "dir_every8": lambda: instrumented(_dir=True, write_every=8)(),
     }
     if args.cprofile:
@@ -107,13 +122,13 @@ def main():
             f"{k} {times[k][-1] * 1e3:.1f} ms" for k in variants), file=sys.stderr)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     p = med["plain"]
-    print(f"anchor model, {len(sizes)} graphs, medians of {args.runs}")
+    print(f"anchor model, {len(sizes)} graphs, inputs {args.inputs}, medians of {args.runs}")
     print(f"{'variant':<14} {'ms':>9} {'vs plain':>9} {'per graph':>10}")
     for k, v in med.items():
         print(f"{k:<14} {v:9.2f} {100 * (v - p) / p:+8.1f}% {(v - p) / len(sizes):9.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"graphs": len(sizes), "runs": args.runs, "median_ms": med}, f, indent=2)
+            json.dump({"graphs": len(sizes), "inputs": args.inputs, "runs": args.runs, "median_ms": med}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -345,11 +345,11 @@ class Instrumentation:
                 # the poison, and after a step would see a freed intermediate as free
                 # memory. The manifest is built from them when a write or a check asks
                 # (with digests, now: the ranges no owner explains are digested at the
-                # build). Only a directory with write_every > 1 (and no check or digest
-                # asking for capture-time facts) reads them at its write instead.
+                # build). A directory with write_every > 1 (and no check or digest asking
+                # for capture-time facts) reads them at the captures it writes at only.
                 if (
                     self.directory is None
-                    or self.write_every == 1
+                    or self._unwritten + 1 >= self.write_every
                     or self._checker is not None
                     or self.recorder.digests
                 ):

@@ -472,9 +472,13 @@ class Recorder:
         digests builds at once)."""
         if self.registry is None or self._stale:
             self.rewalk()
-        reg = self.registry.copy()
-        for path, t, registration in self._extra:
-            reg.add(t, path, registration, None)
+        # A walk makes a new registry and never changes it after: it is shared as it is,
+        # and copied only to add the declared inputs' views.
+        reg = self.registry
+        if self._extra:
+            reg = reg.copy()
+            for path, t, registration in self._extra:
+                reg.add(t, path, registration, None)
         self._declare_sleep_pools()
         # Looked up in _allocator at each call, as the snapshot does: one place where the
         # allocator's snapshot is read, and where the CPU tests fake it.
