@@ -216,6 +216,11 @@ def _on_capture(cuda_graph) -> None:
         sink._record(walked, pool, state=state, hint=hint)
 
 
+#: The writer thread writes once no capture came for this long (seconds): a burst of
+#: captures is built and written once, at its end.
+WRITE_QUIET_S = 0.2
+
+
 def _built(frozen: list) -> str:
     """The manifest of ``frozen`` ([captures, manifest or Frozen, epoch]) as JSON text,
     built from its facts at the first ask and kept."""
@@ -275,6 +280,7 @@ class Instrumentation:
         self._writer: Optional[threading.Thread] = None
         self._cv = threading.Condition()
         self._want = self._done = 0
+        self._urgent = False
         self.discover = discover
         #: Root names discovery chose (zero-code attach), empty where roots were named.
         self.discovered: list = []
@@ -291,6 +297,7 @@ class Instrumentation:
             self._frozen = None
             # The parent's writer thread is not in the child.
             self._writer, self._cv, self._want, self._done = None, threading.Condition(), 0, 0
+            self._urgent = False
 
     def _graph_name(self, hint: Optional[str] = None) -> str:
         if callable(self.name):
@@ -450,6 +457,14 @@ class Instrumentation:
                     if not self._cv.wait(timeout=5.0) and self._want <= self._done:
                         self._writer = None  # idle: the next capture starts another
                         return
+                # Captures come in bursts (a batch size after another): the write waits
+                # until none came for WRITE_QUIET_S, so that a burst is built once, unless
+                # a flush wants it now.
+                while not self._urgent:
+                    seen = self._want
+                    self._cv.wait(timeout=WRITE_QUIET_S)
+                    if self._want == seen:
+                        break
             with _LOCK:
                 frozen, path = self._frozen, self.path
             try:
@@ -465,9 +480,14 @@ class Instrumentation:
                 self._cv.notify_all()
 
     def _wait_for_writer(self, timeout: float = 120.0) -> None:
-        """Waits until the writer thread wrote what it was asked to."""
+        """Has the writer thread write what it was asked to now, and waits until it did."""
         with self._cv:
-            self._cv.wait_for(lambda: self._done >= self._want or self._writer is None, timeout)
+            self._urgent = True
+            self._cv.notify_all()
+            try:
+                self._cv.wait_for(lambda: self._done >= self._want or self._writer is None, timeout)
+            finally:
+                self._urgent = False
 
     def manifest(self) -> dict:
         """The manifest of every capture recorded so far in this process."""
@@ -655,8 +675,8 @@ def instrument(
     receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
     rewritten atomically after every capture. The capture reads what the manifest needs
     (owners, the allocator's segments, pools) and a writer thread builds and writes it:
-    the capture does not wait, and captures that come while it writes are written once,
-    as the latest (``strict=True`` writes at the capture); :meth:`Instrumentation.flush`
+    the capture does not wait, and a burst of captures (none for 0.2 s after the last) is
+    written once, as the latest (``strict=True`` writes at the capture); :meth:`Instrumentation.flush`
     waits for it, and runs when the instrumentation stops and at exit. ``name`` names the
     graphs: a format string with ``{index}`` (and ``{pid}``) or a callable of the index.
 
