@@ -2,7 +2,7 @@
 describe the same graphs: 64 bf16 layers of RMSNorm, two Linears and SiLU with a residual
 (width 1024), captured at 8 batch sizes into one pool (3,008 nodes).
 
-Used by capture_profile.py, record_overhead.py and walk_bench.py; the first two also
+Used by capture_profile.py, record_overhead.py, walk_bench.py and instrument_overhead.py; the first two also
 share the timed captures of all batch sizes, plain and recorded. They run as scripts from
 the repository root (``python3 benches/x.py``), which puts ``benches/`` first on
 ``sys.path``, so ``import anchor_model`` finds this file. It imports torch: the scripts
