@@ -16,7 +16,7 @@ import warnings
 import weakref
 from typing import Callable, Iterable, Optional, Union
 
-from . import _args, _discover, _guard, _native
+from . import _args, _discover, _guard, _native, _transitions
 from ._native import GraphcheckError
 from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
 from ._registry import _torch
@@ -184,7 +184,7 @@ def _on_capture(cuda_graph) -> None:
     with _LOCK:
         sinks = list(_ACTIVE)
         if any(ins._checker is not None for ins in sinks):
-            _patch_transitions()  # torch_memory_saver imported since instrument()
+            _transitions.patch(_PATCHED)  # torch_memory_saver imported since instrument()
     if not sinks:
         return
     # A graph of torch.compile's CUDA-graph trees: its name and the static inputs torch
@@ -573,72 +573,6 @@ def _patch_torch() -> None:
             setattr(module, "CUDAGraph", cls)
 
 
-def _wrap_transition(
-    owner, attr: str, event: Callable, contents: str, written: Optional[Callable] = None
-) -> None:
-    """Replaces ``owner.attr`` (a method) with one that marks a transition after it
-    returns (``written(self, args, kwargs)``: the tensors it wrote, where known); restored
-    with the rest of the patch."""
-    original = getattr(owner, attr, None)
-    if original is None or getattr(original, "_graphcheck_transition", False):
-        return
-
-    def wrapper(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        try:
-            wrote = None if written is None else written(self, args, kwargs)
-            _guard.mark_transition(event(self, args, kwargs), contents, written=wrote)
-        except Exception:  # noqa: BLE001 - never into the engine
-            try:  # what was written is unknown: the transition is still marked
-                _guard.mark_transition(event(self, args, kwargs), contents)
-            except Exception:  # noqa: BLE001
-                pass
-        return out
-
-    wrapper._graphcheck_transition = True
-    wrapper.__wrapped__ = original
-    wrapper.__name__ = getattr(original, "__name__", attr)
-    wrapper.__doc__ = getattr(original, "__doc__", None)
-    _PATCHED.append((owner, attr, original))
-    setattr(owner, attr, wrapper)
-
-
-def _loaded_tensors(module, args, kwargs) -> list:
-    """The tensors ``module.load_state_dict(state_dict, ...)`` wrote: its parameters and
-    persistent buffers under the keys the state dict holds (a non-persistent buffer, a
-    plain attribute or a module-global cache is not written, so its contents must hold)."""
-    given = args[0] if args else kwargs.get("state_dict")
-    own = module.state_dict(keep_vars=True)
-    return [own[k] for k in given.keys() if k in own]
-
-
-def _patch_transitions() -> None:
-    """The transitions a replay check sees without the engine saying so:
-    ``Module.load_state_dict`` (new weights: ``updated``, the tensors it wrote known, so
-    that the rest are still compared) and torch_memory_saver's ``resume``
-    (``preserved``), where that package is imported. (This package's sleep allocator
-    marks its wakes itself.)"""
-    import sys
-
-    torch = _torch()
-    _wrap_transition(
-        torch.nn.Module,
-        "load_state_dict",
-        lambda self, a, k: f"{type(self).__name__}.load_state_dict",
-        "updated",
-        _loaded_tensors,
-    )
-    tms = sys.modules.get("torch_memory_saver")
-    cls = getattr(tms, "TorchMemorySaver", None) if tms is not None else None
-    if isinstance(cls, type):
-        _wrap_transition(
-            cls,
-            "resume",
-            lambda self, a, k: f"torch_memory_saver.resume({(a or (k.get('tag'),))[0]!r})",
-            "preserved",
-        )
-
-
 def _unpatch_torch() -> None:
     while _PATCHED:
         module, attr, original = _PATCHED.pop()
@@ -748,7 +682,7 @@ def instrument(
             ins.register_model(model, root)
         _patch_torch()
         if on_replay is not None:
-            _patch_transitions()
+            _transitions.patch(_PATCHED)
         _ACTIVE.append(ins)
     return ins
 

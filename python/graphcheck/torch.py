@@ -77,6 +77,7 @@ snapshot uses the manifest's algorithm.
 #   _recorder    Recorder, graph()
 #   _discover    zero-code attach: the top-level modules alive at the first capture
 #   _guard       the check before a replay: transitions, mark_transition
+#   _transitions the transitions seen without the engine: load_state_dict, tms resume
 #   _instrument  instrument(), check() and the process-wide state of instrumentation
 import os
 
