@@ -293,12 +293,7 @@ fn verify(
             None => ops::verify(&m_src, l_src.as_ref(), &allow)?,
         })
     })?;
-    Ok(Verified {
-        verified,
-        normalized,
-        table: PyOnceLock::new(),
-        markdown: PyOnceLock::new(),
-    })
+    Ok(Verified::new(verified, normalized))
 }
 
 /// The allowlist `verify` and `verify_pairs` apply: a file, or entries as data (one of them
@@ -341,12 +336,7 @@ fn verify_pairs(
         }
         Ok(ops::verify_pairs(&ops::pairs(&paths)?, &allow)?)
     })?;
-    Ok(Verified {
-        verified,
-        normalized,
-        table: PyOnceLock::new(),
-        markdown: PyOnceLock::new(),
-    })
+    Ok(Verified::new(verified, normalized))
 }
 
 /// A verify's documents and report, held on the Rust side, as `verify` returns them: each
@@ -362,6 +352,16 @@ struct Verified {
 }
 
 impl Verified {
+    /// A report not rendered yet (`normalized`: addresses as symbols).
+    fn new(verified: ops::Verified, normalized: bool) -> Verified {
+        Verified {
+            verified,
+            normalized,
+            table: PyOnceLock::new(),
+            markdown: PyOnceLock::new(),
+        }
+    }
+
     /// The report in `format`, rendered (with the GIL released) at the first call and kept.
     fn kept(
         &self,
