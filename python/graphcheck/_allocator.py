@@ -73,7 +73,7 @@ def tms_pools() -> list:
     if not isinstance(pools, Mapping):
         return []
     regions = []
-    for key, pool in list(dict.items(pools)) if isinstance(pools, dict) else list(pools.items()):
+    for key, pool in list(pools.items()):
         if not (isinstance(key, tuple) and len(key) >= 3 and isinstance(key[0], str)):
             continue
         regions.append((key, pool))

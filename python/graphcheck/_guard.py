@@ -119,7 +119,7 @@ _FORGOTTEN = [0]
 def _storages(name: str, value: Any) -> frozenset:
     """(device, storage address) of every tensor ``value`` names: a tensor, a module's
     parameters and buffers, or an iterable of them."""
-    torch = _torch_module()
+    torch = _registry._torch()
     out = set()
     todo = [value]
     while todo:
@@ -136,10 +136,6 @@ def _storages(name: str, value: Any) -> frozenset:
         else:
             todo.extend(v)
     return frozenset(out)
-
-
-def _torch_module():
-    return _registry._torch()
 
 
 def rewritten_since(epoch: int) -> Optional[frozenset]:

@@ -465,9 +465,13 @@ class Instrumentation:
                     self._cv.wait(timeout=WRITE_QUIET_S)
                     if self._want == seen:
                         break
+            with self._cv:
+                asked = self._want
             with _LOCK:
                 frozen, path = self._frozen, self.path
             try:
+                if frozen is None:  # the latest capture's facts could not be read
+                    raise GraphcheckError("the facts of the latest capture were not read")
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
                 _native.write_atomic(path, _built(frozen).encode())
             except BaseException as e:  # noqa: BLE001 - a panic too, never into the engine
@@ -476,7 +480,7 @@ class Instrumentation:
                         self._unwritten = max(self._unwritten, 1)  # flush tries again
                     self._failed(e, f"{_NOT_WRITTEN}: {e}")
             with self._cv:
-                self._done = max(self._done, frozen[0])
+                self._done = max(self._done, asked if frozen is None else frozen[0])
                 self._cv.notify_all()
 
     def _wait_for_writer(self, timeout: float = 120.0) -> None:

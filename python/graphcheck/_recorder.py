@@ -38,15 +38,6 @@ _POOL_KINDS = ("default", "graph", "weights", "kv_cache", "other")
 _SLEEP = ("untouched", "restored", "discarded")
 
 
-def _addresses_walked(addrs: list) -> str:
-    """A walked graph of one node holding ``addrs``: how ``Walked.unexplained`` is asked
-    about addresses alone."""
-    words = [{"param": 0, "offset": 8 * i, "addr": hex(a), "allocation": None} for i, a in enumerate(addrs)]
-    node = {"index": 0, "kind": "kernel", "name": "waiting", "grid": [1, 1, 1], "block": [1, 1, 1],
-            "parent": None, "opaque": None, "words": words}
-    return json.dumps({"node_counts": {"kernel": 1}, "unread": [], "nodes": [node]})
-
-
 def _pack_ranges(ranges: Iterable[tuple]) -> bytes:
     """``(base, size)`` pairs as native-endian ``u64`` words (``Walked.unexplained``)."""
     import array
@@ -157,10 +148,11 @@ class Recorder:
         self._pool_known = b""
         self._ownerless: set = set()
         self._ownerless_known = b""
-        # Unexplained addresses of graphs since the last walk, and how many graphs with
-        # some pass before the next walk (doubled by a walk that explained none).
-        self._waiting: set = set()
-        self._waited = 0
+        # The graphs since the last walk that read addresses nothing explains, those
+        # addresses, and how many such graphs pass before the next walk (doubled by a walk
+        # that explained none).
+        self._waiting: list = []
+        self._waiting_addrs: set = set()
         self._backoff = 1
         self._known: Optional[bytes] = None
 
@@ -272,40 +264,35 @@ class Recorder:
             missing = self._unexplained(walked)
             if not missing:
                 return
-            self._waiting.update(missing)
-            self._waited += 1
-            if self._waited < self._backoff:
+            self._waiting.append(walked)
+            self._waiting_addrs.update(missing)
+            if len(self._waiting) < self._backoff:
                 return
             self._walk_for_waiting()
             return
         self.rewalk()
         if walked is not None and self._roots:
-            self._waiting.update(self._unexplained(walked))
+            self._waiting.append(walked)
             self._settle_waiting(None)
 
     def _walk_for_waiting(self) -> None:
-        waiting = len(self._waiting)
+        waiting = len(self._waiting_addrs)
         self.rewalk()
         self._settle_waiting(waiting)
 
     def _settle_waiting(self, before: Optional[int]) -> None:
-        """After a walk: the waiting addresses it did not explain are ownerless; a walk for
-        addresses (``before``: how many waited) that explained none doubles the wait."""
-        still = self._unexplained_of(self._waiting)
+        """After a walk: what the waiting graphs read that it did not explain is ownerless;
+        a walk for addresses (``before``: how many waited) that explained none doubles the
+        wait."""
+        still = {a for w in self._waiting for a in self._unexplained(w)}
         if before is not None:
-            self._backoff = min(self._backoff * 2, 64) if len(still) == before else 1
+            self._backoff = min(self._backoff * 2, 64) if len(still) >= before else 1
         self._waiting.clear()
-        self._waited = 0
+        self._waiting_addrs.clear()
         if still:
             self._ownerless.update(still)
             self._ownerless_known = _pack_ranges((a, 1) for a in sorted(self._ownerless))
             self._known = None
-
-    def _unexplained_of(self, addrs) -> list:
-        """Which of ``addrs`` nothing known explains now."""
-        if not addrs:
-            return []
-        return self._unexplained(_native.Walked.from_json(_addresses_walked(sorted(addrs))))
 
     def catch_up(self) -> bool:
         """Walks the roots for the unexplained addresses still waiting for a walk (class
