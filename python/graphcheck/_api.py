@@ -99,8 +99,9 @@ def load(doc: Document, expect: Optional[str] = None, *, format_version: int = 1
 
 
 def _version_arg(value) -> int:
-    """A format version this build writes, or a GraphcheckError naming the argument."""
-    if isinstance(value, bool) or value not in FORMAT_VERSIONS:
+    """A format version this build writes, or a GraphcheckError naming the argument (a
+    float equal to one, ``2.0``, is not a version: the native call takes an integer)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in FORMAT_VERSIONS:
         raise GraphcheckError(
             f"format_version is one of {', '.join(map(str, FORMAT_VERSIONS))}, "
             f"not {_args.show(value)}"

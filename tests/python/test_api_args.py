@@ -376,3 +376,16 @@ def test_without_torch_every_torch_function_says_torch_is_needed():
     wrong = [line for line in lines if ": GraphcheckError: " not in line]
     assert not wrong, "\n".join(wrong)
     assert all("needs PyTorch" in line for line in lines), r.stdout
+
+
+def test_a_float_format_version_is_a_graphcheck_error():
+    """Regression: ``format_version=2.0`` passed the check (``2.0 in (1, 2)``) and the native
+    call raised ``TypeError: 'float' object cannot be interpreted as an integer``."""
+    calls = [
+        ("load", lambda: graphcheck.load(M, format_version=2.0)),
+        ("schema", lambda: graphcheck.schema(2.0)),
+        ("build_manifest", lambda: graphcheck.build_manifest({}, format_version=1.0)),
+    ]
+    for label, call in calls:
+        with pytest.raises(graphcheck.GraphcheckError, match=r"format_version is one of 1, 2, not \d\.0"):
+            call()
