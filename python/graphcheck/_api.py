@@ -45,7 +45,7 @@ def _source(doc: Document, name: str = "document") -> Union[str, bytes, "os.Path
     if isinstance(doc, (str, bytes)) or hasattr(doc, "__fspath__"):
         return doc
     raise GraphcheckError(
-        f"expected a document (path, JSON text or dict), got {type(doc).__name__}"
+        f"{name}: expected a document (path, JSON text or dict), got {_args.show(doc)}"
     )
 
 

@@ -389,3 +389,19 @@ def test_a_float_format_version_is_a_graphcheck_error():
     for label, call in calls:
         with pytest.raises(graphcheck.GraphcheckError, match=r"format_version is one of 1, 2, not \d\.0"):
             call()
+
+
+def test_a_value_that_is_no_document_is_named_by_its_parameter():
+    """Regression: ``verify(M, 5)`` and ``diff(M, None)`` said "expected a document (path,
+    JSON text or dict), got int" without saying which argument was wrong."""
+    calls = [
+        ("manifest", lambda: graphcheck.verify(123)),
+        ("live", lambda: graphcheck.verify(M, 123)),
+        ("a", lambda: graphcheck.diff(123, L)),
+        ("b", lambda: graphcheck.diff(M, None)),
+        ("manifest", lambda: graphcheck.explain(Opaque(), "0x1")),
+        ("document", lambda: graphcheck.load(1.5)),
+    ]
+    for name, call in calls:
+        with pytest.raises(graphcheck.GraphcheckError, match=rf"^{name}: expected a document"):
+            call()
