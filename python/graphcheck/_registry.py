@@ -81,11 +81,30 @@ def _tensor_arg(name: str, t) -> Any:
     return t
 
 
+def _view_arg(name: str, t, torch: Any = None) -> Any:
+    """``t`` where it is a strided view of memory that holds data (what a spec describes
+    and a digest reads); a sparse, nested or meta tensor is an error naming ``name`` (the
+    walk skips them, naming why, in :attr:`Registry.skipped`)."""
+    torch = torch or _torch()
+    if not isinstance(t, torch.Tensor):
+        raise GraphcheckError(f"{name} is a torch.Tensor, not {_args.show(t)}")
+    if t.layout is not torch.strided:
+        raise GraphcheckError(
+            f"{name} is a tensor of layout {t.layout}: only strided tensors are views of "
+            "one storage"
+        )
+    if t.is_nested:
+        raise GraphcheckError(f"{name} is a nested tensor: only strided views of one storage")
+    if t.is_meta:
+        raise GraphcheckError(f"{name} is a meta tensor: it has no storage and no data")
+    return t
+
+
 def tensor_spec(t) -> dict:
     """The core's ``TensorSpec`` of a strided tensor view (what ``_native.build_manifest``
     reads for each tensor): storage base and size, byte offset, byte span, shape, stride,
     dtype (without ``torch.``), itemsize, device."""
-    return _spec_dict(_meta_and_key(_tensor_arg("t", t))[0])
+    return _spec_dict(_meta_and_key(_view_arg("t", t))[0])
 
 
 def _spec_dict(meta: tuple) -> dict:
@@ -182,7 +201,7 @@ def _digests_arg(name: str, value: Union[bool, str, None]) -> Union[bool, str, N
 
 def digest(t, algorithm: str = DEFAULT_DIGEST) -> str:
     """The content digest of a view, ``<algorithm>:<hex>`` (see :mod:`graphcheck.torch`)."""
-    return digest_all([_tensor_arg("t", t)], algorithm)[0]
+    return digest_all([_view_arg("t", t)], algorithm)[0]
 
 
 def digest_all(tensors, algorithm: str = DEFAULT_DIGEST) -> list:
@@ -195,8 +214,7 @@ def digest_all(tensors, algorithm: str = DEFAULT_DIGEST) -> list:
         raise GraphcheckError(f"tensors is a list of torch.Tensor, not {_args.show(tensors)}")
     tensors = list(tensors)
     for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor):
-            raise GraphcheckError(f"tensors[{i}] is a torch.Tensor, not {_args.show(t)}")
+        _view_arg(f"tensors[{i}]", t, torch)
     if algorithm == "gc128":
         return _gc128_all(tensors)
     return [_digest_one(t, algorithm) for t in tensors]

@@ -206,3 +206,28 @@ def test_recordings_with_digests_true_are_gc128_and_catch_a_zeroed_weight(torch)
         model.bias.zero_()
     report = graphcheck.verify(manifest, gt.snapshot(model, manifest, digests=True))
     assert [(f.kind, f.subject) for f in report.findings] == [("stale", "model.bias")]
+
+
+def test_a_tensor_with_no_strided_data_is_a_graphcheck_error_naming_it():
+    """Regression: digest() of a meta, sparse or nested tensor raised torch's
+    NotImplementedError or RuntimeError from inside graphcheck ("Cannot copy out of meta
+    tensor", "Cannot access data pointer of Tensor that doesn't have storage"), and
+    tensor_spec() of a meta tensor gave a spec at address 0x0. The walk skips them, naming
+    why; the functions that take one tensor say what is wrong with it."""
+    torch = pytest.importorskip("torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's beta/prototype warnings
+        odd = {
+            "a meta tensor": torch.empty(3, device="meta"),
+            "a tensor of layout torch.sparse_coo": torch.eye(3).to_sparse(),
+            "a tensor of layout torch.sparse_csr": torch.eye(3).to_sparse_csr(),
+            "a nested tensor": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+        }
+    for what, t in odd.items():
+        for algorithm in registry.DIGEST_ALGORITHMS:
+            with pytest.raises(graphcheck.GraphcheckError, match=f"^t is {what}"):
+                gt.digest(t, algorithm)
+            with pytest.raises(graphcheck.GraphcheckError, match=rf"^tensors\[1\] is {what}"):
+                gt.digest_all([torch.ones(2), t], algorithm)
+        with pytest.raises(graphcheck.GraphcheckError, match=f"^t is {what}"):
+            gt.tensor_spec(t)
