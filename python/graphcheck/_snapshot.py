@@ -40,7 +40,7 @@ def snapshot(
     *,
     event: str = "reload",
     contents: str = "preserved",
-    digests: Union[bool, str] = False,
+    digests: Union[bool, str, None] = None,
     reference: Any = None,
     root: str = "model",
     max_depth: int = DEFAULT_MAX_DEPTH,
@@ -57,7 +57,8 @@ def snapshot(
     capture) or ``updated`` (new weights; ``reference`` says what they must be: a model
     loaded fresh, walked the same way, or a mapping of owner path → digest). ``digests``
     (``True`` or an algorithm) digests every live tensor, with the manifest's algorithm
-    when it has digests. ``pools`` maps torch pool ids to the manifest's pool names, for
+    when it has digests; ``None`` (the default) digests where the manifest has digests and
+    ``contents`` is ``preserved`` (what ``stale`` compares), ``False`` never. ``pools`` maps torch pool ids to the manifest's pool names, for
     CUDA probes (the sleep allocator's tags are mapped without asking). ``roots`` (root name → object) walks several roots instead of ``model``
     (the roots a :class:`Recorder` or :func:`instrument` recorded); ``model`` is then
     ``None`` or added as ``root``. Where PyTorch's memory history is on, CUDA tensors carry
@@ -81,6 +82,10 @@ def snapshot(
     pairs = [] if model is None and roots else [(root, model)]
     pairs.extend(_root_pairs("roots", roots) if roots is not None else [])
     registry = walk_roots(pairs, max_depth=max_depth, runtime_state=runtime_state)
+    if digests is None:
+        # A manifest recorded with digests is compared: without live digests a preserved
+        # tensor whose contents changed would verify clean.
+        digests = contents == "preserved" and any(t.get("digest") for t in m["tensors"])
     algorithm = _algorithm(digests, m)
     if reference is not None and algorithm is None:
         algorithm = _algorithm(True, m)

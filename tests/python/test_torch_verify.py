@@ -332,3 +332,23 @@ def test_an_unused_allow_entry_warns_unless_denied(torch):
     assert [(f.kind, f.severity) for f in denied.errors] == [("unused_allow", "error")]
     with pytest.raises(graphcheck.VerificationFailed):
         graphcheck.assert_clean(manifest, allow=allow, deny_unused_allow=True)
+
+
+def test_a_snapshot_digests_by_default_where_the_manifest_has_digests(torch):
+    """Regression: a manifest recorded with digests, snapshotted with the defaults
+    (``contents="preserved"``, no ``digests``), verified clean although a preserved tensor
+    had changed, and the report listed ``stale`` among the kinds checked. The default now
+    digests where the manifest has digests; ``digests=False`` still takes none."""
+    model = make_model(torch)
+    manifest = record(torch, model, digests=True)
+    with torch.no_grad():
+        model.layers[0].proj.weight.add_(1.0)
+    report = graphcheck.verify(manifest, gt.snapshot(model, manifest))
+    assert kinds(report) == [("stale", "model.layers[0].proj.weight")]
+    assert graphcheck.verify(manifest, gt.snapshot(model, manifest, digests=False)).ok
+    # Updated contents are not compared with the capture's: no digests needed.
+    updated = gt.snapshot(model, manifest, contents="updated")
+    assert "digest" not in updated["tensors"]
+    # A manifest without digests gets a snapshot without them, as before.
+    plain = record(torch, model)
+    assert "digest" not in gt.snapshot(model, plain)["tensors"]
