@@ -79,7 +79,7 @@ class GraphcheckRecorder:
         root: str = "model",
         allow: Optional[graphcheck.Allow] = None,
         contents: str = "preserved",
-        digests: Any = False,
+        digests: Any = None,
         reference: Any = None,
         runtime_state: Iterable[str] = (),
         live: bool = True,
