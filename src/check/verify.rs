@@ -11,7 +11,7 @@ use super::live::{ProbeIndex, live_checks};
 use super::{superseded, unowned};
 use crate::check::allow::Allowlist;
 use crate::check::finding::{Finding, FindingKind, REPORT_VERSION, Report, Severity};
-use crate::document::format::{Addr, Live, Manifest, SleepPolicy, TensorId, ViewKey};
+use crate::document::format::{Addr, Contents, Live, Manifest, SleepPolicy, TensorId, ViewKey};
 use crate::document::index::AddressIndex;
 use crate::document::load::{Tables, check_live, check_manifest};
 use crate::document::pair::{PairError, check_pair};
@@ -123,8 +123,15 @@ pub fn verify_checked(
     let gone = live.map_or_else(Vec::new, |(l, _)| superseded::superseded(m, l));
     let findings = superseded::leave_out(findings, &gone);
 
-    let checked: Vec<FindingKind> = if live.is_some() {
-        FindingKind::PAIR.to_vec()
+    let checked: Vec<FindingKind> = if let Some((l, _)) = live {
+        // Without contents to compare, `stale` could not have been found: not checked
+        // (the report says so, and an allowlist entry for it is not unused).
+        let compared = contents_compared(m, l);
+        FindingKind::PAIR
+            .iter()
+            .copied()
+            .filter(|&k| compared || k != FindingKind::Stale)
+            .collect()
     } else {
         let mut k = FindingKind::CAPTURE_TIME.to_vec();
         k.push(FindingKind::UnusedAllow);
@@ -158,6 +165,19 @@ pub fn verify_checked(
         missing_ranks: Vec::new(),
         superseded: gone,
     })
+}
+
+/// Whether the pair has contents to compare, so that `stale` can be found: live digests
+/// beside reference digests, or (contents that had to be preserved) digests of tensors or
+/// of unowned ranges on both sides.
+fn contents_compared(m: &Manifest, l: &Live) -> bool {
+    let live_digests = l.tensors.iter().any(|t| t.digest.is_some());
+    if live_digests && l.tensors.iter().any(|t| t.reference_digest.is_some()) {
+        return true;
+    }
+    l.event.contents == Contents::Preserved
+        && ((live_digests && m.tensors.iter().any(|t| t.digest.is_some()))
+            || (!l.ranges.is_empty() && !m.ranges.is_empty()))
 }
 
 /// The findings of `check` over every subject, in subject order, the subjects split

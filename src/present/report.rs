@@ -174,11 +174,16 @@ fn headline(r: &Report) -> String {
 /// What the run could check: with several ranks, the ranks that had a live snapshot and
 /// those that had only their manifest.
 fn mode(r: &Report) -> String {
-    const LIVE: &str = "capture and live checks";
     const CAPTURE: &str = "capture-time checks only: no live snapshot";
+    // Contents are compared only where both sides have digests (`stale` is then checked).
+    let both = if r.checked.contains(&FindingKind::Stale) {
+        "capture and live checks"
+    } else {
+        "capture and live checks; contents not compared: no digests on both sides"
+    };
     if !multi(r) {
         return if r.checked.contains(&FindingKind::Drifted) {
-            LIVE
+            both
         } else {
             CAPTURE
         }
@@ -187,10 +192,10 @@ fn mode(r: &Report) -> String {
     let (live, alone): (Vec<_>, Vec<_>) = r.ranks.iter().partition(|s| s.live);
     let list = |v: &[&RankSummary]| rank_list(&v.iter().map(|s| s.rank).collect::<Vec<_>>());
     match (live.is_empty(), alone.is_empty()) {
-        (_, true) => LIVE.into(),
+        (_, true) => both.into(),
         (true, _) => CAPTURE.into(),
         _ => format!(
-            "{LIVE} on {}; capture-time only on {}, which had no live snapshot",
+            "{both} on {}; capture-time only on {}, which had no live snapshot",
             list(&live),
             list(&alone)
         ),
