@@ -110,6 +110,7 @@ def main():
         pr.disable()
         out = io.StringIO()
         pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(45)
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(25)
         print(out.getvalue())
         return
     times = {k: [] for k in variants}

@@ -20,7 +20,7 @@ from . import _args, _discover, _guard, _native, _transitions
 from ._native import GraphcheckError
 from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
 from ._registry import _torch
-from ._walk import DEFAULT_MAX_DEPTH
+from ._walk import DEFAULT_MAX_DEPTH, root_arg
 
 #: The environment variable that turns :func:`instrument` on for a whole process tree.
 ENV_DIR = "GRAPHCHECK_DIR"
@@ -250,6 +250,14 @@ class Instrumentation:
     ):
         write_every = _args.integer("write_every", write_every, minimum=1)
         self.directory = None if directory is None else _args.path("directory", directory)
+        if self.directory is not None and os.path.exists(self.directory) and not os.path.isdir(
+            self.directory
+        ):
+            # Found at the first write otherwise, after the captures it should have kept.
+            raise GraphcheckError(
+                f"directory {self.directory!r} exists and is not a folder: instrument() "
+                "writes its manifests into a folder (made if missing)"
+            )
         #: Rewrite the manifest after every this many captures (and at exit): rebuilding it
         #: costs more as graphs accumulate, and an engine may capture dozens.
         self.write_every = write_every
@@ -541,6 +549,7 @@ class Instrumentation:
     def register_model(self, model, root: str = "model") -> None:
         """Adds a root to this instrumentation's walks (held weakly); a root of the same
         name is replaced (a model loaded again)."""
+        root_arg("model", model)
         with _LOCK:
             rec = self.recorder
             self._frozen = None  # the next manifest walks the new root
@@ -651,6 +660,8 @@ def instrument(
         directory = os.environ.get(ENV_DIR) or None
     root = _args.text("root", root)
     _native.check_path(root)
+    if model is not None:
+        root_arg("model", model)
     name = _args.callable_or_text("name", name)
     if isinstance(name, str):
         try:  # a name that does not format would fail at every capture instead
@@ -776,6 +787,7 @@ def register_model(model, root: str = "model") -> None:
     draft model, a KV-cache manager) under ``root``, held weakly. Live instrumentations
     walk it from their next manifest on; one started later takes it too."""
     _native.check_path(_args.text("root", root))
+    root_arg("model", model)
     with _LOCK:
         if _ACTIVE:
             for ins in _ACTIVE:

@@ -15,7 +15,7 @@ from . import sleep as _sleep_module
 from ._allocator import _AllocSites, _pool_key, _pool_segments, _producer
 from ._native import GraphcheckError
 from ._registry import Registry, _attr, _digests_arg, _key, _torch
-from ._walk import DEFAULT_MAX_DEPTH, walk_roots
+from ._walk import DEFAULT_MAX_DEPTH, root_arg, walk_roots
 
 
 def _walk_graph(handle: int):
@@ -110,6 +110,8 @@ class Recorder:
     ):
         root = _args.text("root", root)
         _native.check_path(root)
+        if model is not None:
+            root_arg("model", model)
         self.model = model
         self.root = root
         # (root name, object or weak reference): model first, then add_root's.
@@ -161,6 +163,7 @@ class Recorder:
         first root of a recorder made with ``model=None``. ``weak`` holds it by weak
         reference (a root that dies is left out). The next manifest walks again."""
         _native.check_path(_args.text("root", root))
+        root_arg("obj", obj)
         weak = _args.flag("weak", weak)
         if any(r == root for r, _ in self._roots):
             raise GraphcheckError(f"root {root!r} is already recorded")

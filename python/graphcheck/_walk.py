@@ -89,8 +89,10 @@ class _Walker:
         # Type -> how container_or_object enters it; type -> its slot descriptors.
         self.shapes: dict = {}
         self.slots: dict = {}
-        # Tensor type -> whether it is a wrapper subclass to flatten (__tensor_flatten__).
+        # Tensor type -> whether it is a wrapper subclass to flatten (__tensor_flatten__);
+        # whether it is torch.compile's FakeTensor (metadata without memory).
         self.wrapper_types: dict = {}
+        self.fake_types: dict = {}
         self.leaf_types = _ATOMS + (
             torch.dtype,
             torch.device,
@@ -323,6 +325,13 @@ class _Walker:
         if t.layout is not self.strided:
             self.reg.skipped.append((path, f"layout {t.layout} is not strided"))
             return
+        fake = self.fake_types.get(cls)
+        if fake is None:
+            fake = self.fake_types[cls] = _is_fake_class(cls)
+        if fake:
+            # Reading its storage's address warns and gives 0: there is no memory.
+            self.reg.skipped.append((path, "fake tensor (FakeTensorMode): no memory"))
+            return
         if t.is_meta:
             self.reg.skipped.append((path, "meta tensor: no storage"))
             return
@@ -475,6 +484,25 @@ def walk_roots(
         ]
     return registry
 
+
+
+def _is_fake_class(cls) -> bool:
+    """Whether tensors of ``cls`` are FakeTensors (none exist unless torch loaded them)."""
+    import sys
+
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    return fake is not None and issubclass(cls, getattr(fake, "FakeTensor", ()))
+
+
+def root_arg(name: str, obj: Any) -> Any:
+    """``obj`` where it can hold tensors (a module, any object or container); ``None``, a
+    number, a string and the like are an error naming ``name``: a root that holds nothing
+    would record every address as ownerless without a word."""
+    if isinstance(obj, _ATOMS):
+        raise GraphcheckError(
+            f"{name} is the model or another object holding tensors, not {_args.show(obj)}"
+        )
+    return obj
 
 
 def _root_pairs(name: str, roots: Any) -> list:

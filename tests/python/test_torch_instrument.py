@@ -712,3 +712,12 @@ def test_discovery_sees_through_torch_compile_and_can_be_turned_off(torch, fake)
     with pytest.raises(graphcheck.GraphcheckError, match="discover"):
         gt.instrument(discover="yes")
 
+
+
+def test_a_directory_that_is_a_file_fails_at_instrument_not_at_the_first_write(torch, tmp_path):
+    f = tmp_path / "not_a_folder"
+    f.write_text("the user's")
+    with pytest.raises(graphcheck.GraphcheckError, match="exists and is not a folder"):
+        gt.instrument(f)
+    assert gt.instrumented() == []
+    assert f.read_text() == "the user's"

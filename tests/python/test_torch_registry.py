@@ -321,3 +321,34 @@ def _has_numpy():
     except ImportError:
         return False
     return True
+
+
+def test_a_root_that_holds_nothing_is_an_error_naming_it(torch):
+    # Regression: Recorder(5), register_model(None) and add_root("x") were taken, and
+    # every address the graphs read would have been ownerless without a word.
+    for make in (
+        lambda: gt.Recorder(5),
+        lambda: gt.Recorder(None).add_root("x"),
+        lambda: gt.register_model(None),
+        lambda: gt.instrument(None, model=3.5),
+    ):
+        with pytest.raises(graphcheck.GraphcheckError, match="holding tensors, not"):
+            make()
+    assert gt.instrumented() == []
+    gt.Recorder(None).add_root({"kv": torch.zeros(2)}, "cache")  # any object is a root
+
+
+def test_fake_tensors_are_skipped_saying_why_not_recorded_at_address_0(torch, recwarn):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        m = torch.nn.Linear(4, 4)
+    reg = gt.walk(m)
+    assert reg.tensors == [] and reg.owners == []
+    assert dict(reg.skipped) == {
+        "model.weight": "fake tensor (FakeTensorMode): no memory",
+        "model.bias": "fake tensor (FakeTensorMode): no memory",
+    }
+    # Torch warns when a FakeTensor's data pointer is read: the walk reads none.
+    assert not [w for w in recwarn if "FakeTensor" in str(w.message)]
+
