@@ -127,10 +127,18 @@ def _spec_dict(meta: tuple) -> dict:
 _DTYPES: dict = {}
 
 
+# CUDA device index -> "cuda:<index>".
+_CUDA_NAMES: dict = {}
+
+
 def _device_name(t) -> str:
     # str(t.device) builds a device object and formats it (about 1 µs); the flags are cheap.
     if t.is_cuda:
-        return f"cuda:{t.get_device()}"
+        i = t.get_device()
+        name = _CUDA_NAMES.get(i)
+        if name is None:
+            name = _CUDA_NAMES[i] = f"cuda:{i}"
+        return name
     if t.is_cpu:
         return "cpu"
     return str(t.device)
@@ -148,9 +156,12 @@ def _meta_and_key(t) -> tuple:
     if known is None:
         known = _DTYPES[dtype] = (str(dtype).replace("torch.", "", 1), t.element_size())
     dtype_name, itemsize = known
-    shape = tuple(t.shape)
+    # torch.Size is a tuple (same hash and equality): kept as it is.
+    shape = t.shape
     stride = tuple(t.stride())
-    if 0 in shape:
+    if t.is_contiguous():  # the common case: the elements end to end
+        span = t.numel() * itemsize
+    elif 0 in shape:
         span = 0
     else:
         span = 1
