@@ -293,6 +293,15 @@ fn verify(
             None => ops::verify(&m_src, l_src.as_ref(), &allow)?,
         })
     })?;
+    // What the command line notes on stderr: a folder's JSON files that are no document.
+    for skipped in &verified.skipped {
+        PyErr::warn(
+            py,
+            &py.get_type::<pyo3::exceptions::PyUserWarning>(),
+            &std::ffi::CString::new(skipped.to_string()).unwrap_or_default(),
+            1,
+        )?;
+    }
     Ok(Verified::new(verified, normalized))
 }
 

@@ -163,6 +163,13 @@ impl Source {
         }
     }
 
+    /// Reads only the header: the format version and kind, or
+    /// [`LoadError::NotADocument`] for JSON without one.
+    pub fn header(&self) -> Result<(u32, DocKind), LoadError> {
+        let path = self.name();
+        self.with_bytes(|bytes| header(bytes, path))
+    }
+
     /// Runs `f` over the document's bytes; a file's are read, and freed before the caller
     /// goes on to check what was parsed.
     fn with_bytes<T>(&self, f: impl FnOnce(&[u8]) -> Result<T, LoadError>) -> Result<T, LoadError> {
