@@ -115,6 +115,25 @@ fn a_directory_or_a_link_to_one_is_an_error() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
 }
 
+/// Regression: a missing folder was named by the temporary file that could not be made in
+/// it (`No such file or directory … at path "/nonexist/d/.graphcheck-5k8Xk2.tmp"`).
+#[test]
+fn an_output_in_a_missing_folder_names_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such");
+    let out = verify_to(&missing.join("x.txt"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.ends_with(&format!(
+            "caused by: the folder {} does not exist\n",
+            missing.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains(".graphcheck-"), "{err}");
+}
+
 /// Regression: a FIFO was replaced by a regular file; now the report goes through it to
 /// its reader, and it stays a FIFO.
 #[test]

@@ -320,6 +320,17 @@ def test_runtime_state_as_a_string_is_an_error_not_its_letters(torch):
         gt.walk(torch.nn.Linear(2, 2), runtime_state="model.**")
 
 
+def test_writing_into_a_missing_folder_names_the_folder(torch, tmp_path):
+    # Regression: the error named the temporary file that could not be made there
+    # (`.graphcheck-5k8Xk2.tmp`), not the folder that does not exist.
+    import graphcheck.torch as gt
+
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(graphcheck.GraphcheckError) as e:
+        gt.Recorder(torch.nn.Linear(2, 2)).write(missing / "m.json")
+    assert str(e.value) == f"failed to write {missing / 'm.json'}: the folder {missing} does not exist"
+
+
 def test_an_instrument_name_that_does_not_format_fails_at_once(torch):
     # Before, it failed at every capture, each time as a warning.
     import graphcheck.torch as gt
