@@ -427,8 +427,9 @@ fn two_dashes_are_a_usage_error() {
     }
 }
 
-/// Regression: a malformed address was taken as an owner path ("no such owner path",
-/// exit 1), an empty target listed unrelated paths, and `--kernel ''` matched every node.
+/// Regression: a malformed address or owner path was taken as an owner path ("no such
+/// owner path", exit 1), an empty target listed unrelated paths, and `--kernel ''` matched
+/// every node.
 /// Each is now a usage error (exit 2) that says what is wrong.
 #[test]
 fn malformed_explain_targets_are_usage_errors() {
@@ -439,6 +440,14 @@ fn malformed_explain_targets_are_usage_errors() {
         (long.as_str(), "20 hexadecimal digits"),
         ("0X7f2c2520b400", "lowercase `0x`"),
         ("", "the target is empty"),
+        (
+            "model..x",
+            "`model..x` is not an owner path: expected an attribute name after '.' (at byte 6)",
+        ),
+        (
+            "model.layers[0",
+            "`model.layers[0` is not an owner path: unterminated index: expected ']'",
+        ),
     ] {
         let out = run(&["explain", MANIFEST, target]);
         let err = text(&out.stderr);
