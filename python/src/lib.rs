@@ -527,12 +527,12 @@ fn version_arg(v: u32) -> PyResult<u32> {
     }
 }
 
-/// For each path, whether it matches the owner-path glob (`*` within one hop, `**`
+/// For each path, whether it matches the owner-path glob (`*` any run but `.`, `**`
 /// across hops, brackets literal).
 #[pyfunction]
 fn glob_match(pattern: &str, paths: Vec<String>) -> PyResult<Vec<bool>> {
     guarded(|| {
-        let glob = Glob::new(pattern)?;
+        let glob = Glob::owner_path(pattern)?;
         Ok::<_, NativeError>(paths.iter().map(|p| glob.is_match(p)).collect())
     })
 }

@@ -331,6 +331,18 @@ def test_writing_into_a_missing_folder_names_the_folder(torch, tmp_path):
     assert str(e.value) == f"failed to write {missing / 'm.json'}: the folder {missing} does not exist"
 
 
+def test_a_malformed_runtime_state_glob_is_an_error_naming_it(torch):
+    # Regression: `[[` was accepted and matched nothing.
+    import graphcheck.torch as gt
+
+    for glob, why in (("[[", "at byte 0: a path starts with a root name"),
+                      ("model..x", "at byte 6: expected an attribute name after '.'")):
+        with pytest.raises(graphcheck.GraphcheckError) as e:
+            gt.walk(torch.nn.Linear(2, 2), runtime_state=["model.**", glob])
+        assert str(e.value) == f'runtime_state[1]: invalid owner path "{glob}" {why}'
+    gt.walk(torch.nn.Linear(2, 2), runtime_state=["model.layers[*].*", "**.weight"])
+
+
 def test_an_instrument_name_that_does_not_format_fails_at_once(torch):
     # Before, it failed at every capture, each time as a warning.
     import graphcheck.torch as gt
