@@ -115,6 +115,25 @@ fn a_directory_or_a_link_to_one_is_an_error() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
 }
 
+/// Regression: a missing folder was named by the temporary file that could not be made in
+/// it (`No such file or directory … at path "/nonexist/d/.graphcheck-5k8Xk2.tmp"`).
+#[test]
+fn an_output_in_a_missing_folder_names_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such");
+    let out = verify_to(&missing.join("x.txt"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.ends_with(&format!(
+            "caused by: the folder {} does not exist\n",
+            missing.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains(".graphcheck-"), "{err}");
+}
+
 /// Regression: a FIFO was replaced by a regular file; now the report goes through it to
 /// its reader, and it stays a FIFO.
 #[test]
@@ -408,8 +427,9 @@ fn two_dashes_are_a_usage_error() {
     }
 }
 
-/// Regression: a malformed address was taken as an owner path ("no such owner path",
-/// exit 1), an empty target listed unrelated paths, and `--kernel ''` matched every node.
+/// Regression: a malformed address or owner path was taken as an owner path ("no such
+/// owner path", exit 1), an empty target listed unrelated paths, and `--kernel ''` matched
+/// every node.
 /// Each is now a usage error (exit 2) that says what is wrong.
 #[test]
 fn malformed_explain_targets_are_usage_errors() {
@@ -420,6 +440,14 @@ fn malformed_explain_targets_are_usage_errors() {
         (long.as_str(), "20 hexadecimal digits"),
         ("0X7f2c2520b400", "lowercase `0x`"),
         ("", "the target is empty"),
+        (
+            "model..x",
+            "`model..x` is not an owner path: expected an attribute name after '.' (at byte 6)",
+        ),
+        (
+            "model.layers[0",
+            "`model.layers[0` is not an owner path: unterminated index: expected ']'",
+        ),
     ] {
         let out = run(&["explain", MANIFEST, target]);
         let err = text(&out.stderr);

@@ -151,7 +151,7 @@ fn a_folder_that_is_not_one_run_is_refused_naming_its_files() {
     assert!(err.contains("different world sizes: 2 in"), "{err}");
     assert!(err.contains("m1.json"), "{err}");
 
-    // A JSON file that is no graphcheck document is refused, not skipped.
+    // A JSON file with a document's header that is no document is refused, not skipped.
     let dir = fresh_dir("stray");
     put(&dir, "m0.json", &m0);
     put(
@@ -255,6 +255,63 @@ fn an_output_file_among_the_folders_documents_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_eq!(
         std::fs::read(&target).unwrap(),
+        serde_json::to_vec_pretty(&doc("graphcheck-0-4100.json")).unwrap()
+    );
+}
+
+/// Regression: `verify DIR --format json --output DIR/report.json` worked once; the next
+/// run refused the output as an input (exit 2), and `verify DIR` refused the report as a
+/// document. JSON without the header is skipped with a note, and may be the output.
+#[test]
+fn a_report_written_into_the_folder_is_skipped_and_may_be_written_again() {
+    let dir = fresh_dir("report-in-folder");
+    for f in [
+        "graphcheck-0-4100.json",
+        "live-0-4100.json",
+        "graphcheck-1-4101.json",
+    ] {
+        put(&dir, f, &doc(f));
+    }
+    let report = dir.join("report.json");
+    let (d, r) = (dir.to_str().unwrap(), report.to_str().unwrap());
+    let write = ["verify", d, "--format", "json", "--output", r];
+    let first = graphcheck(&write);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let written = std::fs::read(&report).unwrap();
+    for args in [&write[..], &["verify", d, "--format", "json"][..]] {
+        let out = graphcheck(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert_eq!(
+            err,
+            format!(
+                "note: {r} is not a graphcheck document (its top level has no `kind`): skipped\n"
+            )
+        );
+    }
+    assert_eq!(std::fs::read(&report).unwrap(), written);
+    // Any JSON without the header is skipped too, each named.
+    std::fs::write(dir.join("other.json"), b"[1, 2]").unwrap();
+    std::fs::write(dir.join("tool.json"), b"{\"kind\": \"Config\"}").unwrap();
+    let (code, err) = verify_dir(&dir);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("other.json is not a graphcheck document (it is a JSON array, not an object)"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "tool.json is not a graphcheck document (its top level has no `format_version`)"
+        ),
+        "{err}"
+    );
+    // A real document is never the output.
+    let m0 = dir.join("graphcheck-0-4100.json");
+    let out = graphcheck(&["verify", d, "--output", m0.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("refusing to overwrite an input"));
+    assert_eq!(
+        std::fs::read(&m0).unwrap(),
         serde_json::to_vec_pretty(&doc("graphcheck-0-4100.json")).unwrap()
     );
 }

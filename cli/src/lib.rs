@@ -367,13 +367,23 @@ fn run(cli: Cli) -> Result<i32> {
                 if let Some(a) = &allow {
                     inputs.push(("allowlist", a.as_path()));
                 }
-                refuse_inputs(out, &inputs).map_err(|mut e| {
-                    if e.input == Path::new(STDIN_FILE) {
-                        e.role.push_str(" read from");
-                        e.input = PathBuf::from("standard input");
-                    }
-                    e
-                })?;
+                refuse_inputs(out, &inputs)
+                    .or_else(|e| {
+                        // A folder's JSON file that is no document (a report written there
+                        // by an earlier run) is skipped when read, so it may be the output.
+                        if e.role == "document" && !ops::is_document(&e.input) {
+                            Ok(())
+                        } else {
+                            Err(e)
+                        }
+                    })
+                    .map_err(|mut e| {
+                        if e.input == Path::new(STDIN_FILE) {
+                            e.role.push_str(" read from");
+                            e.input = PathBuf::from("standard input");
+                        }
+                        e
+                    })?;
             }
             let allow = match &allow {
                 Some(p) => Allowlist::load(p)?,
@@ -399,6 +409,9 @@ fn run(cli: Cli) -> Result<i32> {
                     v
                 }
             };
+            for skipped in &v.skipped {
+                eprintln!("note: {skipped}");
+            }
             // Fitted to the terminal only when printed to one: a file keeps the fixed layout.
             let width = output
                 .is_none()

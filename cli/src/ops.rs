@@ -50,6 +50,29 @@ pub struct Verified {
     /// names each finding's addresses with its own rank's manifest. Empty for one manifest.
     /// (The live snapshots of several ranks are dropped once verified.)
     pub other_ranks: Vec<(u32, Manifest)>,
+    /// The JSON files of a folder that are no graphcheck document, skipped (`verify DIR`).
+    pub skipped: Vec<Skipped>,
+}
+
+/// A JSON file of a folder that is no graphcheck document (a report written into the
+/// folder, another tool's file: no `format_version` and `kind` at its top level), which
+/// `verify DIR` skips rather than refusing the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: PathBuf,
+    /// What the file lacks, in words (`its top level has no `kind``).
+    pub why: String,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is not a graphcheck document ({}): skipped",
+            self.path.display(),
+            self.why
+        )
+    }
 }
 
 /// Loads the manifest and the live snapshot (on two threads: parsing is most of the work)
@@ -84,6 +107,7 @@ pub fn verify(
         live,
         report,
         other_ranks: Vec::new(),
+        skipped: Vec::new(),
     })
 }
 
@@ -167,9 +191,10 @@ pub fn folder_documents(
     dir_documents(manifest).map(Some)
 }
 
-/// The documents `verify DIR` reads: every regular file of `dir` (not its subfolders) whose
-/// name ends in `.json`, sorted by name. Each must be a manifest or a live snapshot: any
-/// other JSON file is refused by the loader, naming it, rather than skipped.
+/// The files `verify DIR` reads: every regular file of `dir` (not its subfolders) whose
+/// name ends in `.json`, sorted by name. A JSON file that is no graphcheck document (no
+/// header) is skipped when read ([`verify_dir`]); one with a header is a document, and any
+/// fault of it (bad JSON, a bad header value) refuses the run, naming it.
 pub fn dir_documents(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
     let read = |source| DirError::Read {
         dir: dir.to_path_buf(),
@@ -191,13 +216,33 @@ pub fn dir_documents(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
 /// ([`graphcheck::document::ranks::group`]), verifies each rank's manifest against its own
 /// live snapshot, and the manifests against each other, into one report.
 pub fn verify_dir(dir: &Path, paths: &[PathBuf], allow: &Allowlist) -> Result<Verified, DirError> {
-    let docs = load_all(paths)?;
-    let meta = rank_docs(&docs, paths);
+    let mut docs = Vec::with_capacity(paths.len());
+    let mut read = Vec::with_capacity(paths.len());
+    let mut skipped = Vec::new();
+    for (path, doc) in paths.iter().zip(load_each(paths)) {
+        match doc {
+            Ok(doc) => {
+                docs.push(doc);
+                read.push(path.clone());
+            }
+            Err(LoadError::NotADocument { path, why }) => skipped.push(Skipped { path, why }),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let meta = rank_docs(&docs, &read);
     let ranks = group(&meta).map_err(|why| DirError::Ranks {
         dir: dir.to_path_buf(),
         why,
     })?;
-    Ok(verify_grouped(docs, paths, &ranks, allow)?)
+    let mut v = verify_grouped(docs, &read, &ranks, allow)?;
+    v.skipped = skipped;
+    Ok(v)
+}
+
+/// Whether `path` is a graphcheck document (it has the header), for `--output`: a folder's
+/// JSON file that is none is skipped by `verify DIR`, so it may be written over.
+pub fn is_document(path: &Path) -> bool {
+    !matches!(source(path).header(), Err(LoadError::NotADocument { .. }))
 }
 
 /// The files `verify` takes after its first two, as pairs (`M0 L0 M1 L1 …`: each manifest,
@@ -264,6 +309,11 @@ pub fn verify_pairs(pairs: &[(PathBuf, PathBuf)], allow: &Allowlist) -> Result<V
 
 /// Loads and checks every document, each on a thread of its own.
 fn load_all(paths: &[PathBuf]) -> Result<Vec<Checked>, LoadError> {
+    load_each(paths).into_iter().collect()
+}
+
+/// Loads and checks each document on a thread of its own; one result per path.
+fn load_each(paths: &[PathBuf]) -> Vec<Result<Checked, LoadError>> {
     std::thread::scope(|s| {
         let jobs: Vec<_> = paths
             .iter()
@@ -350,6 +400,7 @@ fn verify_grouped(
         live: None,
         report,
         other_ranks: manifests.map(|(rank, m, _)| (rank, m)).collect(),
+        skipped: Vec::new(),
     })
 }
 

@@ -50,6 +50,47 @@ pub fn inputs(base: &Scenario) -> (Files, Vec<BadEntry>) {
         &[":1:1:", "expected value"],
     );
 
+    // Bytes that are no JSON object, each said in words rather than serde's.
+    add(
+        "empty.json",
+        "manifest",
+        false,
+        Vec::new(),
+        &["the file is empty"],
+    );
+    let mut bom = b"\xEF\xBB\xBF".to_vec();
+    bom.extend(pretty(&v1));
+    add(
+        "byte_order_mark.json",
+        "manifest",
+        false,
+        bom,
+        &["starts with a UTF-8 byte-order mark"],
+    );
+    add(
+        "top_level_array.json",
+        "manifest",
+        false,
+        b"[]\n".to_vec(),
+        &["not a graphcheck document: it is a JSON array, not an object"],
+    );
+    let mut huge = manifest.clone();
+    huge["format_version"] = serde_json::json!(0);
+    let huge = String::from_utf8(pretty(&huge))
+        .expect("JSON is UTF-8")
+        .replacen(
+            "\"format_version\": 0",
+            "\"format_version\": 18446744073709551617",
+            1,
+        );
+    add(
+        "version_past_u64.json",
+        "manifest",
+        false,
+        huge.into_bytes(),
+        &["`format_version` is 18446744073709551617, but this graphcheck reads versions 1 and 2"],
+    );
+
     // Cut inside the second touch's address of the first graph's first node.
     let whole = pretty(&v1);
     let text = std::str::from_utf8(&whole).expect("JSON is UTF-8");
@@ -421,7 +462,7 @@ mod tests {
     fn bad_inputs_fail_with_the_promised_words() {
         let files = corpus();
         let index = index(&files);
-        assert_eq!(index.bad.len(), 25);
+        assert_eq!(index.bad.len(), 29);
         let (manifest_file, manifest) = base_manifest(&files, &index);
         for bad in &index.bad {
             let bytes = &files[&bad.file];

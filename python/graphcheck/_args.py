@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional
 
+from . import _native
 from ._native import GraphcheckError
 
 
@@ -81,7 +82,15 @@ def strings(name: str, value: Any, what: str = "strings") -> list:
         )
     if isinstance(value, Mapping) or not iterable(value):
         raise GraphcheckError(f"{name} is a list of {what}, not {show(value)}")
-    return [text(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    items = [text(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    if what == "owner-path globs":
+        # A malformed glob matches nothing: said at once, naming it, not found never.
+        for i, g in enumerate(items):
+            try:
+                _native.glob_match(g, [])
+            except GraphcheckError as e:
+                raise GraphcheckError(f"{name}[{i}]: {e}") from None
+    return items
 
 
 def mapping(name: str, value: Any, what: str = "a mapping (dict)") -> Mapping:

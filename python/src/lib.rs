@@ -293,6 +293,15 @@ fn verify(
             None => ops::verify(&m_src, l_src.as_ref(), &allow)?,
         })
     })?;
+    // What the command line notes on stderr: a folder's JSON files that are no document.
+    for skipped in &verified.skipped {
+        PyErr::warn(
+            py,
+            &py.get_type::<pyo3::exceptions::PyUserWarning>(),
+            &std::ffi::CString::new(skipped.to_string()).unwrap_or_default(),
+            1,
+        )?;
+    }
     Ok(Verified::new(verified, normalized))
 }
 
@@ -518,12 +527,12 @@ fn version_arg(v: u32) -> PyResult<u32> {
     }
 }
 
-/// For each path, whether it matches the owner-path glob (`*` within one hop, `**`
+/// For each path, whether it matches the owner-path glob (`*` any run but `.`, `**`
 /// across hops, brackets literal).
 #[pyfunction]
 fn glob_match(pattern: &str, paths: Vec<String>) -> PyResult<Vec<bool>> {
     guarded(|| {
-        let glob = Glob::new(pattern)?;
+        let glob = Glob::owner_path(pattern)?;
         Ok::<_, NativeError>(paths.iter().map(|p| glob.is_match(p)).collect())
     })
 }

@@ -187,9 +187,9 @@ impl Allowlist {
                 }
             };
             let target = match (&e.path, patterns) {
-                (Some(p), None) => {
-                    Target::Path(Glob::new(p).map_err(|err| format!("allow[{i}].path: {err}"))?)
-                }
+                (Some(p), None) => Target::Path(
+                    Glob::owner_path(p).map_err(|err| format!("allow[{i}].path: {err}"))?,
+                ),
                 (None, Some(ks)) => {
                     let mut compiled = Vec::with_capacity(ks.len());
                     for k in ks {
@@ -289,6 +289,49 @@ impl Allowlist {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a malformed path glob was accepted, and showed only as `unused_allow`.
+    #[test]
+    fn a_malformed_path_glob_names_the_file_entry_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("allow.toml");
+        for (glob, why) in [
+            (
+                "model.[[",
+                "at byte 6: expected an attribute name after '.'",
+            ),
+            (
+                "model..x",
+                "at byte 6: expected an attribute name after '.'",
+            ),
+            (
+                "model.layers[*",
+                "at byte 12: unterminated index: expected ']'",
+            ),
+        ] {
+            let entry = |g: &str| {
+                format!(
+                    "[[allow]]\npath = \"x\"\nreason = \"r\"\n\n[[allow]]\npath = \"{g}\"\nreason = \"r\"\n"
+                )
+            };
+            std::fs::write(&file, entry(glob)).unwrap();
+            let e = Allowlist::load(&file).unwrap_err().to_string();
+            let want = format!(
+                "{}: invalid allowlist: allow[1].path: invalid owner path {glob:?} {why}",
+                file.display()
+            );
+            assert_eq!(e, want);
+        }
+        // Wildcards stand for names and indexes wherever they may be.
+        for ok in [
+            "model.layers[*].*",
+            "**.workspace",
+            "model.*_proj[*][\"k*\"]",
+            "**",
+        ] {
+            Glob::owner_path(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+    }
 
     #[test]
     fn entries_as_data_read_like_toml_and_name_entry_and_key() {

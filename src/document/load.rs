@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::document::format::{DocKind, Document, FORMAT_VERSIONS, Live, Manifest};
+use crate::document::format::{DocKind, Document, Live, Manifest};
 use crate::document::objects::Objects;
 use crate::document::pair::PairError;
 use crate::document::schema;
@@ -17,6 +17,9 @@ use crate::document::wording::{describe, shorten_quoted};
 // The reference checks live in `refs`; they are part of loading, and named from here too.
 use crate::document::refs::version_message;
 pub use crate::document::refs::{Invalid, Tables, check_live, check_manifest, in_range};
+
+mod header;
+use header::{Header, check_version, header, version};
 
 /// Why a document could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +42,14 @@ pub enum LoadError {
     /// `found` is the value as JSON text: `2`, `"1"`, `null`.
     #[error("{}: {}", path.display(), version_message(found))]
     Version { path: PathBuf, found: String },
+    /// JSON that is no graphcheck document at all: not an object, or without the header
+    /// (`format_version` and `kind`), as a report or another tool's file is.
+    #[error(
+        "{}: not a graphcheck document: {why} (a manifest or live snapshot is a JSON object \
+         with `format_version` and `kind`)",
+        path.display()
+    )]
+    NotADocument { path: PathBuf, why: String },
     #[error("{}: `kind` is `{found}`, expected a `{expected}` document", path.display())]
     Kind {
         path: PathBuf,
@@ -150,6 +161,13 @@ impl Source {
                 Ok(Checked::Live(l, t))
             }
         }
+    }
+
+    /// Reads only the header: the format version and kind, or
+    /// [`LoadError::NotADocument`] for JSON without one.
+    pub fn header(&self) -> Result<(u32, DocKind), LoadError> {
+        let path = self.name();
+        self.with_bytes(|bytes| header(bytes, path))
     }
 
     /// Runs `f` over the document's bytes; a file's are read, and freed before the caller
@@ -306,99 +324,6 @@ fn expect_kind(found: DocKind, expected: DocKind, path: &Path) -> Result<(), Loa
     }
 }
 
-#[derive(Deserialize)]
-struct Header {
-    // Absent is `None`; `null` is a value of the wrong type, and said so.
-    #[serde(default, deserialize_with = "present")]
-    format_version: Option<serde_json::Value>,
-    kind: Option<serde_json::Value>,
-}
-
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
-    serde_json::Value::deserialize(d).map(Some)
-}
-
-/// The document's `format_version`, read from its opening bytes where it comes first (as
-/// every writer puts it), else from its header.
-fn version(bytes: &[u8], path: &Path) -> Result<u32, LoadError> {
-    match leading_version(bytes) {
-        Some(v) if FORMAT_VERSIONS.contains(&v) => Ok(v),
-        Some(v) => Err(LoadError::Version {
-            path: path.to_path_buf(),
-            found: v.to_string(),
-        }),
-        // Only the version: the body's parse says what is wrong with its `kind`.
-        None => {
-            let h: Header = json_error(
-                path,
-                bytes,
-                None,
-                serde_path_to_error::deserialize(Objects(
-                    &mut serde_json::Deserializer::from_slice(bytes),
-                )),
-            )?;
-            check_version(h.format_version.as_ref(), path)
-        }
-    }
-}
-
-/// `format_version` where the document opens with it as a plain integer, without reading
-/// further: `{ "format_version": 2,`.
-fn leading_version(bytes: &[u8]) -> Option<u32> {
-    fn blank(b: &[u8]) -> &[u8] {
-        let n = b.iter().take_while(|c| c.is_ascii_whitespace()).count();
-        &b[n..]
-    }
-    let rest = blank(blank(bytes).strip_prefix(b"{")?);
-    let rest = blank(blank(rest.strip_prefix(b"\"format_version\"")?).strip_prefix(b":")?);
-    let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
-    let after = blank(&rest[digits..]);
-    if digits == 0 || digits > 9 || !matches!(after.first(), Some(b',' | b'}')) {
-        return None;
-    }
-    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
-}
-
-/// Reads only `format_version` and `kind`, skipping the rest.
-fn header(bytes: &[u8], path: &Path) -> Result<(u32, DocKind), LoadError> {
-    let h: Header = json_error(
-        path,
-        bytes,
-        None,
-        serde_path_to_error::deserialize(Objects(&mut serde_json::Deserializer::from_slice(bytes))),
-    )?;
-    let version = check_version(h.format_version.as_ref(), path)?;
-    match h.kind.as_ref().and_then(|k| k.as_str()) {
-        Some("manifest") => Ok((version, DocKind::Manifest)),
-        Some("live") => Ok((version, DocKind::Live)),
-        _ => Err(LoadError::Invalid {
-            path: path.to_path_buf(),
-            json_path: "kind".into(),
-            message: format!(
-                "expected `\"manifest\"` or `\"live\"`, found {}",
-                h.kind.map_or("nothing".into(), |k| k.to_string())
-            ),
-        }),
-    }
-}
-
-fn check_version(v: Option<&serde_json::Value>, path: &Path) -> Result<u32, LoadError> {
-    match v {
-        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-            Some(n) if FORMAT_VERSIONS.contains(&n) => Ok(n),
-            _ => Err(LoadError::Version {
-                path: path.to_path_buf(),
-                found: v.to_string(),
-            }),
-        },
-        None => Err(LoadError::Invalid {
-            path: path.to_path_buf(),
-            json_path: ".".into(),
-            message: "missing field `format_version`: not a graphcheck document".into(),
-        }),
-    }
-}
-
 fn parse_typed<T: for<'de> Deserialize<'de>>(
     bytes: &[u8],
     path: &Path,
@@ -431,7 +356,7 @@ fn parse_typed<T: for<'de> Deserialize<'de>>(
         Err(e) => {
             // A document of another version or kind fails somewhere in its body; say why.
             if let Ok(h) = serde_json::from_slice::<Header>(bytes) {
-                check_version(h.format_version.as_ref(), path)?;
+                check_version(h.format_version.as_ref(), path, bytes)?;
                 let found = match h.kind.as_ref().and_then(|k| k.as_str()) {
                     Some("manifest") => Some(DocKind::Manifest),
                     Some("live") => Some(DocKind::Live),
@@ -757,28 +682,5 @@ mod tests {
             "{e}"
         );
         assert!(err(b"{\"a\": tru}").contains("not valid JSON"));
-    }
-
-    #[test]
-    fn the_leading_version_is_read_without_parsing() {
-        assert_eq!(leading_version(b"{\"format_version\":2,\"kind\""), Some(2));
-        assert_eq!(leading_version(b" {\n  \"format_version\" : 1 }"), Some(1));
-        assert_eq!(leading_version(b"{\"format_version\": 77,"), Some(77));
-        for other in [
-            &b"{\"kind\": \"live\", \"format_version\": 2}"[..],
-            b"{\"format_version\": \"2\",",
-            b"{\"format_version\": 2.0,",
-            b"{\"format_version\": -2,",
-            b"{\"format_version\": 99999999999,",
-            b"[",
-            b"",
-        ] {
-            assert_eq!(
-                leading_version(other),
-                None,
-                "{}",
-                String::from_utf8_lossy(other)
-            );
-        }
     }
 }

@@ -6,7 +6,9 @@
 //! - `["key"]` — a dict key, with `\"` and `\\` escaped inside the quotes.
 //!
 //! Grammar of a glob: a path in which `*` matches any run of characters except `.` (one
-//! attribute, or the inside of one pair of brackets), and `**` matches any run at all.
+//! attribute, or any run of brackets: `[*]` matches `[0][1]`), and `**` matches any run at
+//! all. An owner-path glob must be a path once each `*` is read as a name or index
+//! character ([`Glob::owner_path`]).
 //! Brackets are literal, which is why this is not `globset`: there `[3]` is a class.
 
 use std::fmt;
@@ -388,6 +390,18 @@ impl Glob {
         })
     }
 
+    /// A glob over owner paths: [`Glob::new`], once the pattern, with each `*` read as one
+    /// character of a name or index, is an owner path (`model.[[` and `model..x` match
+    /// nothing, and are errors). Kernel-name patterns have no grammar: [`Glob::new`].
+    pub fn owner_path(pattern: &str) -> Result<Glob, PathError> {
+        // `*` → `1` keeps every byte offset, and is a name or an index wherever `*` may be.
+        parse_hops(&pattern.replace('*', "1"), false).map_err(|e| PathError {
+            path: pattern.to_string(),
+            ..e
+        })?;
+        Glob::new(pattern)
+    }
+
     pub fn as_str(&self) -> &str {
         &self.pattern
     }
@@ -505,5 +519,7 @@ mod tests {
         assert!(Glob::new("a.b").unwrap().is_match("a.b"));
         assert!(!Glob::new("a.b").unwrap().is_match("a.bc"));
         assert!(Glob::new("**").unwrap().is_match(""));
+        // `*` stops only at `.`: it runs across brackets, as the README says.
+        assert!(Glob::new("a.l[*]").unwrap().is_match("a.l[0][1]"));
     }
 }

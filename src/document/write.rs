@@ -172,6 +172,15 @@ fn replace(target: &Path, mode: Option<u32>, bytes: &[u8]) -> io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    // Said before the temporary file's own error, which names the temporary file.
+    if let Err(e) = std::fs::metadata(dir)
+        && e.kind() == io::ErrorKind::NotFound
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("the folder {} does not exist", dir.display()),
+        ));
+    }
     let mut tmp = tempfile::Builder::new()
         .prefix(".graphcheck-")
         .suffix(".tmp")
@@ -359,6 +368,19 @@ mod tests {
         ] {
             assert_eq!(plan(Path::new(p)).unwrap(), want, "{p}");
         }
+    }
+
+    /// Regression: a missing folder was named by the temporary file that could not be made
+    /// in it (`No such file or directory … at path "/d/.graphcheck-5k8Xk2.tmp"`).
+    #[test]
+    fn a_missing_folder_is_named_not_the_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no/such");
+        let e = write_atomic(&missing.join("x.txt"), b"x").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("the folder {} does not exist", missing.display())
+        );
     }
 
     #[test]

@@ -23,7 +23,8 @@ pub enum Query {
 impl Query {
     /// An explain target: `0x` and hexadecimal digits is an address; anything else an owner
     /// path. A target that starts like an address but is not one is an error, never an
-    /// owner path: no owner path starts with `0x`, so it could only match nothing.
+    /// owner path: no owner path starts with `0x`, so it could only match nothing; so is
+    /// an owner path the grammar refuses (`model..x`, `model.layers[0`).
     pub fn parse(s: &str) -> Result<Query, QueryError> {
         let t = s.trim();
         if t.is_empty() {
@@ -39,7 +40,15 @@ impl Query {
             )));
         }
         let Some(hex) = t.strip_prefix("0x") else {
-            return Ok(Query::Owner(s.to_string()));
+            // A malformed owner path could only match nothing: it is the caller's mistake.
+            return match crate::document::owner_path::OwnerPath::parse(s) {
+                Ok(_) => Ok(Query::Owner(s.to_string())),
+                Err(e) => Err(QueryError::OwnerPath {
+                    target: s.to_string(),
+                    at: e.at,
+                    why: e.why,
+                }),
+            };
         };
         if hex.is_empty() {
             return Err(bad("no hexadecimal digits follow `0x`".into()));
@@ -76,6 +85,12 @@ pub enum QueryError {
     Empty,
     #[error("`{target}` is not an address: {why}")]
     Address { target: String, why: String },
+    #[error("`{target}` is not an owner path: {why} (at byte {at})")]
+    OwnerPath {
+        target: String,
+        at: usize,
+        why: &'static str,
+    },
     #[error("the kernel pattern is empty, which would match every node")]
     EmptyKernel,
 }

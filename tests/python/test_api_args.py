@@ -320,6 +320,29 @@ def test_runtime_state_as_a_string_is_an_error_not_its_letters(torch):
         gt.walk(torch.nn.Linear(2, 2), runtime_state="model.**")
 
 
+def test_writing_into_a_missing_folder_names_the_folder(torch, tmp_path):
+    # Regression: the error named the temporary file that could not be made there
+    # (`.graphcheck-5k8Xk2.tmp`), not the folder that does not exist.
+    import graphcheck.torch as gt
+
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(graphcheck.GraphcheckError) as e:
+        gt.Recorder(torch.nn.Linear(2, 2)).write(missing / "m.json")
+    assert str(e.value) == f"failed to write {missing / 'm.json'}: the folder {missing} does not exist"
+
+
+def test_a_malformed_runtime_state_glob_is_an_error_naming_it(torch):
+    # Regression: `[[` was accepted and matched nothing.
+    import graphcheck.torch as gt
+
+    for glob, why in (("[[", "at byte 0: a path starts with a root name"),
+                      ("model..x", "at byte 6: expected an attribute name after '.'")):
+        with pytest.raises(graphcheck.GraphcheckError) as e:
+            gt.walk(torch.nn.Linear(2, 2), runtime_state=["model.**", glob])
+        assert str(e.value) == f'runtime_state[1]: invalid owner path "{glob}" {why}'
+    gt.walk(torch.nn.Linear(2, 2), runtime_state=["model.layers[*].*", "**.weight"])
+
+
 def test_an_instrument_name_that_does_not_format_fails_at_once(torch):
     # Before, it failed at every capture, each time as a warning.
     import graphcheck.torch as gt

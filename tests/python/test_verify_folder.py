@@ -188,3 +188,15 @@ def test_a_list_of_pairs_is_checked_item_by_item():
     r = graphcheck.verify([(m1, l1)])
     assert (r.world_size, list(r.missing_ranks)) == (2, [0])
     assert all(f.rank == 1 for f in r.findings)
+
+
+def test_a_report_in_the_folder_is_skipped_with_a_warning(tmp_path):
+    # Regression: a report written into the run's folder made verify(folder) refuse it as
+    # a document; JSON without the header is skipped, with a UserWarning naming it.
+    for p in TP2.glob("*.json"):
+        shutil.copy(p, tmp_path / p.name)
+    want = graphcheck.verify(tmp_path)
+    (tmp_path / "report.json").write_text(want.json)
+    with pytest.warns(UserWarning, match=r"report\.json is not a graphcheck document"):
+        r = graphcheck.verify(tmp_path)
+    assert r.json == want.json
