@@ -110,10 +110,17 @@ def test_allowlist_errors():
             MARLIN / "manifest.json",
             allow=[{"path": "x", "reason": "r"}, {"path": "y", "kinds": ["nope"], "reason": "r"}],
         )
-    # A string with TOML's quoting characters is data, not syntax.
+    # A string with TOML's quoting characters is data, not syntax: judged as an owner path
+    # (this one is none), never parsed as TOML.
     tricky = 'model."x"\n[[allow]]'
-    report = graphcheck.verify(MARLIN / "manifest.json", allow=[{"path": tricky, "reason": "r"}])
-    assert any(f.subject == tricky for f in report.findings), report.findings
+    with pytest.raises(graphcheck.GraphcheckError, match=r"allow\[0\]\.path: invalid owner path") as e:
+        graphcheck.verify(MARLIN / "manifest.json", allow=[{"path": tricky, "reason": "r"}])
+    assert "TOML" not in str(e.value)
+    # A valid key hop holding those characters is data all through: an entry that allows
+    # nothing, named by its glob.
+    keyed = 'model["x\\"\n[[allow]]"]'
+    report = graphcheck.verify(MARLIN / "manifest.json", allow=[{"path": keyed, "reason": "r"}])
+    assert any(f.subject == keyed for f in report.findings), report.findings
 
 
 def test_schema_is_the_committed_one():
