@@ -440,9 +440,10 @@ def walk(
     runtime_state: Iterable[str] = (),
 ) -> Registry:
     """The owner registry of ``model`` (an ``nn.Module``, or any object) under the root
-    name ``root``. Owners whose path matches a ``runtime_state`` glob (``*`` within one
-    hop, ``**`` across) get the registration ``runtime_state``: a list of globs (a single
-    string is an error, not a list of its letters)."""
+    name ``root``. Owners whose path matches a ``runtime_state`` glob (``*`` any run but
+    ``.``, ``**`` across hops: the allowlist's rule) get the registration
+    ``runtime_state``: a list of globs (a single string is an error, not a list of its
+    letters)."""
     return walk_roots(
         [(_args.text("root", root), model)], max_depth=max_depth, runtime_state=runtime_state
     )
