@@ -427,6 +427,36 @@ fn two_dashes_are_a_usage_error() {
     }
 }
 
+/// Regression: `--allow -` failed with "failed to read allowlist - … No such file", and
+/// `convert - --output /dev/stdin` named the output as "the document /dev/stdin" where
+/// verify says "standard input".
+#[test]
+fn standard_input_is_named_so_and_is_no_allowlist() {
+    let out = graphcheck()
+        .args(["verify", MANIFEST, "--allow", "-"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("standard input (`-`) is for documents only"),
+        "{err}"
+    );
+    let document = std::fs::File::open(root().join(MANIFEST)).unwrap();
+    let out = graphcheck()
+        .args(["convert", "-", "--output", "/dev/stdin"])
+        .stdin(document)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("the document read from standard input"),
+        "{err}"
+    );
+}
+
 /// Regression: a malformed address or owner path was taken as an owner path ("no such
 /// owner path", exit 1), an empty target listed unrelated paths, and `--kernel ''` matched
 /// every node.

@@ -30,7 +30,7 @@ Exit codes:
      show, schema, convert: printed
   1  verify: findings; diff: the documents differ; explain: nothing matched
   2  bad input or usage: an unreadable or invalid document or allowlist, a bad flag or
-     explain target, an --output that is one of the inputs";
+     explain target, two `-`, an --output that is a directory or one of the inputs";
 
 /// How a document path reads standard input.
 const STDIN: &str = "-";
@@ -72,6 +72,8 @@ enum Command {
         /// Fail (exit 1) on an allowlist entry that allowed nothing, instead of warning.
         #[arg(long)]
         deny_unused_allow: bool,
+        /// How the report is printed: a table for people, JSON for tools, Markdown for a
+        /// pull request or CI summary.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
         /// Write the report to FILE instead of stdout: a regular file is replaced
@@ -123,6 +125,8 @@ enum Command {
         a: PathBuf,
         /// The second document, compared against the first (`-`: standard input).
         b: PathBuf,
+        /// How the report is printed: a table for people, JSON for tools, Markdown for a
+        /// pull request or CI summary.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
@@ -147,6 +151,18 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+}
+
+/// An output refused for being standard input, named so (`the document read from standard
+/// input`), not by the device path it was compared as.
+fn stdin_named(
+    mut e: graphcheck::document::write::OutputIsInput,
+) -> graphcheck::document::write::OutputIsInput {
+    if e.input == Path::new(STDIN_FILE) {
+        e.role.push_str(" read from");
+        e.input = PathBuf::from("standard input");
+    }
+    e
 }
 
 /// A format version this build writes.
@@ -377,15 +393,12 @@ fn run(cli: Cli) -> Result<i32> {
                             Err(e)
                         }
                     })
-                    .map_err(|mut e| {
-                        if e.input == Path::new(STDIN_FILE) {
-                            e.role.push_str(" read from");
-                            e.input = PathBuf::from("standard input");
-                        }
-                        e
-                    })?;
+                    .map_err(stdin_named)?;
             }
             let allow = match &allow {
+                Some(p) if p == Path::new(STDIN) => bail!(
+                    "--allow - : an allowlist is read from a file; standard input (`-`) is for documents only"
+                ),
                 Some(p) => Allowlist::load(p)?,
                 None => Allowlist::default(),
             }
@@ -475,7 +488,7 @@ fn run(cli: Cli) -> Result<i32> {
             output,
         } => {
             if let Some(out) = &output {
-                refuse_inputs(out, &[("document", input_file(&document))])?;
+                refuse_inputs(out, &[("document", input_file(&document))]).map_err(stdin_named)?;
             }
             let [d] = sources([&document])?;
             let bytes = ops::convert(&d, format_version)?;

@@ -43,6 +43,8 @@ def _source(doc: Document, name: str = "document") -> Union[str, bytes, "os.Path
     if isinstance(doc, Mapping):
         return _args.to_json(name, doc)
     if isinstance(doc, (str, bytes)) or hasattr(doc, "__fspath__"):
+        if isinstance(doc, (str, bytes)) and not doc.strip():
+            raise GraphcheckError(f"{name}: an empty string is neither a path nor a document")
         return doc
     raise GraphcheckError(
         f"{name}: expected a document (path, JSON text or dict), got {_args.show(doc)}"

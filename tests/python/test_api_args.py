@@ -428,3 +428,10 @@ def test_a_value_that_is_no_document_is_named_by_its_parameter():
     for name, call in calls:
         with pytest.raises(graphcheck.GraphcheckError, match=rf"^{name}: expected a document"):
             call()
+
+
+def test_an_empty_path_says_so():
+    # Regression: verify("") said "failed to read : No such file or directory".
+    for empty in ("", b"", "  "):
+        with pytest.raises(graphcheck.GraphcheckError, match="manifest: an empty string is neither"):
+            graphcheck.verify(empty)
