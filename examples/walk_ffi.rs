@@ -208,3 +208,49 @@ pub unsafe extern "C" fn graphcheck_phases(graph: u64, reps: u32, out: *mut f64)
         }
     }
 }
+
+/// Nanoseconds per `cuMemGetAddressRange` of `addr`, over `n` calls (a current context
+/// needed), for `benches/pointer_probe.py`. Returns a negative number where the driver could
+/// not be loaded.
+#[allow(unsafe_code)]
+#[unsafe(no_mangle)]
+pub extern "C" fn graphcheck_time_range(addr: u64, n: u32) -> f64 {
+    if graphcheck::cuda::walk::driver_version().is_err() {
+        return -1.0;
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(graphcheck::cuda::driver::address_range(
+            std::hint::black_box(addr),
+        ));
+    }
+    t.elapsed().as_nanos() as f64 / n.max(1) as f64
+}
+
+/// Nanoseconds per `is_known_pointer` (`cuPointerGetAttributes`) of `addr`, over `n` calls.
+#[allow(unsafe_code)]
+#[unsafe(no_mangle)]
+pub extern "C" fn graphcheck_time_known(addr: u64, n: u32) -> f64 {
+    if graphcheck::cuda::walk::driver_version().is_err() {
+        return -1.0;
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(graphcheck::cuda::driver::is_known_pointer(
+            std::hint::black_box(addr),
+        ));
+    }
+    t.elapsed().as_nanos() as f64 / n.max(1) as f64
+}
+
+/// 1 where `cuMemGetAddressRange` finds `addr`, plus 2 where `is_known_pointer` says known
+/// (`benches/pointer_probe.py` checks that 1 never comes without 2).
+#[allow(unsafe_code)]
+#[unsafe(no_mangle)]
+pub extern "C" fn graphcheck_probe(addr: u64) -> i32 {
+    if graphcheck::cuda::walk::driver_version().is_err() {
+        return -1;
+    }
+    i32::from(graphcheck::cuda::driver::address_range(addr).is_some())
+        | (i32::from(graphcheck::cuda::driver::is_known_pointer(addr)) << 1)
+}

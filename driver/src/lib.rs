@@ -38,6 +38,8 @@ pub use graph::{
     can_read_conditional_bodies, disable_event_tracking,
 };
 
+use std::ffi::c_void;
+
 use cudarc::driver::{result, sys};
 
 /// The oldest driver with `cuFuncGetParamInfo` (12.4).
@@ -81,6 +83,26 @@ pub fn address_range(addr: u64) -> Option<(u64, u64)> {
     // SAFETY: writes two integers; any address may be asked about.
     let ok = unsafe { raw::cuMemGetAddressRange_v2(&mut base, &mut size, addr) }.is_success();
     (ok && size > 0).then_some((base, size as u64))
+}
+
+/// Whether the driver knows `addr` as memory of its own at all (device, pinned host,
+/// managed): `cuPointerGetAttributes` answers an address it does not know with zeros and
+/// success, where `cuMemGetAddressRange` fails through the driver's error path (1.3 µs
+/// against 80 ns for an address it knows, on the H200 with driver 580). A cheap first
+/// question before asking for the range: every address [`address_range`] finds is one
+/// this says is known. Needs a current context.
+pub fn is_known_pointer(addr: u64) -> bool {
+    use cudarc::driver::sys::CUpointer_attribute as A;
+    let mut kind: u32 = 0;
+    let attributes = [A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE as u32];
+    let mut data = [(&mut kind as *mut u32).cast::<c_void>()];
+    // SAFETY: one attribute, MEMORY_TYPE, whose value is a 4-byte CUmemorytype written as
+    // the integer it is into `kind`; any address may be asked about.
+    let ok =
+        unsafe { raw::cuPointerGetAttributes(1, attributes.as_ptr(), data.as_mut_ptr(), addr) }
+            .is_success();
+    // A failed call says nothing: ask for the range as before.
+    !ok || kind != 0
 }
 
 /// Whether the device memory `[addr, addr + size)` is mapped now, each byte in a driver

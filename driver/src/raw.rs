@@ -135,6 +135,8 @@ calls! {
     fn cuMemGetAddressRange_v2(base: *mut sys::CUdeviceptr, size: *mut usize, dptr: sys::CUdeviceptr);
     /// `cuPointerGetAttribute`.
     fn cuPointerGetAttribute(data: *mut c_void, attribute: sys::CUpointer_attribute, ptr: sys::CUdeviceptr);
+    /// `cuPointerGetAttributes`, the attributes passed as the 4-byte integers they are.
+    fn cuPointerGetAttributes(count: c_uint, attributes: *const u32, data: *mut *mut c_void, ptr: sys::CUdeviceptr);
 
     // Building graphs (the tests').
     /// `cuGraphCreate`.

@@ -68,6 +68,10 @@ struct RangeCache {
     /// Recent misses, direct-mapped: parameter structs repeat the same non-address words
     /// (packed sizes and strides) in node after node, and a lookup here costs a few ns.
     recent_misses: Box<[u64; 1024]>,
+    /// Recent hits by 2 MiB granule, direct-mapped: (granule, base, size). A kernel's
+    /// words alternate between a few allocations (a weight's, the graph pool's), which
+    /// `last` alone misses and the binary search over every range answers slowly.
+    recent_hits: Box<[(u64, u64, u64); 256]>,
     misses: FxHashSet<u64>,
     lookups: usize,
 }
@@ -78,6 +82,7 @@ impl Default for RangeCache {
             last: (0, 0),
             ranges: Vec::new(),
             recent_misses: Box::new([0; 1024]),
+            recent_hits: Box::new([(u64::MAX, 0, 0); 256]),
             misses: FxHashSet::default(),
             lookups: 0,
         }
@@ -114,6 +119,18 @@ impl RangeCache {
         (v.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize
     }
 
+    fn hit_slot(granule: u64) -> usize {
+        (granule.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize
+    }
+
+    /// `v` is in the range `(b, s)`: the last hit, and its granule's.
+    fn hit(&mut self, v: u64, b: u64, s: u64) -> Option<(u64, u64)> {
+        self.last = (b, s);
+        let g = v >> 21;
+        self.recent_hits[Self::hit_slot(g)] = (g, b, s);
+        Some((b, s))
+    }
+
     /// The allocation holding `v`: the common answers (not an address, the range of the
     /// last hit, a recent miss) inline, the rest out of line.
     #[inline(always)]
@@ -124,6 +141,12 @@ impl RangeCache {
         }
         if v.wrapping_sub(self.last.0) < self.last.1 {
             return Some(self.last);
+        }
+        let g = v >> 21;
+        let (hg, b, s) = self.recent_hits[Self::hit_slot(g)];
+        if hg == g && v.wrapping_sub(b) < s {
+            self.last = (b, s);
+            return Some((b, s));
         }
         let slot = Self::slot(v);
         if self.recent_misses[slot] == v {
@@ -138,8 +161,7 @@ impl RangeCache {
         if i > 0 {
             let (b, s) = self.ranges[i - 1];
             if v - b < s {
-                self.last = (b, s);
-                return Some((b, s));
+                return self.hit(v, b, s);
             }
         }
         if self.misses.contains(&v) {
@@ -147,14 +169,20 @@ impl RangeCache {
             return None;
         }
         self.lookups += 1;
-        match driver::address_range(v) {
+        // An address the driver does not know at all is answered without the range call,
+        // whose failure takes the driver's slow error path (0.7 to 1.3 µs against 0.1).
+        let range = if driver::is_known_pointer(v) {
+            driver::address_range(v)
+        } else {
+            None
+        };
+        match range {
             Some((b, s)) => {
                 let at = self.ranges.partition_point(|&(x, _)| x < b);
                 if self.ranges.get(at).map(|r| r.0) != Some(b) {
                     self.ranges.insert(at, (b, s));
                 }
-                self.last = (b, s);
-                Some((b, s))
+                self.hit(v, b, s)
             }
             None => {
                 self.misses.insert(v);
@@ -598,6 +626,25 @@ mod tests {
             c.lookup(0x7f00_0000_0100),
             Some((0x7f00_0000_0000, 0x20_0000))
         );
+        assert_eq!(c.lookups, 0);
+    }
+
+    #[test]
+    fn words_alternating_between_allocations_hit_their_granules() {
+        // A weight's allocation and the graph pool's, as a GEMM's words alternate: once
+        // each is found, either answers from its granule though `last` is the other's.
+        let (w, pool) = ((0x7f00_0000_0000, 0x80_0000), (0x7f10_0000_0000, 0x20_0000));
+        let mut c = RangeCache {
+            ranges: vec![w, pool],
+            ..RangeCache::default()
+        };
+        for _ in 0..3 {
+            assert_eq!(c.lookup(w.0 + 0x40), Some(w));
+            assert_eq!(c.lookup(pool.0 + 0x100), Some(pool));
+        }
+        c.ranges.clear(); // answered without the sorted ranges from here on
+        assert_eq!(c.lookup(w.0 + 0x80), Some(w));
+        assert_eq!(c.lookup(pool.0 + 0x180), Some(pool));
         assert_eq!(c.lookups, 0);
     }
 }
