@@ -41,14 +41,23 @@ fn every_address_in_an_allocation_is_a_known_pointer() {
         for a in [base, base + 1, base + n / 2, base + n - 1] {
             if address_range(a).is_some() {
                 found += 1;
-                assert!(is_known_pointer(a), "{a:#x} is in an allocation but not known");
+                assert!(
+                    is_known_pointer(a),
+                    "{a:#x} is in an allocation but not known"
+                );
             }
         }
     }
     // The device and stream-ordered spans at least are the driver's allocations.
     assert!(found >= 20, "only {found} addresses found in an allocation");
     // Words kernels hold that are no address: unknown, and in no allocation.
-    for w in [0x3400_0000u64, 0x10_0000_0010, 0x80_0004_6522, 0xfff_0000_03ff, 0x3f80_0000] {
+    for w in [
+        0x3400_0000u64,
+        0x10_0000_0010,
+        0x80_0004_6522,
+        0xfff_0000_03ff,
+        0x3f80_0000,
+    ] {
         assert!(address_range(w).is_none(), "{w:#x}");
         assert!(!is_known_pointer(w), "{w:#x} is known but in no allocation");
     }
