@@ -4,23 +4,24 @@
 //! With `GRAPHCHECK_GPU_OUT=DIR` they also write the manifests they build there (the
 //! fixtures under `fixtures/gpu/` were recorded so). Graphs, events and pinned buffers are
 //! made through the driver layer's safe owners (`graphcheck_driver::owned`); the unsafe
-//! left is what the workspace's lint list names: the kernels' by-value struct, the
-//! launches, and the copies a captured graph makes to and from pinned host memory.
+//! left is what the workspace's lint list names: the kernels' by-value struct and the
+//! launches (`gpu_kernels/`), and the copies a captured graph makes to and from pinned
+//! host memory.
 #![cfg(feature = "cuda")]
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg, result, sys,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, result, sys};
 use graphcheck::check::allow::Allowlist;
 use graphcheck::cuda::capture::{NamedAllocation, capture, manifest_of};
 use graphcheck::cuda::driver::DriverError;
 use graphcheck::cuda::driver::owned::{self, OwnedGraph, StreamAllocation};
 use graphcheck::cuda::{CudaError, GraphRef, walk_graph};
 use graphcheck::document::format::{Addr, Manifest, NodeKind, TensorId};
+
+mod gpu_kernels;
+use gpu_kernels::{Pair, launch_add_pair, launch_gather, launch_scale, ptr};
 
 const KERNELS: &str = r#"
 struct Pair { float* a; float* b; };
@@ -79,95 +80,6 @@ fn gpu() -> Gpu {
         module,
         _serial: serial,
     }
-}
-
-fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
-    let (p, _sync) = s.device_ptr(stream);
-    p
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Pair {
-    a: u64,
-    b: u64,
-}
-// SAFETY: two device pointers, laid out as the kernel's `struct Pair`.
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for Pair {}
-
-// The launches: cudarc's launch API is unsafe because the arguments must match the
-// kernel's parameters. Each helper passes exactly the kernel's signature; the addresses
-// are the callers' device buffers of the sizes given (every caller allocates them itself).
-
-/// `scale(float* out, const float* in, float k, int n)` over `n` floats.
-#[allow(unsafe_code)]
-fn launch_scale(
-    s: &CudaStream,
-    f: &CudaFunction,
-    out: u64,
-    input: u64,
-    k: f32,
-    n: usize,
-) -> Result<(), DriverError> {
-    let ni = n as i32;
-    // SAFETY: arguments match `scale`; both buffers hold `n` floats.
-    unsafe {
-        s.launch_builder(f)
-            .arg(&out)
-            .arg(&input)
-            .arg(&k)
-            .arg(&ni)
-            .launch(LaunchConfig::for_num_elems(n as u32))
-    }?;
-    Ok(())
-}
-
-/// `add_pair(Pair p, float* out, int n)` over `n` floats.
-#[allow(unsafe_code)]
-fn launch_add_pair(
-    s: &CudaStream,
-    f: &CudaFunction,
-    pair: Pair,
-    out: u64,
-    n: usize,
-) -> Result<(), DriverError> {
-    let ni = n as i32;
-    // SAFETY: arguments match `add_pair`; the pair's buffers and `out` hold `n` floats.
-    unsafe {
-        s.launch_builder(f)
-            .arg(&pair)
-            .arg(&out)
-            .arg(&ni)
-            .launch(LaunchConfig::for_num_elems(n as u32))
-    }?;
-    Ok(())
-}
-
-/// `gather(float* const* ptrs, int count, float* out)` with one block of 32 threads.
-#[allow(unsafe_code)]
-fn launch_gather(
-    s: &CudaStream,
-    f: &CudaFunction,
-    table: u64,
-    count: i32,
-    out: u64,
-) -> Result<(), DriverError> {
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: arguments match `gather`; the table holds `count` pointers to device floats
-    // and `out` holds `count` floats.
-    unsafe {
-        s.launch_builder(f)
-            .arg(&table)
-            .arg(&count)
-            .arg(&out)
-            .launch(cfg)
-    }?;
-    Ok(())
 }
 
 fn save(name: &str, m: &Manifest) {
