@@ -529,6 +529,10 @@ fn convert_writes_either_version_and_both_read_the_same() {
     let (a, b, c) = (shown(&manifest), shown(&path(&v1)), shown(&path(&v2)));
     assert_eq!(a, c);
     assert_eq!(a.replace("manifest v2", "manifest v1"), b);
+    // The plain summary names the version too, as read (it said v1 of every document).
+    let summary = |p: &str| text(&graphcheck(&["show", p]).stdout);
+    assert!(summary(&manifest).starts_with("manifest v2 by "));
+    assert!(summary(&path(&v1)).starts_with("manifest v1 by "));
     let out = graphcheck(&["verify", &path(&v1), "--format", "json"]);
     let out2 = graphcheck(&["verify", &manifest, "--format", "json"]);
     assert_eq!(text(&out.stdout), text(&out2.stdout));

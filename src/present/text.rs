@@ -42,8 +42,9 @@ pub fn summary(d: &Document) -> String {
     let p = d.producer();
     let _ = writeln!(
         out,
-        "{} v1 by {} {}{}{}{}, rank {} of {}",
+        "{} v{} by {} {}{}{}{}, rank {} of {}",
         d.kind(),
+        d.format_version(),
         escape(&p.tool),
         escape(&p.tool_version),
         p.gpu

@@ -34,6 +34,13 @@ impl Document {
             Document::Live(l) => &l.pools,
         }
     }
+    /// The format version the document was read in (and is written in).
+    pub fn format_version(&self) -> u32 {
+        match self {
+            Document::Manifest(m) => m.format_version,
+            Document::Live(l) => l.format_version,
+        }
+    }
     pub fn producer(&self) -> &Producer {
         match self {
             Document::Manifest(m) => &m.producer,
