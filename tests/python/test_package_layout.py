@@ -56,3 +56,13 @@ def test_importing_the_package_does_not_import_torch():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_everything_the_package_exports_is_in_all():
+    # Regression: Allow, Allowed, DiffResult and Document, which the signatures use, were
+    # imported but left out of __all__ (``from graphcheck import *`` missed them).
+    import graphcheck
+
+    public = {n for n in vars(graphcheck) if not n.startswith("_") and n[0].isupper()}
+    missing = sorted(n for n in public if n not in graphcheck.__all__)
+    assert missing == [], missing
