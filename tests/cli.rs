@@ -348,9 +348,31 @@ fn bad_inputs_exit_2_naming_file_and_json_path() {
 #[test]
 fn readme_transcripts_are_what_graphcheck_prints() {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    // ```text blocks, at any indent (inside a list item too), their lines dedented by the
+    // fence's indent (one inside a list item was skipped, and its transcript cut short).
+    let mut blocks: Vec<String> = Vec::new();
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        if line.trim_start() != "```text" {
+            continue;
+        }
+        let indent = line.len() - line.trim_start().len();
+        let mut block = String::new();
+        for l in lines.by_ref() {
+            if l.trim_start() == "```" {
+                break;
+            }
+            block.push_str(
+                l.get(indent..)
+                    .filter(|_| l[..indent].trim().is_empty())
+                    .unwrap_or(l),
+            );
+            block.push('\n');
+        }
+        blocks.push(block);
+    }
     let mut ran = 0;
-    for block in readme.split("```text\n").skip(1) {
-        let block = block.split("```").next().unwrap();
+    for block in &blocks {
         let Some(command) = block
             .lines()
             .next()
@@ -365,7 +387,7 @@ fn readme_transcripts_are_what_graphcheck_prints() {
         assert_eq!(got, want, "README.md: `graphcheck {command}`");
         ran += 1;
     }
-    assert!(ran >= 1, "the README shows no transcript");
+    assert!(ran >= 2, "the README shows {ran} transcripts");
 }
 
 /// Every allowlist the README shows (```toml blocks) is one graphcheck reads.
