@@ -99,7 +99,7 @@ fn carriers<'l>(
             if !owner.registration.is_persistent() || mine.contains(&owner.path) {
                 continue;
             }
-            let Some(&lo) = lt.owner_by_path.get(owner.path.as_str()) else {
+            let Some(&lo) = lt.owner_by_path.get(&l.owners, owner.path.as_str()) else {
                 continue;
             };
             let now = &l.owners[lo];
@@ -138,7 +138,7 @@ fn carriers<'l>(
 /// Whether the tensor `path` held at capture is still held, by any persistent owner, with
 /// its view and storage.
 fn still_held(ctx: &Ctx<'_>, l: &Live, lt: &Tables, live_index: &AddressIndex, path: &str) -> bool {
-    let Some(&o) = ctx.mt.owner_by_path.get(path) else {
+    let Some(&o) = ctx.mt.owner_by_path.get(&ctx.m.owners, path) else {
         return false;
     };
     let was = ctx.mt.tensor(&ctx.m.tensors, ctx.m.owners[o].tensor);
@@ -181,7 +181,10 @@ pub(super) fn live_checks(
     let now: Vec<(usize, PathNow<'_>)> = p
         .iter()
         .map(|&o| {
-            let st = match lt.owner_by_path.get(ctx.m.owners[o].path.as_str()) {
+            let st = match lt
+                .owner_by_path
+                .get(&l.owners, ctx.m.owners[o].path.as_str())
+            {
                 None => PathNow::Gone,
                 Some(&lo) => {
                     let lten = lt.tensor(&l.tensors, l.owners[lo].tensor);
@@ -388,7 +391,7 @@ fn drifted_through(
     let mut moved = None;
     for &r in &through {
         let owner = &ctx.m.owners[r];
-        let Some(&lo) = lt.owner_by_path.get(owner.path.as_str()) else {
+        let Some(&lo) = lt.owner_by_path.get(&l.owners, owner.path.as_str()) else {
             continue;
         };
         let held = ctx.mt.tensor(&ctx.m.tensors, owner.tensor);

@@ -61,6 +61,102 @@ impl Invalid {
     }
 }
 
+/// Each tensor's owners (indices into `owners`, in document order), in one array: `[i]`
+/// is tensor `i`'s. One vector per tensor was a hundred thousand allocations at scale.
+#[derive(Debug, Default, Clone)]
+pub struct OwnersOf {
+    /// Tensor `i`'s owners are `items[starts[i]..starts[i + 1]]`.
+    starts: Vec<usize>,
+    items: Vec<usize>,
+}
+
+impl OwnersOf {
+    /// From the tensor index of each owner, in owner order.
+    fn new(tensors: usize, of_owner: &[usize]) -> OwnersOf {
+        let mut starts = vec![0usize; tensors + 1];
+        for &t in of_owner {
+            starts[t + 1] += 1;
+        }
+        for i in 0..tensors {
+            starts[i + 1] += starts[i];
+        }
+        let mut next = starts.clone();
+        let mut items = vec![0usize; of_owner.len()];
+        for (o, &t) in of_owner.iter().enumerate() {
+            items[next[t]] = o;
+            next[t] += 1;
+        }
+        OwnersOf { starts, items }
+    }
+}
+
+impl std::ops::Index<usize> for OwnersOf {
+    type Output = [usize];
+    fn index(&self, tensor: usize) -> &[usize] {
+        &self.items[self.starts[tensor]..self.starts[tensor + 1]]
+    }
+}
+
+/// Owner index by path, without a copy of each path: by the path's hash, the path itself
+/// compared in the owners (paths whose hash another path already has, which 64 bits make
+/// rare, are kept by their text).
+#[derive(Debug, Default, Clone)]
+pub struct PathIndex {
+    by_hash: FxHashMap<u64, usize>,
+    clashes: FxHashMap<String, usize>,
+}
+
+impl PathIndex {
+    fn with_capacity(n: usize) -> PathIndex {
+        PathIndex {
+            by_hash: FxHashMap::with_capacity_and_hasher(n, Default::default()),
+            clashes: FxHashMap::default(),
+        }
+    }
+
+    fn hash(path: &str) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        path.hash(&mut h);
+        h.finish()
+    }
+
+    /// Indexes `owners[i]`; the position of an earlier owner with the same path, if any
+    /// (then nothing changes).
+    fn insert(&mut self, owners: &[Owner], i: usize) -> Option<usize> {
+        let path = owners[i].path.as_str();
+        match self.by_hash.entry(Self::hash(path)) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(i);
+                None
+            }
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let j = *e.get();
+                if owners[j].path.as_str() == path {
+                    return Some(j);
+                }
+                match self.clashes.entry(path.to_string()) {
+                    std::collections::hash_map::Entry::Occupied(c) => Some(*c.get()),
+                    std::collections::hash_map::Entry::Vacant(c) => {
+                        c.insert(i);
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// The position in `owners` (the records this index was built over) of the owner with
+    /// this path.
+    pub fn get(&self, owners: &[Owner], path: &str) -> Option<&usize> {
+        match self.by_hash.get(&Self::hash(path)) {
+            Some(i) if owners[*i].path.as_str() == path => Some(i),
+            Some(_) => self.clashes.get(path),
+            None => None,
+        }
+    }
+}
+
 /// Lookups over the records both documents share, built while checking them.
 #[derive(Debug, Default, Clone)]
 pub struct Tables {
@@ -68,9 +164,9 @@ pub struct Tables {
     pub alloc_ix: IdIndex<AllocationId>,
     pub tensor_ix: IdIndex<TensorId>,
     /// Owners of each tensor, by the tensor's index: indices into `owners`.
-    pub owners_of: Vec<Vec<usize>>,
+    pub owners_of: OwnersOf,
     /// Owner index by path.
-    pub owner_by_path: FxHashMap<String, usize>,
+    pub owner_by_path: PathIndex,
 }
 
 impl Tables {
@@ -85,7 +181,7 @@ impl Tables {
             pool_ix: IdIndex::with_capacity(pools.len()),
             alloc_ix: IdIndex::with_capacity(allocations.len()),
             tensor_ix: IdIndex::with_capacity(tensors.len()),
-            owner_by_path: FxHashMap::with_capacity_and_hasher(owners.len(), Default::default()),
+            owner_by_path: PathIndex::with_capacity(owners.len()),
             ..Tables::default()
         };
         for (i, p) in pools.iter().enumerate() {
@@ -178,7 +274,7 @@ impl Tables {
             }
             pool_ref(&t, x.pool, &|| format!("tensors[{i}].pool"))?;
         }
-        t.owners_of = vec![Vec::new(); tensors.len()];
+        let mut of_owner = Vec::with_capacity(owners.len());
         for (i, o) in owners.iter().enumerate() {
             let Some(ti) = t.tensor_ix.get(&o.tensor) else {
                 return Err(Invalid::at(
@@ -186,7 +282,7 @@ impl Tables {
                     format!("no tensor has id {}", o.tensor.0),
                 ));
             };
-            if let Some(prev) = t.owner_by_path.insert(o.path.to_string(), i) {
+            if let Some(prev) = t.owner_by_path.insert(owners, i) {
                 return Err(Invalid::at(
                     format!("owners[{i}].path"),
                     format!(
@@ -195,8 +291,9 @@ impl Tables {
                     ),
                 ));
             }
-            t.owners_of[ti].push(i);
+            of_owner.push(ti);
         }
+        t.owners_of = OwnersOf::new(tensors.len(), &of_owner);
         Ok(t)
     }
 
@@ -411,4 +508,55 @@ fn check_ranges(ranges: &[RangeDigest]) -> Result<(), Invalid> {
 /// Whether `addr` lies in `[base, base + size)`.
 pub fn in_range(addr: Addr, base: Addr, size: u64) -> bool {
     base <= addr && addr.0 - base.0 < size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::document::format::{Registration, TensorId};
+    use crate::document::owner_path::OwnerPath;
+
+    fn owner(path: &str) -> Owner {
+        Owner {
+            path: OwnerPath::parse(path).unwrap(),
+            tensor: TensorId(0),
+            registration: Registration::Parameter,
+            holder: None,
+        }
+    }
+
+    #[test]
+    fn owners_of_lists_each_tensors_owners_in_document_order() {
+        let o = OwnersOf::new(4, &[2, 0, 2, 3, 2]);
+        assert_eq!(&o[0], &[1]);
+        assert!(o[1].is_empty());
+        assert_eq!(&o[2], &[0, 2, 4]);
+        assert_eq!(&o[3], &[3]);
+    }
+
+    #[test]
+    fn path_index_finds_each_path_and_its_duplicate_even_where_hashes_clash() {
+        let owners = [
+            owner("model.a"),
+            owner("model.b"),
+            owner("model.b"),
+            owner("model.c"),
+        ];
+        let mut ix = PathIndex::with_capacity(4);
+        assert_eq!(ix.insert(&owners, 0), None);
+        // As if model.b's hash were model.a's: model.b goes to the clashes, by its text.
+        ix.by_hash.insert(PathIndex::hash("model.b"), 0);
+        assert_eq!(ix.insert(&owners, 1), None);
+        assert_eq!(ix.clashes.get("model.b"), Some(&1));
+        assert_eq!(
+            ix.insert(&owners, 2),
+            Some(1),
+            "a path given twice is found"
+        );
+        assert_eq!(ix.insert(&owners, 3), None);
+        assert_eq!(ix.get(&owners, "model.a"), Some(&0));
+        assert_eq!(ix.get(&owners, "model.b"), Some(&1));
+        assert_eq!(ix.get(&owners, "model.c"), Some(&3));
+        assert_eq!(ix.get(&owners, "model.d"), None);
+    }
 }
