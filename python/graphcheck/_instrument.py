@@ -455,7 +455,14 @@ class Instrumentation:
                 self._writer = threading.Thread(
                     target=self._write_loop, name="graphcheck-writer", daemon=True
                 )
-                self._writer.start()
+                try:
+                    self._writer.start()
+                except BaseException:
+                    # No thread to wait for (a process out of threads): flush writes it,
+                    # and the next capture tries a thread again.
+                    self._writer = None
+                    self._unwritten = max(self._unwritten, 1)
+                    raise
             self._cv.notify_all()
 
     def _write_loop(self) -> None:

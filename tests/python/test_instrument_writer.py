@@ -6,6 +6,8 @@ import json
 import threading
 import time
 
+import pytest
+
 import graphcheck
 import graphcheck.torch as gt
 from graphcheck import _native
@@ -99,3 +101,23 @@ def test_walks_that_explain_nothing_wait_longer_and_flush_catches_up(torch, fake
     assert ins.recorder.walks == 5
     owners = {o["path"] for o in graphcheck.load(ins.path)["owners"]}
     assert "model.late" in owners, owners
+
+
+def test_a_writer_thread_that_cannot_start_leaves_the_capture_to_flush(torch, fake, tmp_path, monkeypatch):
+    """Regression: where the writer thread could not start (no thread left to the process),
+    flush() waited 120 s for it and then wrote nothing, the capture counted as written."""
+    model = make_model(torch)
+    ins = gt.instrument(tmp_path, model=model)
+
+    def cannot_start(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    with pytest.warns(RuntimeWarning, match="the manifest was not written .*can't start new thread"):
+        capture(torch, model)
+    monkeypatch.undo()
+    t0 = time.perf_counter()
+    written = ins.flush()
+    assert time.perf_counter() - t0 < 5, "flush waited for a writer thread that never ran"
+    assert written == ins.path
+    assert len(graphcheck.load(ins.path)["graphs"]) == 1
