@@ -125,7 +125,21 @@ def _storages(name: str, value: Any) -> frozenset:
     while todo:
         v = todo.pop()
         if isinstance(v, torch.Tensor):
-            out.add((_registry._device_name(v), v.untyped_storage().data_ptr()))
+            # A wrapper subclass (a DTensor) has no storage of its own: its inner tensors
+            # are what the walk digests, and what the update wrote.
+            if type(v) not in (torch.Tensor, torch.nn.Parameter) and hasattr(
+                type(v), "__tensor_flatten__"
+            ):
+                try:
+                    names, _ = v.__tensor_flatten__()
+                    todo.extend(getattr(v, n) for n in names)
+                    continue
+                except Exception:  # noqa: BLE001 - read as a tensor below
+                    pass
+            try:
+                out.add((_registry._device_name(v), v.untyped_storage().data_ptr()))
+            except (RuntimeError, NotImplementedError):
+                pass  # no storage (sparse, meta): nothing the walk digests either
         elif isinstance(v, torch.nn.Module):
             todo.extend(v.parameters())
             todo.extend(v.buffers())

@@ -721,3 +721,24 @@ def test_a_directory_that_is_a_file_fails_at_instrument_not_at_the_first_write(t
         gt.instrument(f)
     assert gt.instrumented() == []
     assert f.read_text() == "the user's"
+
+
+def test_written_takes_a_model_with_tensors_of_no_storage_of_their_own(torch, fake):
+    # Regression: mark_transition(written=model) raised into the engine (NotImplementedError,
+    # RuntimeError) where the model held a sparse buffer or a wrapper tensor subclass (a
+    # DTensor); the wrapper's inner tensors are what the walk digests and the update wrote.
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    model = make_model(torch)
+    model.register_buffer("mask", torch.eye(3).to_sparse())
+    model.pair = torch.nn.Parameter(TwoTensor(torch.randn(4), torch.randn(4)))
+    ins = gt.instrument(None, model=model, verify_on_replay="raise", digests=True)
+    WALKS.next = walked(kernel(0, "k", model.proj.weight, model.pair.a, model.pair.b))
+    g = torch.cuda.CUDAGraph()
+    with fake_torch_graph(torch, g):
+        pass
+    with torch.no_grad():
+        model.pair.copy_(TwoTensor(torch.randn(4), torch.randn(4)))  # new weights, in place
+    gt.mark_transition("reload_weights()", "updated", written=model)
+    g.replay()  # what the update wrote is not stale
+    assert replays(g) == 1 and ins.errors == []
