@@ -220,6 +220,10 @@ def _on_capture(cuda_graph) -> None:
 #: captures is built and written once, at its end.
 WRITE_QUIET_S = 0.2
 
+#: How long :meth:`Instrumentation.flush` (at exit too) waits for the writer thread
+#: (seconds); a writer stuck past it (a hung file system) is reported and left behind.
+FLUSH_WAIT_S = 120.0
+
 
 def _built(frozen: list) -> str:
     """The manifest of ``frozen`` ([captures, manifest or Frozen, epoch]) as JSON text,
@@ -498,13 +502,17 @@ class Instrumentation:
                 self._done = max(self._done, asked if frozen is None else frozen[0])
                 self._cv.notify_all()
 
-    def _wait_for_writer(self, timeout: float = 120.0) -> None:
-        """Has the writer thread write what it was asked to now, and waits until it did."""
+    def _wait_for_writer(self, timeout: Optional[float] = None) -> bool:
+        """Has the writer thread write what it was asked to now, and waits until it did
+        (at most ``timeout``, default :data:`FLUSH_WAIT_S`); returns whether it did."""
         with self._cv:
             self._urgent = True
             self._cv.notify_all()
             try:
-                self._cv.wait_for(lambda: self._done >= self._want or self._writer is None, timeout)
+                return self._cv.wait_for(
+                    lambda: self._done >= self._want or self._writer is None,
+                    FLUSH_WAIT_S if timeout is None else timeout,
+                )
             finally:
                 self._urgent = False
 
@@ -531,7 +539,12 @@ class Instrumentation:
         the instrumentation stops."""
         if os.getpid() != self._pid:
             return None
-        self._wait_for_writer()
+        if not self._wait_for_writer():
+            self._failed(
+                GraphcheckError(f"the writer thread did not finish in {FLUSH_WAIT_S:g} s"),
+                f"the manifest of the latest captures may not be written: the writer thread "
+                f"was still busy after {FLUSH_WAIT_S:g} s (a stalled file system?)",
+            )
         with _LOCK:
             # Addresses the recorder's walks left waiting (Recorder.catch_up): walked for
             # now, and the manifest built again with what that walk found.

@@ -121,3 +121,22 @@ def test_a_writer_thread_that_cannot_start_leaves_the_capture_to_flush(torch, fa
     assert time.perf_counter() - t0 < 5, "flush waited for a writer thread that never ran"
     assert written == ins.path
     assert len(graphcheck.load(ins.path)["graphs"]) == 1
+
+
+def test_a_stuck_writer_is_reported_not_waited_for_silently(torch, fake, tmp_path, monkeypatch):
+    """Regression: flush() (at exit too) gave up on a writer stuck in its write (a stalled
+    file system) after 120 s without a word: the manifest was missing and nothing said so."""
+    from graphcheck import _instrument
+
+    model = make_model(torch)
+    release = threading.Event()
+    real = _native.write_atomic
+    monkeypatch.setattr(_native, "write_atomic", lambda path, data: release.wait() and real(path, data))
+    monkeypatch.setattr(_instrument, "FLUSH_WAIT_S", 0.5)
+    ins = gt.instrument(tmp_path, model=model)
+    capture(torch, model)
+    with pytest.warns(RuntimeWarning, match="not be written: the writer thread was still busy after 0.5 s"):
+        assert ins.flush() is None
+    assert [str(e) for e in ins.errors] == ["the writer thread did not finish in 0.5 s"]
+    release.set()
+    ins._wait_for_writer()
