@@ -33,7 +33,6 @@ one (seen on the H200 with torch 2.11), so the old graph's stale addresses are n
 from __future__ import annotations
 
 import threading
-import warnings
 from typing import Any, Optional
 
 from . import _args, _native, _registry
@@ -355,7 +354,11 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
         )
         if checker.on_findings == "raise":
             raise ReplayCheckError(message, report=report, graph=name, findings=found)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        # Shown, never raised, where the filters make warnings errors: asked to warn, the
+        # check must not read as a failure of its own (nor stop the graphs after this one).
+        from ._instrument import _warn
+
+        _warn(message)
     cuda_graph._graphcheck_epoch = at
 
 

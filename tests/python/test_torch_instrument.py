@@ -542,6 +542,24 @@ def test_warn_mode_warns_and_replays(torch, fake):
     assert replays(g) == 1
 
 
+def test_warn_mode_under_an_error_filter_shows_the_finding_as_a_finding(torch, fake):
+    # Regression: under -W error the finding's warning was raised, caught as a failure of
+    # the check ("the check before replay failed, replaying unchecked") and kept in errors.
+    import warnings
+
+    model = make_model(torch)
+    ins = gt.instrument(None, model=model, verify_on_replay="warn")
+    g = capture(torch, model)
+    rebind_weight(torch, model)
+    gt.mark_transition("reload_weights()", "updated")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("error")
+        g.replay()
+    assert replays(g) == 1 and ins.errors == []
+    assert len(shown) == 1, [str(w.message) for w in shown]
+    assert str(shown[0].message).startswith("graphcheck: graph 'capture0' reads memory that changed")
+
+
 def test_off_by_default_and_from_the_environment(torch, fake, monkeypatch):
     model = make_model(torch)
     ins = gt.instrument(None, model=model)
