@@ -121,8 +121,15 @@ def _storages(name: str, value: Any) -> frozenset:
     torch = _registry._torch()
     out = set()
     todo = [value]
+    # Modules and iterables entered, by id (kept, so that no id is reused meanwhile): a
+    # list that holds itself, or modules sharing a child, are read once.
+    entered: dict = {}
     while todo:
         v = todo.pop()
+        if not isinstance(v, torch.Tensor):
+            if id(v) in entered:
+                continue
+            entered[id(v)] = v
         if isinstance(v, torch.Tensor):
             # A wrapper subclass (a DTensor) has no storage of its own: its inner tensors
             # are what the walk digests, and what the update wrote.

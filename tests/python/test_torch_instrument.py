@@ -589,6 +589,17 @@ def test_off_by_default_and_from_the_environment(torch, fake, monkeypatch):
         gt.mark_transition("x", "gone")
 
 
+def test_written_that_holds_itself_is_read_once(torch, fake):
+    # Regression: mark_transition(written=) looped forever on a list that holds itself.
+    model = make_model(torch)
+    gt.instrument(None, model=model, verify_on_replay="raise")
+    written = [model.proj]
+    written.append(written)
+    before = _guard.epoch()
+    assert gt.mark_transition("reload_weights()", "updated", written=written) == before + 1
+    assert _guard.rewritten_since(before) == _guard._storages("written", model.proj)
+
+
 def test_load_state_dict_marks_a_transition_and_the_patch_goes_with_the_instrumentation(torch, fake):
     original = torch.nn.Module.load_state_dict
     model = make_model(torch)
