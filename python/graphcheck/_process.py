@@ -1,0 +1,63 @@
+"""What :func:`graphcheck.torch.instrument` needs of the process it runs in: a warning
+that never raises into the engine, this process's rank and world size, and
+``CUDAGraph(...)``'s arguments with ``keep_graph`` forced on."""
+
+from __future__ import annotations
+
+import os
+
+from ._registry import _torch
+
+
+def _warn(message: str) -> None:
+    """Warns with a ``RuntimeWarning`` that never raises: this runs inside the engine's
+    ``capture_end``. Where the filters turn the warning into an error (``-W error``,
+    pytest's ``filterwarnings = error``), it is shown instead, through
+    ``warnings.showwarning`` (which pytest records); the filters' ``ignore`` still holds."""
+    import sys
+    import warnings
+
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    except Exception:  # noqa: BLE001 - the warning as an error: never into the engine
+        try:
+            frame = sys._getframe(3)
+            where = (frame.f_code.co_filename, frame.f_lineno)
+        except ValueError:
+            where = (__file__, 0)
+        try:
+            warnings.showwarning(RuntimeWarning(message), RuntimeWarning, *where)
+        except Exception:  # noqa: BLE001 - nowhere to show it: it is in `errors`
+            pass
+
+
+def _rank_and_world() -> tuple:
+    """This process's rank and world size: torch.distributed where initialized, else the
+    launcher's environment (RANK, else LOCAL_RANK; WORLD_SIZE), else (0, 1)."""
+    torch = _torch()
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a half-initialized process group: use the env
+        pass
+    for var in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            rank = int(value)
+            world = os.environ.get("WORLD_SIZE", "")
+            world = int(world) if world.strip().isdigit() else rank + 1
+            return rank, max(world, rank + 1)
+    return 0, 1
+
+
+def _force_keep_graph(args: tuple, kwargs: dict) -> tuple:
+    """``CUDAGraph(...)``'s arguments with ``keep_graph=True``, and what the caller asked."""
+    kwargs = dict(kwargs)
+    if args:
+        asked = bool(args[0])
+        args = (True,) + tuple(args[1:])
+    else:
+        asked = bool(kwargs.pop("keep_graph", False))
+        args = (True,)
+    return args, kwargs, asked
