@@ -103,7 +103,7 @@ def test_walks_that_explain_nothing_wait_longer_and_flush_catches_up(torch, fake
     assert "model.late" in owners, owners
 
 
-def test_a_writer_thread_that_cannot_start_leaves_the_capture_to_flush(torch, fake, tmp_path, monkeypatch):
+def test_a_writer_thread_that_cannot_start_leaves_the_capture_to_flush(torch, fake, tmp_path):
     """Regression: where the writer thread could not start (no thread left to the process),
     flush() waited 120 s for it and then wrote nothing, the capture counted as written."""
     model = make_model(torch)
@@ -112,10 +112,13 @@ def test_a_writer_thread_that_cannot_start_leaves_the_capture_to_flush(torch, fa
     def cannot_start(self):
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(threading.Thread, "start", cannot_start)
-    with pytest.warns(RuntimeWarning, match="the manifest was not written .*can't start new thread"):
-        capture(torch, model)
-    monkeypatch.undo()
+    # Its own patch, undone alone: `monkeypatch.undo()` would also undo the `fake`
+    # fixture's, and the uninstrument at teardown would then put the fake CUDAGraph back
+    # into torch for every later test (a later real capture's walk read a fake handle).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(threading.Thread, "start", cannot_start)
+        with pytest.warns(RuntimeWarning, match="the manifest was not written .*can't start new thread"):
+            capture(torch, model)
     t0 = time.perf_counter()
     written = ins.flush()
     assert time.perf_counter() - t0 < 5, "flush waited for a writer thread that never ran"
