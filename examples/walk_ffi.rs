@@ -209,38 +209,33 @@ pub unsafe extern "C" fn graphcheck_phases(graph: u64, reps: u32, out: *mut f64)
     }
 }
 
+/// Nanoseconds per call of `f` on `addr`, over `n` calls; negative where the driver could
+/// not be loaded.
+fn time_per_call<T>(addr: u64, n: u32, f: impl Fn(u64) -> T) -> f64 {
+    if graphcheck::cuda::walk::driver_version().is_err() {
+        return -1.0;
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(f(std::hint::black_box(addr)));
+    }
+    t.elapsed().as_nanos() as f64 / n.max(1) as f64
+}
+
 /// Nanoseconds per `cuMemGetAddressRange` of `addr`, over `n` calls (a current context
 /// needed), for `benches/pointer_probe.py`. Returns a negative number where the driver could
 /// not be loaded.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub extern "C" fn graphcheck_time_range(addr: u64, n: u32) -> f64 {
-    if graphcheck::cuda::walk::driver_version().is_err() {
-        return -1.0;
-    }
-    let t = std::time::Instant::now();
-    for _ in 0..n {
-        std::hint::black_box(graphcheck::cuda::driver::address_range(
-            std::hint::black_box(addr),
-        ));
-    }
-    t.elapsed().as_nanos() as f64 / n.max(1) as f64
+    time_per_call(addr, n, graphcheck::cuda::driver::address_range)
 }
 
 /// Nanoseconds per `is_known_pointer` (`cuPointerGetAttributes`) of `addr`, over `n` calls.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub extern "C" fn graphcheck_time_known(addr: u64, n: u32) -> f64 {
-    if graphcheck::cuda::walk::driver_version().is_err() {
-        return -1.0;
-    }
-    let t = std::time::Instant::now();
-    for _ in 0..n {
-        std::hint::black_box(graphcheck::cuda::driver::is_known_pointer(
-            std::hint::black_box(addr),
-        ));
-    }
-    t.elapsed().as_nanos() as f64 / n.max(1) as f64
+    time_per_call(addr, n, graphcheck::cuda::driver::is_known_pointer)
 }
 
 /// 1 where `cuMemGetAddressRange` finds `addr`, plus 2 where `is_known_pointer` says known

@@ -445,7 +445,8 @@ fn json_error<T>(
 mod tests {
     use super::*;
 
-    fn err(bytes: &[u8]) -> String {
+    /// The error of loading `bytes` as a manifest (`m.json`), as the user reads it.
+    pub(super) fn err(bytes: &[u8]) -> String {
         parse_manifest(bytes, Path::new("m.json"))
             .unwrap_err()
             .to_string()

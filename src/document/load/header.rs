@@ -205,13 +205,8 @@ fn version_as_written(bytes: &[u8], value: f64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::load::{Source, parse_manifest};
-
-    fn err(bytes: &[u8]) -> String {
-        parse_manifest(bytes, Path::new("m.json"))
-            .unwrap_err()
-            .to_string()
-    }
+    use crate::document::load::Source;
+    use crate::document::load::tests::err;
 
     /// Regression: serde's and Rust's words reached the user: "invalid type: sequence,
     /// expected struct Header" for `[]`, "not 1.8446744073709552e+19" for a version past 64
