@@ -239,9 +239,14 @@ pub fn parse_live(bytes: &[u8], path: &Path) -> Result<Live, LoadError> {
 fn read_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, LoadError> {
     match version(bytes, path)? {
         1 => parse_body::<Manifest>(bytes, path, 1),
-        v => parse_body::<ManifestV2>(bytes, path, v)?
-            .into_model()
-            .map_err(|e| e.in_file(path)),
+        // The fast reader takes the common case; anything it declines, valid or not, is
+        // parsed again here, which words every error.
+        v => match v2::fast_manifest(bytes, v) {
+            Some(m) => Ok(m),
+            None => parse_body::<ManifestV2>(bytes, path, v)?
+                .into_model()
+                .map_err(|e| e.in_file(path)),
+        },
     }
 }
 

@@ -32,9 +32,12 @@ use crate::document::owner_path::OwnerPath;
 use crate::document::refs::Invalid;
 
 /// A manifest in format 2.
+// (Doc comments here are the schema's descriptions.) `T` holds each graph's `touches`
+// column: parsed by serde (the default), or its text (`RawTouches`) for `fast_manifest`.
 #[derive(Deserialize, JsonSchema)]
 #[schemars(rename = "Manifest")]
-pub struct ManifestV2 {
+#[serde(bound(deserialize = "T: Deserialize<'de>"))]
+pub struct ManifestV2<T = Vec<TouchList>> {
     /// Always 2.
     #[schemars(extend("const" = 2))]
     pub format_version: u32,
@@ -56,7 +59,7 @@ pub struct ManifestV2 {
     /// `nodes.launch` holds positions in this list.
     #[serde(default)]
     pub launches: Vec<Launch>,
-    pub graphs: Vec<GraphV2>,
+    pub graphs: Vec<GraphV2<T>>,
     /// As in format 1.
     #[serde(default)]
     pub ranges: Vec<RangeDigest>,
@@ -152,7 +155,8 @@ pub struct ProbeColumns {
 /// One captured graph: format 1's graph record with its nodes as a column table.
 #[derive(Deserialize, JsonSchema)]
 #[schemars(rename = "Graph")]
-pub struct GraphV2 {
+#[serde(bound(deserialize = "T: Deserialize<'de>"))]
+pub struct GraphV2<T = Vec<TouchList>> {
     pub id: GraphId,
     pub name: String,
     #[serde(default)]
@@ -163,7 +167,7 @@ pub struct GraphV2 {
     /// As in format 1.
     #[serde(default)]
     pub guards: Vec<Guard>,
-    pub nodes: NodeColumns,
+    pub nodes: NodeColumns<T>,
 }
 
 /// A launch configuration: grid and block, each `[x, y, z]` or null.
@@ -172,7 +176,8 @@ pub type Launch = (Option<[u32; 3]>, Option<[u32; 3]>);
 /// A graph's nodes as columns.
 #[derive(Deserialize, JsonSchema)]
 #[schemars(rename = "Nodes")]
-pub struct NodeColumns {
+#[serde(bound(deserialize = "T: Deserialize<'de>"))]
+pub struct NodeColumns<T = Vec<TouchList>> {
     pub index: Vec<u32>,
     pub kind: Vec<NodeKind>,
     /// Positions in the manifest's `names`.
@@ -185,8 +190,9 @@ pub struct NodeColumns {
     #[serde(default)]
     pub opaque: Option<Vec<Option<String>>>,
     /// Each node's touches (absent: none).
+    // A `TouchList` per node, held as `T` says (`TouchColumn`).
     #[serde(default)]
-    pub touches: Option<Vec<TouchList>>,
+    pub touches: Option<T>,
     /// Each node's ignored words (absent: none).
     #[serde(default)]
     pub ignored: Option<Vec<IgnoredList>>,
@@ -413,14 +419,15 @@ impl Bases {
     }
 }
 
-fn graph(
+fn graph<T: TouchColumn>(
     gi: usize,
-    g: GraphV2,
+    g: GraphV2<T>,
     (names, launches): (&[std::sync::Arc<str>], &[Launch]),
     bases: &Bases,
 ) -> Result<Graph, Invalid> {
     let table = format!("graphs[{gi}].nodes");
     let mut c = g.nodes;
+    let mut touch_lists = c.touches.take().map(TouchColumn::lists).transpose()?;
     let n = rows(
         &table,
         &[
@@ -430,7 +437,7 @@ fn graph(
             ("launch", c.launch.as_ref().map(Vec::len)),
             ("parent", c.parent.as_ref().map(Vec::len)),
             ("opaque", c.opaque.as_ref().map(Vec::len)),
-            ("touches", c.touches.as_ref().map(Vec::len)),
+            ("touches", touch_lists.as_ref().map(Vec::len)),
             ("ignored", c.ignored.as_ref().map(Vec::len)),
         ],
     )?;
@@ -458,7 +465,7 @@ fn graph(
                 )
             })?,
         };
-        let touches = match c.touches.as_mut() {
+        let touches = match touch_lists.as_mut() {
             Some(t) => resolve(std::mem::take(&mut t[i]), bases, &table, i)?,
             None => Vec::new(),
         };
@@ -492,18 +499,18 @@ fn graph(
 /// Every graph in the model's terms, in order; on a machine of several cores, the graphs
 /// of the second half of the nodes on a thread of their own (graphs are independent, and a
 /// million touches take tens of milliseconds to resolve). The error is the first graph's.
-fn graphs(
-    all: Vec<GraphV2>,
+fn graphs<T: TouchColumn + Send>(
+    all: Vec<GraphV2<T>>,
     names: (&[std::sync::Arc<str>], &[Launch]),
     bases: &Bases,
 ) -> Result<Vec<Graph>, Invalid> {
     let nodes: usize = all.iter().map(|g| g.nodes.index.len()).sum();
-    let run = |part: Vec<(usize, GraphV2)>| -> Result<Vec<Graph>, Invalid> {
+    let run = |part: Vec<(usize, GraphV2<T>)>| -> Result<Vec<Graph>, Invalid> {
         part.into_iter()
             .map(|(gi, g)| graph(gi, g, names, bases))
             .collect()
     };
-    let mut all: Vec<(usize, GraphV2)> = all.into_iter().enumerate().collect();
+    let mut all: Vec<(usize, GraphV2<T>)> = all.into_iter().enumerate().collect();
     let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
     if !parallel || nodes < 8192 {
         return run(all);
@@ -586,7 +593,7 @@ fn resolve(list: TouchList, bases: &Bases, table: &str, n: usize) -> Result<Vec<
     Ok(touches)
 }
 
-impl ManifestV2 {
+impl<T: TouchColumn + Send> ManifestV2<T> {
     /// The manifest in the model's terms. Errors name the column and element; references
     /// are checked afterwards, as for format 1 ([`crate::document::refs::check_manifest`]).
     pub fn into_model(self) -> Result<Manifest, Invalid> {
@@ -694,6 +701,8 @@ fn field_then(s: &str) -> (&str, &str) {
 
 mod rows;
 pub use rows::{IGNORED_FIELDS, IgnoredList, TOUCH_FIELDS, TouchList};
+mod scan;
+pub use scan::{RawTouches, TouchColumn, fast_manifest};
 
 #[cfg(test)]
 mod tests;
