@@ -1,0 +1,75 @@
+"""instrument() when something else goes wrong around it (CPU, the fake CUDAGraph of
+test_torch_instrument): two instrumentations writing into one directory, a
+load_state_dict that raises after copying, a strict instrumentation whose recording
+fails beside others, and an uninstrument after something else replaced what the patch
+installed."""
+
+import json
+import os
+import sys
+
+import pytest
+
+import graphcheck
+import graphcheck.torch as gt
+from graphcheck import _guard
+from conftest import kernel, walked
+from test_torch_instrument import (  # noqa: F401 - fixture
+    FakeCUDAGraph,
+    capture,
+    fake,
+    fake_torch_graph,
+    make_model,
+    replays,
+)
+
+
+def graph_names(path):
+    with open(path) as f:
+        return [g["name"] for g in json.load(f)["graphs"]]
+
+
+# -- a transition that raises -------------------------------------------------------------
+
+
+def new_weights(model):
+    return {k: v.detach().clone() + 1 for k, v in model.state_dict().items()}
+
+
+def test_a_load_state_dict_that_raises_after_copying_marks_what_it_wrote(torch, fake):
+    # Regression: strict=True copies every key it has, then raises for the missing one;
+    # the wrapper marked nothing, so the next replay was not checked at all.
+    model = make_model(torch)
+    gt.instrument(None, model=model, digests=True, verify_on_replay="raise")
+    g = capture(torch, model)
+    with torch.no_grad():
+        model.embed_scale.zero_()  # a constant no reload restores, lost meanwhile
+    weights = new_weights(model)
+    del weights["proj.bias"]
+    before = _guard.epoch()
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"proj.bias\"") as e:
+        model.load_state_dict(weights)
+    assert type(e.value) is RuntimeError  # torch's own, unchanged
+    assert e.value.__cause__ is None and e.value.__context__ is None
+    assert torch.equal(model.proj.weight, weights["proj.weight"])  # it was copied
+    assert _guard.epoch() == before + 1
+    assert _guard._STATE[1:] == ["Module.load_state_dict", "updated"]
+    # What it wrote is named: the new weight is no finding, the rest is still compared.
+    assert _guard.rewritten_since(before) == _guard._storages("written", model.proj.weight)
+    with pytest.raises(gt.ReplayCheckError) as refused:
+        g.replay()
+    stale = sorted(o.path for f in refused.value.report.of_kind("stale") for o in f.owners)
+    assert stale == ["model.embed_scale"]
+    assert replays(g) == 0
+
+
+def test_a_size_mismatch_is_not_named_written(torch, fake):
+    model = make_model(torch)
+    gt.instrument(None, model=model, verify_on_replay="raise")
+    capture(torch, model)
+    weights = new_weights(model)
+    weights["proj.weight"] = torch.zeros(5, 4)  # torch copies the bias only, then raises
+    before = _guard.epoch()
+    with pytest.raises(RuntimeError, match="size mismatch for proj.weight"):
+        model.load_state_dict(weights)
+    assert _guard.rewritten_since(before) == _guard._storages("written", model.proj.bias)
