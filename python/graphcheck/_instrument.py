@@ -19,7 +19,12 @@ from typing import Callable, Iterable, Optional, Union
 from . import _args, _discover, _guard, _native, _transitions
 from ._native import GraphcheckError
 from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
-from ._process import _force_keep_graph, _rank_and_world, _warn
+from ._process import (
+    _each_sink,
+    _force_keep_graph,
+    _rank_and_world,
+    _warn,
+)
 from ._registry import _torch
 from ._walk import DEFAULT_MAX_DEPTH, root_arg
 
@@ -156,11 +161,9 @@ def _on_capture(cuda_graph) -> None:
     except BaseException as e:  # noqa: BLE001 - reported by each sink
         if _fatal(e):
             raise
-        for sink in sinks:
-            sink._failed(e)
+        _each_sink(sinks, lambda sink: sink._failed(e))
         return
-    for sink in sinks:
-        sink._record(walked, pool, state=state, hint=hint)
+    _each_sink(sinks, lambda sink: sink._record(walked, pool, state=state, hint=hint))
 
 
 #: The writer thread writes once no capture came for this long (seconds): a burst of
@@ -600,7 +603,8 @@ def instrument(
     without a walk (:class:`Recorder`); without any, graphs are recorded with no owners and
     every address they hold is bare (``unowned`` at verify). A recording failure warns (``RuntimeWarning``) and is
     kept in ``errors``; the capture itself always completes. ``strict=True`` raises
-    instead. ``write_every=N`` rewrites the file after every N captures instead of every
+    instead, once every live instrumentation got the capture (the first error; a later
+    strict one's is kept in its ``errors`` and warned). ``write_every=N`` rewrites the file after every N captures instead of every
     one (an engine capturing dozens of graphs pays the rebuild N times less); what is left
     is written when the instrumentation stops and at interpreter exit. Returns the
     :class:`Instrumentation`; :func:`uninstrument` restores torch. Every wrong argument is

@@ -1,11 +1,14 @@
 """What :func:`graphcheck.torch.instrument` needs of the process it runs in: a warning
-that never raises into the engine, this process's rank and world size, and
-``CUDAGraph(...)``'s arguments with ``keep_graph`` forced on."""
+that never raises into the engine, one capture handed to every instrumentation with at
+most one error raised, this process's rank and world size,
+and ``CUDAGraph(...)``'s arguments with ``keep_graph`` forced on."""
 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
+from ._recorder import _fatal
 from ._registry import _torch
 
 
@@ -29,6 +32,39 @@ def _warn(message: str) -> None:
             warnings.showwarning(RuntimeWarning(message), RuntimeWarning, *where)
         except Exception:  # noqa: BLE001 - nowhere to show it: it is in `errors`
             pass
+
+
+def _each_sink(sinks: list, call: Callable) -> None:
+    """``call(sink)`` for every instrumentation, even where one raises (a ``strict`` one's
+    failed recording): each gets the capture. Then the first error is raised; a later
+    one, which cannot be raised beside it, is kept in its instrumentation's ``errors`` and
+    warned, as for one that is not strict, and noted on the raised exception (Python
+    3.11+: ``add_note``). An interrupt or exit goes at once."""
+    raised: list = []  # (instrumentation, exception)
+    for sink in sinks:
+        try:
+            call(sink)
+        except BaseException as e:  # noqa: BLE001 - the others still get the capture
+            if _fatal(e):
+                raise
+            raised.append((sink, e))
+    if not raised:
+        return
+    first = raised[0][1]
+    for sink, e in raised[1:]:
+        if e is first:  # one failure (the graph's walk) raised by several: raised once
+            continue
+        sink.errors.append(e)
+        _warn(f"graphcheck: a capture was not recorded: {e} (not raised: another "
+              f"instrumentation's error was, {type(first).__name__}: {first})")
+        add_note = getattr(first, "add_note", None)
+        if add_note is not None:
+            try:
+                add_note(f"graphcheck: another instrumentation failed at this capture too "
+                         f"(kept in its errors): {type(e).__name__}: {e}")
+            except Exception:  # noqa: BLE001 - the note is a courtesy: the warning said it
+                pass
+    raise first
 
 
 def _rank_and_world() -> tuple:

@@ -73,3 +73,67 @@ def test_a_size_mismatch_is_not_named_written(torch, fake):
     with pytest.raises(RuntimeError, match="size mismatch for proj.weight"):
         model.load_state_dict(weights)
     assert _guard.rewritten_since(before) == _guard._storages("written", model.proj.bias)
+
+
+# -- strict, beside other instrumentations ------------------------------------------------
+
+
+def fail_recording(monkeypatch, ins, message):
+    def broken(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(ins.recorder, "add_graph", broken)
+
+
+def test_a_strict_failure_does_not_keep_the_capture_from_the_others(torch, fake):
+    # Regression: the first strict instrumentation to raise stopped the loop; the ones
+    # after it never saw the capture.
+    model = make_model(torch)
+    a = gt.instrument(model=model, strict=True)
+    b = gt.instrument(model=model, strict=True)
+    c = gt.instrument(model=model)
+    with pytest.MonkeyPatch.context() as mp:
+        fail_recording(mp, a, "a broke")
+        fake.next = walked(kernel(0, "gemv", model.proj.weight))
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="^a broke$"):
+            with fake_torch_graph(torch, g):
+                pass
+    assert g.calls[-1] == ("instantiate",)
+    assert (a.captures, b.captures, c.captures) == (0, 1, 1)
+    assert a.errors == b.errors == c.errors == []
+
+
+def test_every_strict_failure_is_raised_or_kept(torch, fake):
+    model = make_model(torch)
+    a = gt.instrument(model=model, strict=True)
+    b = gt.instrument(model=model, strict=True)
+    c = gt.instrument(model=model)
+    with pytest.MonkeyPatch.context() as mp:
+        fail_recording(mp, a, "a broke")
+        fail_recording(mp, b, "b broke")
+        with pytest.warns(RuntimeWarning, match=r"b broke \(not raised: another instrumentation's error was, RuntimeError: a broke\)"):
+            with pytest.raises(RuntimeError, match="^a broke") as e:
+                capture(torch, model)
+    assert a.errors == [] and [str(x) for x in b.errors] == ["b broke"]
+    assert c.captures == 1 and c.errors == []
+    if sys.version_info >= (3, 11):
+        assert e.value.__notes__ == [
+            "graphcheck: another instrumentation failed at this capture too (kept in its "
+            "errors): RuntimeError: b broke"
+        ]
+
+
+def test_a_failed_walk_reaches_every_instrumentation_and_is_raised_once(torch, fake):
+    model = make_model(torch)
+    a = gt.instrument(model=model, strict=True)
+    b = gt.instrument(model=model, strict=True)
+    c = gt.instrument(model=model)
+    fake.fail = "no CUDA driver"
+    with pytest.warns(RuntimeWarning, match="no CUDA driver") as shown:
+        with pytest.raises(graphcheck.GraphcheckError, match="no CUDA driver") as e:
+            capture(torch, model)
+    assert a.errors == b.errors == []  # raised: one error, once
+    assert c.errors == [e.value]  # the one that is not strict kept it, as always
+    assert len(shown) == 1
+    assert getattr(e.value, "__notes__", []) == []
