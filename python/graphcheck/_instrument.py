@@ -23,6 +23,7 @@ from ._process import (
     _each_sink,
     _force_keep_graph,
     _rank_and_world,
+    _restore,
     _warn,
 )
 from ._registry import _torch
@@ -36,7 +37,7 @@ ENV_DIR = "GRAPHCHECK_DIR"
 _PENDING_ROOTS: list = []
 # The live instrumentations, in order; the patch stays while any is live.
 _ACTIVE: list = []
-# (module, attribute, original) of what the patch replaced.
+# (owner, attribute, original, installed) of what the patch replaced (_process._restore).
 _PATCHED: list = []
 _LOCK = threading.RLock()
 
@@ -549,17 +550,15 @@ def _patch_torch() -> None:
         return
     graphs = getattr(torch.cuda, "graphs", None)
     base = torch.cuda.CUDAGraph
+    if getattr(base, "_graphcheck_base", None) is not None:
+        # Ours still, or a class derived from ours, left in place by an uninstrument (see
+        # _restore): its captures record already; a second subclass would record twice.
+        return
     cls = _instrumented_class(base)
     for module in (torch.cuda, graphs):
         if module is not None and getattr(module, "CUDAGraph", None) is base:
-            _PATCHED.append((module, "CUDAGraph", base))
+            _PATCHED.append((module, "CUDAGraph", base, cls))
             setattr(module, "CUDAGraph", cls)
-
-
-def _unpatch_torch() -> None:
-    while _PATCHED:
-        module, attr, original = _PATCHED.pop()
-        setattr(module, attr, original)
 
 
 #: Graph names where nothing better is known; a torch.compile tree graph is named by its
@@ -675,8 +674,11 @@ def instrument(
 
 def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
     """Stops one instrumentation (or, without an argument, all of them) and, when none is
-    left, restores ``torch.cuda.CUDAGraph``. Graphs made meanwhile keep working (they are
-    instances of the subclass, which keeps instantiating them)."""
+    left, restores ``torch.cuda.CUDAGraph`` (and the transitions' methods). Graphs made
+    meanwhile keep working (they are instances of the subclass, which keeps instantiating
+    them). What something else replaced since graphcheck patched it (another tool's patch,
+    a test's monkeypatch) is left as it is, with a ``RuntimeWarning`` naming what is there:
+    putting graphcheck's original back would undo that replacement."""
     if instrumentation is not None and not isinstance(instrumentation, Instrumentation):
         raise GraphcheckError(
             f"uninstrument takes what instrument() returned (an Instrumentation) or nothing, "
@@ -693,7 +695,7 @@ def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
         elif instrumentation in _ACTIVE:
             _ACTIVE.remove(instrumentation)
         if not _ACTIVE:
-            _unpatch_torch()
+            _restore(_PATCHED)
 
 
 def check(

@@ -1,11 +1,13 @@
 """What :func:`graphcheck.torch.instrument` needs of the process it runs in: a warning
 that never raises into the engine, one capture handed to every instrumentation with at
 most one error raised, this process's rank and world size,
-and ``CUDAGraph(...)``'s arguments with ``keep_graph`` forced on."""
+``CUDAGraph(...)``'s arguments with ``keep_graph`` forced on, and putting back what its
+patch replaced."""
 
 from __future__ import annotations
 
 import os
+import types
 from typing import Callable
 
 from ._recorder import _fatal
@@ -97,3 +99,42 @@ def _force_keep_graph(args: tuple, kwargs: dict) -> tuple:
         asked = bool(kwargs.pop("keep_graph", False))
         args = (True,)
     return args, kwargs, asked
+
+
+_MISSING = object()
+
+
+def _name_of(obj) -> str:
+    """``module.qualname`` of a class or function, a module's name; else its type's name
+    (a message's word for it, reading nothing that could raise into the engine)."""
+    try:
+        if isinstance(obj, types.ModuleType):
+            return obj.__name__
+        qualname = getattr(obj, "__qualname__", None)
+        module = getattr(obj, "__module__", None)
+        if isinstance(qualname, str):
+            return f"{module}.{qualname}" if isinstance(module, str) else qualname
+    except Exception:  # noqa: BLE001 - an object whose attributes raise: its type
+        pass
+    return f"a {type(obj).__name__}"
+
+
+def _restore(patched: list) -> None:
+    """Puts back what a patch replaced: ``patched`` holds ``(owner, attribute, original,
+    installed)``, the latest last, and is emptied. An attribute that no longer holds what
+    was installed there (something replaced it since: another tool's patch, a test's
+    monkeypatch, a deletion) is left as it is, with a warning naming what it holds:
+    putting the original back would undo that replacement."""
+    while patched:
+        owner, attr, original, installed = patched.pop()
+        # The owner's own dict: what setattr changed, not what its bases hold.
+        current = vars(owner).get(attr, _MISSING)
+        if current is installed:
+            setattr(owner, attr, original)
+            continue
+        found = "nothing (it was deleted)" if current is _MISSING else _name_of(current)
+        _warn(
+            f"graphcheck: uninstrument() left {_name_of(owner)}.{attr} as it is: it holds "
+            f"{found}, not what graphcheck installed there; something replaced it since, "
+            f"and putting back the original ({_name_of(original)}) would undo that"
+        )

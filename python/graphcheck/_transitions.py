@@ -48,7 +48,7 @@ def _wrap(
     wrapper.__wrapped__ = original
     wrapper.__name__ = getattr(original, "__name__", attr)
     wrapper.__doc__ = getattr(original, "__doc__", None)
-    patched.append((owner, attr, original))
+    patched.append((owner, attr, original, wrapper))
     setattr(owner, attr, wrapper)
 
 

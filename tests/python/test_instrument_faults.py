@@ -137,3 +137,65 @@ def test_a_failed_walk_reaches_every_instrumentation_and_is_raised_once(torch, f
     assert c.errors == [e.value]  # the one that is not strict kept it, as always
     assert len(shown) == 1
     assert getattr(e.value, "__notes__", []) == []
+
+
+# -- uninstrument after something else replaced the patch ----------------------------------
+
+
+def test_uninstrument_leaves_what_something_else_put_there_and_says_so(torch, fake):
+    # Regression: uninstrument put the original back over whatever had replaced the patch.
+    original_load = torch.nn.Module.load_state_dict
+    ins = gt.instrument(verify_on_replay="raise")
+    patched = torch.cuda.CUDAGraph
+
+    class TheirGraph(FakeCUDAGraph):
+        pass
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "CUDAGraph", TheirGraph)
+        with pytest.warns(RuntimeWarning) as shown:
+            gt.uninstrument(ins)
+        assert torch.cuda.CUDAGraph is TheirGraph  # left as it is
+    assert torch.cuda.graphs.CUDAGraph is FakeCUDAGraph  # still ours there: restored
+    assert torch.nn.Module.load_state_dict is original_load
+    assert [str(w.message) for w in shown] == [
+        "graphcheck: uninstrument() left torch.cuda.CUDAGraph as it is: it holds "
+        f"{__name__}.test_uninstrument_leaves_what_something_else_put_there_and_says_so."
+        "<locals>.TheirGraph, not what graphcheck installed there; something replaced it "
+        "since, and putting back the original (test_torch_instrument.FakeCUDAGraph) would "
+        "undo that"
+    ]
+    assert patched is not TheirGraph
+
+
+def test_uninstrument_leaves_a_method_wrapped_since(torch, fake):
+    ins = gt.instrument(verify_on_replay="raise")
+    ours = torch.nn.Module.__dict__["load_state_dict"]
+
+    def theirs(self, *args, **kwargs):
+        return ours(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.Module, "load_state_dict", theirs)
+        with pytest.warns(RuntimeWarning, match=r"left torch\.nn\.modules\.module\.Module\.load_state_dict as it is: it holds .*theirs"):
+            gt.uninstrument(ins)
+        assert torch.nn.Module.__dict__["load_state_dict"] is theirs
+    assert torch.cuda.CUDAGraph is FakeCUDAGraph
+
+
+def test_a_class_derived_from_the_patch_left_in_place_is_not_patched_again(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+
+    class Derived(torch.cuda.CUDAGraph):  # another tool's subclass of the patched class
+        pass
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "CUDAGraph", Derived)
+        with pytest.warns(RuntimeWarning, match="left torch.cuda.CUDAGraph as it is"):
+            gt.uninstrument(ins)
+        again = gt.instrument(model=model)
+        assert torch.cuda.CUDAGraph is Derived  # it records already: not wrapped twice
+        capture(torch, model)
+        assert again.captures == 1
+        gt.uninstrument(again)
