@@ -20,6 +20,7 @@ from . import _args, _discover, _guard, _native, _transitions
 from ._native import GraphcheckError
 from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
 from ._process import (
+    _claim_manifest_path,
     _each_sink,
     _force_keep_graph,
     _rank_and_world,
@@ -358,11 +359,21 @@ class Instrumentation:
     # Output -------------------------------------------------------------------------
 
     def manifest_path(self) -> Optional[str]:
-        """``<directory>/graphcheck-<rank>-<pid>.json`` (fixed at the first write)."""
-        if self.path is None and self.directory is not None:
-            rank, _ = _rank_and_world()
-            self.path = os.path.join(self.directory, f"graphcheck-{rank}-{os.getpid()}.json")
-        return self.path
+        """``<directory>/graphcheck-<rank>-<pid>.json``, fixed at the first write; where
+        another instrumentation of this process wrote into the directory before,
+        ``<directory>/instrumentation-<n>/graphcheck-<rank>-<pid>.json`` for the n-th, with
+        a warning saying so (:func:`instrument`)."""
+        with _LOCK:
+            if self.path is None and self.directory is not None:
+                self.path, n = _claim_manifest_path(self.directory)
+                if n > 1:
+                    _warn(
+                        f"graphcheck: an earlier instrumentation of this process has its "
+                        f"manifest in {self.directory!r}; this one writes {self.path!r} "
+                        "(each folder holds one manifest per process, as `graphcheck verify "
+                        "DIR` takes a run: verify the folders one by one)"
+                    )
+            return self.path
 
     def manifest_json(self) -> str:
         """The manifest of every capture recorded so far in this process, as JSON text:
@@ -589,8 +600,13 @@ def instrument(
 
     ``directory`` (default: ``$GRAPHCHECK_DIR``; ``None`` keeps the manifest in memory)
     receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
-    rewritten atomically after every capture. The capture reads what the manifest needs
-    (owners, the allocator's segments, pools) and a writer thread builds and writes it:
+    rewritten atomically after every capture. A second instrumentation of the process
+    writing into the same directory (one stopped before counts) writes
+    ``instrumentation-2/graphcheck-<rank>-<pid>.json`` there instead, the n-th
+    ``instrumentation-<n>/``, with a warning: none overwrites another's manifest, and each
+    folder stays one run for ``graphcheck verify DIR`` (one manifest per rank). The
+    capture reads what the manifest needs (owners, the allocator's segments, pools) and a
+    writer thread builds and writes it:
     the capture does not wait, and a burst of captures (none for 0.2 s after the last) is
     written once, as the latest (``strict=True`` writes at the capture); :meth:`Instrumentation.flush`
     waits for it, and runs when the instrumentation stops and at exit. ``name`` names the

@@ -1,6 +1,6 @@
 """What :func:`graphcheck.torch.instrument` needs of the process it runs in: a warning
 that never raises into the engine, one capture handed to every instrumentation with at
-most one error raised, this process's rank and world size,
+most one error raised, this process's rank and world size, its manifest files,
 ``CUDAGraph(...)``'s arguments with ``keep_graph`` forced on, and putting back what its
 patch replaced."""
 
@@ -87,6 +87,33 @@ def _rank_and_world() -> tuple:
             world = int(world) if world.strip().isdigit() else rank + 1
             return rank, max(world, rank + 1)
     return 0, 1
+
+
+# The manifest files this process's instrumentations write (absolute paths): each
+# instrumentation claims its own at its first write, for the life of the process, so that
+# none overwrites another's (one stopped before included).
+_CLAIMED: set = set()
+
+
+def _claim_manifest_path(directory: str) -> tuple:
+    """The manifest file of an instrumentation writing into ``directory``, claimed for it,
+    and which instrumentation of this process into that folder it is (1, 2…):
+    ``<directory>/graphcheck-<rank>-<pid>.json`` for the first,
+    ``<directory>/instrumentation-<n>/graphcheck-<rank>-<pid>.json`` for the n-th. A folder
+    so holds at most one manifest of each process, as ``graphcheck verify DIR`` takes a
+    run (one manifest per rank): the first instrumentations of every rank's process are
+    one run, the second ones another. The caller holds the instrumentation lock."""
+    rank, _ = _rank_and_world()
+    name = f"graphcheck-{rank}-{os.getpid()}.json"
+    n = 1
+    while True:
+        folder = directory if n == 1 else os.path.join(directory, f"instrumentation-{n}")
+        path = os.path.join(folder, name)
+        key = os.path.abspath(path)
+        if key not in _CLAIMED:
+            _CLAIMED.add(key)
+            return path, n
+        n += 1
 
 
 def _force_keep_graph(args: tuple, kwargs: dict) -> tuple:

@@ -29,6 +29,54 @@ def graph_names(path):
         return [g["name"] for g in json.load(f)["graphs"]]
 
 
+# -- two instrumentations, one directory ----------------------------------------------------
+
+
+def test_two_instrumentations_in_one_directory_write_two_manifests(torch, fake, tmp_path):
+    # Regression: both wrote <dir>/graphcheck-0-<pid>.json, each over the other's.
+    model = make_model(torch)
+    a = gt.instrument(tmp_path, model=model, name="a{index}")
+    b = gt.instrument(tmp_path, model=model, name="b{index}")
+    with pytest.warns(RuntimeWarning, match="an earlier instrumentation of this process has its manifest in"):
+        capture(torch, model)
+        capture(torch, model)
+    a.flush()
+    b.flush()
+    first = tmp_path / f"graphcheck-0-{os.getpid()}.json"  # the first keeps the name
+    second = tmp_path / "instrumentation-2" / f"graphcheck-0-{os.getpid()}.json"
+    assert (a.path, b.path) == (str(first), str(second))
+    assert graph_names(first) == ["a0", "a1"]
+    assert graph_names(second) == ["b0", "b1"]
+    # `verify DIR` takes one manifest per rank: each folder is one run, its live snapshot
+    # verified against its own manifest.
+    model.proj.weight = torch.nn.Parameter(model.proj.weight.detach().clone())  # drifted
+    for folder, ins in ((tmp_path, a), (tmp_path / "instrumentation-2", b)):
+        live = gt.snapshot(model, ins.manifest())
+        (folder / f"live-0-{os.getpid()}.json").write_text(json.dumps(live))
+        report = graphcheck.verify(folder)
+        assert report.world_size == 1 and [p.rank for p in report.ranks] == [0]
+        (drifted,) = report.of_kind("drifted")
+        assert [o.path for o in drifted.owners] == ["model.proj.weight"], report.table
+        assert sorted(drifted.graphs) == graph_names(ins.path), report.table
+
+
+def test_an_instrumentation_stopped_before_keeps_its_manifest(torch, fake, tmp_path):
+    model = make_model(torch)
+    with gt.instrument(tmp_path, model=model, name="early{index}") as early:
+        capture(torch, model)
+    later = gt.instrument(tmp_path, model=model, name="late{index}")
+    with pytest.warns(RuntimeWarning, match="instrumentation-2"):
+        capture(torch, model)
+    later.flush()
+    assert graph_names(early.path) == ["early0"]
+    assert graph_names(later.path) == ["late0"]
+    # Another directory is another folder's first.
+    other = gt.instrument(tmp_path / "other", model=model)
+    capture(torch, model)
+    other.flush()
+    assert other.path == str(tmp_path / "other" / f"graphcheck-0-{os.getpid()}.json")
+
+
 # -- a transition that raises -------------------------------------------------------------
 
 
