@@ -93,6 +93,21 @@ def test_a_root_whose_reading_raises_is_skipped_and_the_other_roots_walked(torch
     assert r.skipped == [("draft", "reading it raised RuntimeError: lazy proxy: not loaded")]
 
 
+def test_a_module_whose_registries_raise_keeps_its_attributes_and_siblings(torch):
+    model = torch.nn.Module()
+    model.odd = torch.nn.Linear(2, 2)
+    model.odd.scale = torch.ones(1)
+    model.odd.__dict__["_parameters"] = ItemsRaise(model.odd._parameters)
+    model.odd.__dict__["_modules"] = ItemsRaise(sub=torch.nn.Linear(1, 1))
+    model.next = torch.nn.Linear(2, 2)
+    r = gt.walk(model)
+    assert {o.path for o in r.owners} == {"model.odd.scale", "model.next.weight", "model.next.bias"}
+    assert r.skipped == [
+        ("model.odd", "reading its parameters and buffers raised RuntimeError: items() broke"),
+        ("model.odd", "reading its submodules raised RuntimeError: items() broke"),
+    ]
+
+
 def test_a_key_that_cannot_be_named_skips_its_entry_not_the_dict(torch):
     model = torch.nn.Module()
     model.cache = {"a": torch.ones(1), KeyStrRaises(): torch.ones(2), "z": torch.ones(3)}
