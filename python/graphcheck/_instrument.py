@@ -19,7 +19,14 @@ from typing import Callable, Iterable, Optional, Union
 from . import _args, _discover, _guard, _native, _transitions
 from ._native import GraphcheckError
 from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
-from ._process import _force_keep_graph, _rank_and_world, _warn
+from ._process import (
+    _claim_manifest_path,
+    _each_sink,
+    _force_keep_graph,
+    _rank_and_world,
+    _restore,
+    _warn,
+)
 from ._registry import _torch
 from ._walk import DEFAULT_MAX_DEPTH, root_arg
 
@@ -31,7 +38,7 @@ ENV_DIR = "GRAPHCHECK_DIR"
 _PENDING_ROOTS: list = []
 # The live instrumentations, in order; the patch stays while any is live.
 _ACTIVE: list = []
-# (module, attribute, original) of what the patch replaced.
+# (owner, attribute, original, installed) of what the patch replaced (_process._restore).
 _PATCHED: list = []
 _LOCK = threading.RLock()
 
@@ -156,11 +163,9 @@ def _on_capture(cuda_graph) -> None:
     except BaseException as e:  # noqa: BLE001 - reported by each sink
         if _fatal(e):
             raise
-        for sink in sinks:
-            sink._failed(e)
+        _each_sink(sinks, lambda sink: sink._failed(e))
         return
-    for sink in sinks:
-        sink._record(walked, pool, state=state, hint=hint)
+    _each_sink(sinks, lambda sink: sink._record(walked, pool, state=state, hint=hint))
 
 
 #: The writer thread writes once no capture came for this long (seconds): a burst of
@@ -354,11 +359,21 @@ class Instrumentation:
     # Output -------------------------------------------------------------------------
 
     def manifest_path(self) -> Optional[str]:
-        """``<directory>/graphcheck-<rank>-<pid>.json`` (fixed at the first write)."""
-        if self.path is None and self.directory is not None:
-            rank, _ = _rank_and_world()
-            self.path = os.path.join(self.directory, f"graphcheck-{rank}-{os.getpid()}.json")
-        return self.path
+        """``<directory>/graphcheck-<rank>-<pid>.json``, fixed at the first write; where
+        another instrumentation of this process wrote into the directory before,
+        ``<directory>/instrumentation-<n>/graphcheck-<rank>-<pid>.json`` for the n-th, with
+        a warning saying so (:func:`instrument`)."""
+        with _LOCK:
+            if self.path is None and self.directory is not None:
+                self.path, n = _claim_manifest_path(self.directory)
+                if n > 1:
+                    _warn(
+                        f"graphcheck: an earlier instrumentation of this process has its "
+                        f"manifest in {self.directory!r}; this one writes {self.path!r} "
+                        "(each folder holds one manifest per process, as `graphcheck verify "
+                        "DIR` takes a run: verify the folders one by one)"
+                    )
+            return self.path
 
     def manifest_json(self) -> str:
         """The manifest of every capture recorded so far in this process, as JSON text:
@@ -546,17 +561,15 @@ def _patch_torch() -> None:
         return
     graphs = getattr(torch.cuda, "graphs", None)
     base = torch.cuda.CUDAGraph
+    if getattr(base, "_graphcheck_base", None) is not None:
+        # Ours still, or a class derived from ours, left in place by an uninstrument (see
+        # _restore): its captures record already; a second subclass would record twice.
+        return
     cls = _instrumented_class(base)
     for module in (torch.cuda, graphs):
         if module is not None and getattr(module, "CUDAGraph", None) is base:
-            _PATCHED.append((module, "CUDAGraph", base))
+            _PATCHED.append((module, "CUDAGraph", base, cls))
             setattr(module, "CUDAGraph", cls)
-
-
-def _unpatch_torch() -> None:
-    while _PATCHED:
-        module, attr, original = _PATCHED.pop()
-        setattr(module, attr, original)
 
 
 #: Graph names where nothing better is known; a torch.compile tree graph is named by its
@@ -587,8 +600,13 @@ def instrument(
 
     ``directory`` (default: ``$GRAPHCHECK_DIR``; ``None`` keeps the manifest in memory)
     receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
-    rewritten atomically after every capture. The capture reads what the manifest needs
-    (owners, the allocator's segments, pools) and a writer thread builds and writes it:
+    rewritten atomically after every capture. A second instrumentation of the process
+    writing into the same directory (one stopped before counts) writes
+    ``instrumentation-2/graphcheck-<rank>-<pid>.json`` there instead, the n-th
+    ``instrumentation-<n>/``, with a warning: none overwrites another's manifest, and each
+    folder stays one run for ``graphcheck verify DIR`` (one manifest per rank). The
+    capture reads what the manifest needs (owners, the allocator's segments, pools) and a
+    writer thread builds and writes it:
     the capture does not wait, and a burst of captures (none for 0.2 s after the last) is
     written once, as the latest (``strict=True`` writes at the capture); :meth:`Instrumentation.flush`
     waits for it, and runs when the instrumentation stops and at exit. ``name`` names the
@@ -600,7 +618,8 @@ def instrument(
     without a walk (:class:`Recorder`); without any, graphs are recorded with no owners and
     every address they hold is bare (``unowned`` at verify). A recording failure warns (``RuntimeWarning``) and is
     kept in ``errors``; the capture itself always completes. ``strict=True`` raises
-    instead. ``write_every=N`` rewrites the file after every N captures instead of every
+    instead, once every live instrumentation got the capture (the first error; a later
+    strict one's is kept in its ``errors`` and warned). ``write_every=N`` rewrites the file after every N captures instead of every
     one (an engine capturing dozens of graphs pays the rebuild N times less); what is left
     is written when the instrumentation stops and at interpreter exit. Returns the
     :class:`Instrumentation`; :func:`uninstrument` restores torch. Every wrong argument is
@@ -671,8 +690,11 @@ def instrument(
 
 def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
     """Stops one instrumentation (or, without an argument, all of them) and, when none is
-    left, restores ``torch.cuda.CUDAGraph``. Graphs made meanwhile keep working (they are
-    instances of the subclass, which keeps instantiating them)."""
+    left, restores ``torch.cuda.CUDAGraph`` (and the transitions' methods). Graphs made
+    meanwhile keep working (they are instances of the subclass, which keeps instantiating
+    them). What something else replaced since graphcheck patched it (another tool's patch,
+    a test's monkeypatch) is left as it is, with a ``RuntimeWarning`` naming what is there:
+    putting graphcheck's original back would undo that replacement."""
     if instrumentation is not None and not isinstance(instrumentation, Instrumentation):
         raise GraphcheckError(
             f"uninstrument takes what instrument() returned (an Instrumentation) or nothing, "
@@ -689,7 +711,7 @@ def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
         elif instrumentation in _ACTIVE:
             _ACTIVE.remove(instrumentation)
         if not _ACTIVE:
-            _unpatch_torch()
+            _restore(_PATCHED)
 
 
 def check(

@@ -71,6 +71,16 @@ def _type_name(obj: Any) -> str:
     return type(obj).__name__
 
 
+def _exception_text(e: BaseException) -> str:
+    """``Type: message`` of an exception that user code raised while the walk read it,
+    for :attr:`Registry.skipped` (a message that itself raises is said so)."""
+    try:
+        message = str(e)
+    except Exception:  # noqa: BLE001 - the type still says what happened
+        message = "(its message could not be read)"
+    return f"{type(e).__name__}: {message}" if message else type(e).__name__
+
+
 # -- tensors ------------------------------------------------------------------------------
 
 
@@ -606,7 +616,7 @@ class Registry:
         try:
             meta, key, storage = _meta_and_key(t)
         except Exception as e:  # noqa: BLE001 - any tensor the walk cannot read is listed
-            self.skipped.append((path, f"storage not readable: {type(e).__name__}: {e}"))
+            self.skipped.append((path, f"storage not readable: {_exception_text(e)}"))
             return None
         if meta[2] + meta[3] > meta[1]:
             self.skipped.append((path, "view extends past its storage"))

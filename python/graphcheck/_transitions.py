@@ -16,14 +16,16 @@ def _wrap(
     owner, attr: str, event: Callable, contents: str, written: Optional[Callable] = None
 ) -> None:
     """Replaces ``owner.attr`` (a method) with one that marks a transition after it
-    returns (``written(self, args, kwargs)``: the tensors it wrote, where known); restored
-    with the rest of the patch."""
+    returns or raises (``written(self, args, kwargs)``: the tensors it wrote, where
+    known); restored with the rest of the patch. A method that raises may have written
+    part of its contents first (``load_state_dict(strict=True)`` copies every key it has,
+    then raises for the missing ones): the transition is marked all the same, and the
+    exception goes on to the caller unchanged."""
     original = getattr(owner, attr, None)
     if original is None or getattr(original, "_graphcheck_transition", False):
         return
 
-    def wrapper(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
+    def mark(self, args, kwargs) -> None:
         try:
             wrote = None if written is None else written(self, args, kwargs)
             _guard.mark_transition(event(self, args, kwargs), contents, written=wrote)
@@ -32,23 +34,46 @@ def _wrap(
                 _guard.mark_transition(event(self, args, kwargs), contents)
             except Exception:  # noqa: BLE001
                 pass
+
+    def wrapper(self, *args, **kwargs):
+        try:
+            out = original(self, *args, **kwargs)
+        except BaseException:
+            mark(self, args, kwargs)
+            raise
+        mark(self, args, kwargs)
         return out
 
     wrapper._graphcheck_transition = True
     wrapper.__wrapped__ = original
     wrapper.__name__ = getattr(original, "__name__", attr)
     wrapper.__doc__ = getattr(original, "__doc__", None)
-    patched.append((owner, attr, original))
+    patched.append((owner, attr, original, wrapper))
     setattr(owner, attr, wrapper)
 
 
 def _loaded_tensors(module, args, kwargs) -> list:
     """The tensors ``module.load_state_dict(state_dict, ...)`` wrote: its parameters and
     persistent buffers under the keys the state dict holds (a non-persistent buffer, a
-    plain attribute or a module-global cache is not written, so its contents must hold)."""
+    plain attribute or a module-global cache is not written, so its contents must hold),
+    except where the given value's shape differs (torch copies none of those: it reports
+    the size mismatch and raises once the other keys are copied)."""
     given = args[0] if args else kwargs.get("state_dict")
     own = module.state_dict(keep_vars=True)
-    return [own[k] for k in given.keys() if k in own]
+    return [own[k] for k, v in given.items() if k in own and _fits(v, own[k])]
+
+
+def _fits(value, param) -> bool:
+    """Whether ``load_state_dict`` copies ``value`` into ``param``, as torch decides it: a
+    tensor of the same shape, or a one-element vector into a scalar (old checkpoints); a
+    lazy parameter takes any shape."""
+    torch = _torch()
+    if not torch.overrides.is_tensor_like(value):
+        return False  # torch reports it and copies nothing
+    if torch.nn.parameter.is_lazy(param):
+        return True
+    shape, want = tuple(value.shape), tuple(param.shape)
+    return shape == want or (want == () and shape == (1,))
 
 
 def patch(patched: list) -> None:

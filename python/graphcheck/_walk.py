@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 
 from . import _args, _native
 from ._native import GraphcheckError
-from ._registry import Registry, _attr, _child, _key, _torch, _type_name
+from ._registry import Registry, _attr, _child, _exception_text, _key, _torch, _type_name
 
 #: Hops of non-module objects and containers followed from each module.
 DEFAULT_MAX_DEPTH = 8
@@ -102,6 +102,13 @@ class _Walker:
             torch.Generator,
         )
 
+    def skip(self, path: str, e: BaseException, what: str = "reading it") -> None:
+        """Lists what the walk could not read because reading it raised (a lazy proxy, a
+        property, a container whose ``items()`` or an object whose ``__dict__`` raises) in
+        :attr:`Registry.skipped`; the walk goes on with the next value. One such value
+        must not fail every manifest and replay check while it is there."""
+        self.reg.skipped.append((path, f"{what} raised {_exception_text(e)}"))
+
     # Modules: the tree first, so that parameters and buffers get their canonical paths
     # even where a plain attribute also reaches the module.
     def module_tree(self, root, path: str) -> None:
@@ -113,13 +120,23 @@ class _Walker:
                 continue
             self.entered[id(mod)] = mod
             order.append((mod, p))
-            self.module_tensors(mod, p)
-            children = mod.__dict__.get("_modules") or {}
-            for name, child in reversed(list(children.items())):
+            try:
+                self.module_tensors(mod, p)
+            except Exception as e:  # noqa: BLE001 - listed in skipped, the walk goes on
+                self.skip(p, e, "reading its parameters and buffers")
+            try:
+                children = list((mod.__dict__.get("_modules") or {}).items())
+            except Exception as e:  # noqa: BLE001
+                self.skip(p, e, "reading its submodules")
+                continue
+            for name, child in reversed(children):
                 if child is not None:
                     stack.append((child, _child(p, name)))
         for mod, p in order:
-            self.module_attributes(mod, p)
+            try:
+                self.module_attributes(mod, p)
+            except Exception as e:  # noqa: BLE001
+                self.skip(p, e, "reading its attributes")
 
     def module_tensors(self, mod, path: str) -> None:
         d = mod.__dict__
@@ -176,23 +193,29 @@ class _Walker:
         return k
 
     def value(self, v, path: str, registration: str, holder: Optional[str], depth: int) -> None:
-        k = self.kind(v)
-        if k is _TENSOR:
-            self.tensor(v, path, registration, holder, depth)
-            return
-        if k is _LEAF:
-            return
-        if k is _MODULE:
-            if id(v) not in self.entered:
-                self.module_tree(v, path)
-            return
-        if id(v) in self.entered:
-            return
-        if depth >= self.max_depth:
-            self.reg.skipped.append((path, f"deeper than max_depth={self.max_depth}"))
-            return
-        self.entered[id(v)] = v
-        self.container_or_object(v, path, depth + 1)
+        # Reading a value runs its type's code (isinstance asks a proxy's __class__; a
+        # dict subclass's items(), a __dict__ property): what raises is skipped, saying
+        # why, and its siblings are still walked (each nested value catches its own).
+        try:
+            k = self.kind(v)
+            if k is _TENSOR:
+                self.tensor(v, path, registration, holder, depth)
+                return
+            if k is _LEAF:
+                return
+            if k is _MODULE:
+                if id(v) not in self.entered:
+                    self.module_tree(v, path)
+                return
+            if id(v) in self.entered:
+                return
+            if depth >= self.max_depth:
+                self.reg.skipped.append((path, f"deeper than max_depth={self.max_depth}"))
+                return
+            self.entered[id(v)] = v
+            self.container_or_object(v, path, depth + 1)
+        except Exception as e:  # noqa: BLE001 - listed in skipped, the walk goes on
+            self.skip(path, e)
 
     def shape(self, v) -> str:
         """How :meth:`container_or_object` enters ``v``, cached per type."""
@@ -225,7 +248,12 @@ class _Walker:
         elif shape == "dict":
             for k, x in list(v.items()):
                 if kinds.get(type(x)) is not _LEAF:
-                    self.value(x, _key(path, k), "container", name, depth)
+                    try:
+                        hop = _key(path, k)  # str() of the key: its type's code
+                    except Exception as e:  # noqa: BLE001 - that entry skipped, not the dict
+                        self.skip(path, e, f"naming its key of type {_type_name(k)}")
+                        continue
+                    self.value(x, hop, "container", name, depth)
         elif shape == "sequence":
             for i, x in enumerate(list(v)):
                 if kinds.get(type(x)) is not _LEAF:
@@ -272,7 +300,13 @@ class _Walker:
             k = kinds.get(type(x))
             if k is _LEAF:
                 continue
-            if k is _TENSOR or (k is None and self.kind(x) is _TENSOR):
+            if k is None:
+                try:
+                    k = self.kind(x)
+                except Exception as e:  # noqa: BLE001 - that attribute skipped, not `v`
+                    self.skip(_attr(path, name), e)
+                    continue
+            if k is _TENSOR:
                 attr_tensor_ids.add(id(x))
                 registration = "held" if id(x) in held_ids else "object_attribute"
                 self.tensor(x, _attr(path, name), registration, holder, depth)
@@ -291,51 +325,56 @@ class _Walker:
         base = _attr(path, "persistent_tensors()")
         try:
             listed = v.persistent_tensors()
+            self.entered[id(listed)] = listed
+            if isinstance(listed, Mapping):
+                items = [(_key(base, k), t) for k, t in listed.items()]
+            else:
+                items = [(_key(base, i), t) for i, t in enumerate(listed or ())]
+            return [(p, t) for p, t in items if isinstance(t, self.Tensor)]
         except Exception as e:  # noqa: BLE001 - a broken protocol method is reported
-            self.reg.skipped.append((base, f"persistent_tensors() raised {type(e).__name__}: {e}"))
+            self.skip(base, e, "persistent_tensors()")
             return []
-        self.entered[id(listed)] = listed
-        if isinstance(listed, Mapping):
-            items = [(_key(base, k), t) for k, t in listed.items()]
-        else:
-            items = [(_key(base, i), t) for i, t in enumerate(listed or ())]
-        return [(p, t) for p, t in items if isinstance(t, self.Tensor)]
 
     def tensor(self, t, path: str, registration: str, holder: Optional[str], depth: int) -> None:
-        cls = type(t)
-        wrapper = self.wrapper_types.get(cls)
-        if wrapper is None:
-            wrapper = self.wrapper_types[cls] = _class_attribute(
-                cls, "__tensor_flatten__"
-            ) is not None and cls not in (self.Tensor, self.torch.nn.Parameter)
-        if wrapper:
-            if depth >= self.max_depth:
-                self.reg.skipped.append((path, f"deeper than max_depth={self.max_depth}"))
+        # A tensor subclass's properties (layout, is_meta) run its code: what raises is
+        # skipped, saying why.
+        try:
+            cls = type(t)
+            wrapper = self.wrapper_types.get(cls)
+            if wrapper is None:
+                wrapper = self.wrapper_types[cls] = _class_attribute(
+                    cls, "__tensor_flatten__"
+                ) is not None and cls not in (self.Tensor, self.torch.nn.Parameter)
+            if wrapper:
+                if depth >= self.max_depth:
+                    self.reg.skipped.append((path, f"deeper than max_depth={self.max_depth}"))
+                    return
+                try:
+                    names, _ = t.__tensor_flatten__()
+                except Exception as e:  # noqa: BLE001
+                    self.skip(path, e, "__tensor_flatten__")
+                    return
+                for name in names:
+                    inner = _instance_attribute(t, name)
+                    if isinstance(inner, self.Tensor):
+                        self.tensor(inner, _attr(path, name), registration, holder, depth + 1)
                 return
-            try:
-                names, _ = t.__tensor_flatten__()
-            except Exception as e:  # noqa: BLE001
-                self.reg.skipped.append((path, f"__tensor_flatten__ raised {type(e).__name__}: {e}"))
+            if t.layout is not self.strided:
+                self.reg.skipped.append((path, f"layout {t.layout} is not strided"))
                 return
-            for name in names:
-                inner = _instance_attribute(t, name)
-                if isinstance(inner, self.Tensor):
-                    self.tensor(inner, _attr(path, name), registration, holder, depth + 1)
-            return
-        if t.layout is not self.strided:
-            self.reg.skipped.append((path, f"layout {t.layout} is not strided"))
-            return
-        fake = self.fake_types.get(cls)
-        if fake is None:
-            fake = self.fake_types[cls] = _is_fake_class(cls)
-        if fake:
-            # Reading its storage's address warns and gives 0: there is no memory.
-            self.reg.skipped.append((path, "fake tensor (FakeTensorMode): no memory"))
-            return
-        if t.is_meta:
-            self.reg.skipped.append((path, "meta tensor: no storage"))
-            return
-        self.reg.add(t, path, registration, holder)
+            fake = self.fake_types.get(cls)
+            if fake is None:
+                fake = self.fake_types[cls] = _is_fake_class(cls)
+            if fake:
+                # Reading its storage's address warns and gives 0: there is no memory.
+                self.reg.skipped.append((path, "fake tensor (FakeTensorMode): no memory"))
+                return
+            if t.is_meta:
+                self.reg.skipped.append((path, "meta tensor: no storage"))
+                return
+            self.reg.add(t, path, registration, holder)
+        except Exception as e:  # noqa: BLE001 - listed in skipped, the walk goes on
+            self.skip(path, e)
 
 
 def _enum_type():
@@ -470,10 +509,8 @@ def walk_roots(
     walker = _Walker(registry, max_depth)
     with _gc_paused():
         for root, model in pairs:
-            if isinstance(model, walker.Module):
-                walker.module_tree(model, root)
-            else:
-                walker.value(model, root, "object_attribute", None, 0)
+            # A module enters its tree; a root whose reading raises is skipped, saying why.
+            walker.value(model, root, "object_attribute", None, 0)
     if globs:
         paths = [o.path for o in registry.owners]
         hits = [False] * len(paths)

@@ -31,7 +31,10 @@ is ``persistent_tensors()``, the protocol whose purpose is to be called, and
 module tree is what ``named_modules()`` walks); from each module, chains of non-module
 objects and containers are followed to ``max_depth`` hops (default 8). Every object is
 entered once, so cycles end, and an object reached through two paths is listed under the
-first. What the walk could not read is listed in :attr:`Registry.skipped`.
+first. What the walk could not read is listed in :attr:`Registry.skipped`, as ``(owner path,
+why)``: among them any value whose reading raised (``isinstance`` asks a lazy proxy's
+``__class__``; a dict subclass's ``items()``, a ``__dict__`` property, a tensor subclass's
+properties run their code), with the exception's type and message; the walk goes on past it.
 
 **Probes on CPU.** A live snapshot says, for every address the manifest's graphs hold,
 whether it is still an active allocation. On CUDA that comes from
