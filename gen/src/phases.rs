@@ -79,7 +79,7 @@ pub fn run(manifest: &Path, live: &Path, rounds: usize) -> anyhow::Result<()> {
             // As the loader reads it (`fast_manifest`): the touches columns kept as text
             // here, and scanned by the conversion's threads.
             let t = now();
-            let m: ManifestV2<RawTouches> = serde_json::from_slice(&mb)?;
+            let m: ManifestV2<RawTouches<'_>> = serde_json::from_slice(&mb)?;
             line.push(format!("parse manifest {}", ms(t)));
             let t = now();
             let m = m.into_model().map_err(|e| anyhow::anyhow!(e.message))?;

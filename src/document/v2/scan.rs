@@ -10,7 +10,7 @@
 //! words every error. So this reader never decides what a document means or what is wrong
 //! with it; it only makes the common case cheaper.
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{ManifestV2, TouchList};
@@ -31,18 +31,13 @@ impl TouchColumn for Vec<TouchList> {
     }
 }
 
-/// A `touches` column's JSON text, scanned when the graph is converted.
-pub struct RawTouches(Box<RawValue>);
+/// A `touches` column's JSON text, borrowed from the document and scanned when the graph
+/// is converted.
+pub type RawTouches<'a> = &'a RawValue;
 
-impl<'de> Deserialize<'de> for RawTouches {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Box::<RawValue>::deserialize(d).map(RawTouches)
-    }
-}
-
-impl TouchColumn for RawTouches {
+impl TouchColumn for &RawValue {
     fn lists(self) -> Result<Vec<TouchList>, Invalid> {
-        touch_column(self.0.get().as_bytes()).ok_or_else(|| {
+        touch_column(self.get().as_bytes()).ok_or_else(|| {
             Invalid::at(
                 "touches".to_string(),
                 "declined by the fast reader".to_string(),
@@ -55,7 +50,7 @@ impl TouchColumn for RawTouches {
 /// document is not a valid manifest of `version`: then the caller parses it the usual way.
 pub fn fast_manifest(bytes: &[u8], version: u32) -> Option<Manifest> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let doc = ManifestV2::<RawTouches>::deserialize(Objects(&mut de)).ok()?;
+    let doc = ManifestV2::<RawTouches<'_>>::deserialize(Objects(&mut de)).ok()?;
     de.end().ok()?;
     if doc.format_version != version || doc.kind != DocKind::Manifest {
         return None;
@@ -71,9 +66,18 @@ struct Cursor<'a> {
 
 impl Cursor<'_> {
     /// The next byte that is not JSON whitespace, not consumed.
+    #[inline]
     fn peek(&mut self) -> Option<u8> {
+        match self.b.get(self.i) {
+            Some(&c) if !is_space(c) => Some(c),
+            _ => self.peek_past_space(),
+        }
+    }
+
+    #[cold]
+    fn peek_past_space(&mut self) -> Option<u8> {
         while let Some(&c) = self.b.get(self.i) {
-            if !matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
+            if !is_space(c) {
                 return Some(c);
             }
             self.i += 1;
@@ -82,6 +86,7 @@ impl Cursor<'_> {
     }
 
     /// Consumes `c` where it comes next.
+    #[inline]
     fn eat(&mut self, c: u8) -> bool {
         let found = self.peek() == Some(c);
         self.i += usize::from(found);
@@ -96,21 +101,32 @@ impl Cursor<'_> {
     /// or exponent (those make it a float), within `u64`.
     fn uint(&mut self) -> Option<u64> {
         self.peek()?;
-        let start = self.i;
+        // Locals, so that the loop keeps them in registers; 19 digits cannot overflow, so
+        // only a 20th is checked.
+        let (b, start) = (self.b, self.i);
+        let mut i = start;
         let mut v: u64 = 0;
-        while let Some(&c) = self.b.get(self.i)
+        while i - start < 19
+            && let Some(&c) = b.get(i)
+            && c.is_ascii_digit()
+        {
+            v = v * 10 + u64::from(c - b'0');
+            i += 1;
+        }
+        if let Some(&c) = b.get(i)
             && c.is_ascii_digit()
         {
             v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
-            self.i += 1;
+            i += 1;
         }
-        let digits = self.i - start;
-        if digits == 0 || (digits > 1 && self.b[start] == b'0') {
+        let digits = i - start;
+        if digits == 0
+            || (digits > 1 && b[start] == b'0')
+            || matches!(b.get(i), Some(b'0'..=b'9' | b'.' | b'e' | b'E'))
+        {
             return None;
         }
-        if matches!(self.b.get(self.i), Some(b'.' | b'e' | b'E')) {
-            return None;
-        }
+        self.i = i;
         Some(v)
     }
 
@@ -193,6 +209,11 @@ impl Cursor<'_> {
             absolute,
         })
     }
+}
+
+/// JSON's whitespace.
+fn is_space(c: u8) -> bool {
+    matches!(c, b' ' | b'\n' | b'\r' | b'\t')
 }
 
 /// A whole `touches` column, or `None` where the scanner declines it.
