@@ -137,3 +137,36 @@ fn the_fixtures_take_the_fast_path() {
         "only {seen} format 2 manifests among the fixtures"
     );
 }
+
+/// Random damage to a whole manifest: wherever the fast reader still reads it, the usual
+/// parse reads the same model (and where that parse refuses it, the fast reader did not
+/// read it).
+#[test]
+fn a_damaged_manifest_reads_the_same_either_way() {
+    let m = crate::testkit::manifest().in_version(2);
+    let text = serde_json::to_vec(&m).unwrap();
+    // The damage goes where the touches are, most of the time.
+    let touches = text.windows(10).position(|w| w == b"\"touches\":").unwrap();
+    let mut rng = SmallRng::seed_from_u64(2);
+    let alphabet = b"[],0123456789 \"xnul";
+    let (mut fast, mut tried) = (0, 0);
+    for _ in 0..5_000 {
+        let mut t = text.clone();
+        let at = if rng.random_bool(0.8) {
+            rng.random_range(touches..(touches + 120).min(t.len()))
+        } else {
+            rng.random_range(0..t.len())
+        };
+        t[at] = alphabet[rng.random_range(0..alphabet.len())];
+        tried += 1;
+        let slow = serde_json::from_slice::<ManifestV2>(&t)
+            .ok()
+            .and_then(|d| d.into_model().ok())
+            .filter(|d| d.format_version == 2);
+        if let Some(f) = fast_manifest(&t, 2) {
+            fast += 1;
+            assert_eq!(Some(f), slow, "{}", String::from_utf8_lossy(&t));
+        }
+    }
+    assert!(fast > tried / 10, "only {fast} of {tried} read");
+}
