@@ -50,6 +50,8 @@ __all__ = [
     "sleep_release_host_cache",
     "sleep_mem_info",
     "GpuDigestUnavailable",
+    "TensorViews",
+    "tensor_views",
     "gc128_bytes",
     "digest_host",
     "digest_cuda",
@@ -188,11 +190,30 @@ def sleep_mem_info(device: int) -> tuple[int, int]: ...
 # A view for the digest functions: (address of its first element, sizes, strides in
 # elements, element size).
 _View = tuple[int, Sequence[int], Sequence[int], int]
+# Where a view's bytes are read: None (host memory), a CUDA ordinal, or "copy" (through a
+# host copy: any other device).
+_Place = int | str | None
 
+@final
+class TensorViews:
+    """Views of tensors read on the native side (``tensor_views``, ``from_metas``)."""
+
+    def __len__(self) -> int: ...
+    def devices(self) -> list[_Place]: ...
+    def select(self, device: _Place) -> tuple[TensorViews, list[int]]: ...
+    @staticmethod
+    def from_metas(metas: list[tuple[object, ...]]) -> TensorViews: ...
+
+# The tensors' views, or the position of the first one that is not a strided tensor with
+# data. `torch` is the torch module.
+def tensor_views(tensors: list[object], torch: object) -> TensorViews | int: ...
 def gc128_bytes(data: bytes) -> str: ...
-def digest_host(views: Sequence[_View]) -> list[str]: ...
+def digest_host(views: TensorViews | Sequence[_View]) -> list[str]: ...
 def digest_cuda(
-    device: int, stream: int, views: Sequence[_View], nvrtc: str | os.PathLike[str] | None = None
+    device: int,
+    stream: int,
+    views: TensorViews | Sequence[_View],
+    nvrtc: str | os.PathLike[str] | None = None,
 ) -> list[str]: ...
 def gpu_digest_info(device: int) -> dict[str, object]: ...
 def digest_ranges(

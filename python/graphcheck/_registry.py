@@ -234,10 +234,10 @@ def digest_all(tensors, algorithm: str = DEFAULT_DIGEST) -> list:
     if isinstance(tensors, torch.Tensor) or not _args.iterable(tensors):
         raise GraphcheckError(f"tensors is a list of torch.Tensor, not {_args.show(tensors)}")
     tensors = list(tensors)
-    for i, t in enumerate(tensors):
-        _view_arg(f"tensors[{i}]", t, torch)
     if algorithm == "gc128":
         return _gc128_all(tensors)
+    for i, t in enumerate(tensors):
+        _view_arg(f"tensors[{i}]", t, torch)
     return [_digest_one(t, algorithm) for t in tensors]
 
 
@@ -267,60 +267,52 @@ def _view(t) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), t.element_size())
 
 
-def _device_key(t):
-    """Where a tensor's bytes are read: ``None`` in place on the host, a CUDA ordinal, or
-    ``"copy"`` (any other device: through a host copy)."""
-    d = t.get_device()
-    if d < 0:
-        return None if t.is_cpu else "copy"
-    return d if t.is_cuda else "copy"
-
-
-# Device name (a view's metadata) -> where its bytes are read (as `_device_key`).
-_DEVICE_KEYS: dict = {"cpu": None}
-
-
-def _meta_device_key(name: str):
-    key = _DEVICE_KEYS.get(name, ...)
-    if key is ...:
-        key = int(name[5:]) if name.startswith("cuda:") and name[5:].isdigit() else "copy"
-        _DEVICE_KEYS[name] = key
-    return key
+def _tensor_views(tensors: list):
+    """The native side's views of ``tensors`` (a list), their attributes read there in one
+    call, with no Python object made per tensor (a tuple each, built here, cost more than
+    the native digest call). A tensor that is not a strided view with data is an error
+    naming it, as :func:`_view_arg` says it."""
+    torch = _torch()
+    views = _native.tensor_views(tensors, torch)
+    if isinstance(views, int):
+        _view_arg(f"tensors[{views}]", tensors[views], torch)
+        raise GraphcheckError(  # pragma: no cover - the native checks are _view_arg's
+            f"tensors[{views}] could not be read as a strided view"
+        )
+    return views
 
 
 def _gc128_all(tensors: list) -> list:
-    return _gc128([_device_key(t) for t in tensors], None, tensors)
+    return _gc128(_tensor_views(tensors), tensors)
 
 
-def _gc128(keys: list, views: Optional[list], tensors: list) -> list:
-    """gc128 of ``tensors`` read where ``keys`` say (:func:`_device_key`): one native call
-    per device. ``views`` are their native views where the caller has them already."""
+def _gc128(views, tensors: list) -> list:
+    """gc128 of ``tensors``, whose native views (``_native.TensorViews``, of the tensors
+    or of a registry's metadata) are ``views``: one native call per device."""
+    devices = views.devices()
+    if len(devices) == 1:  # the common case: nothing to sort out
+        return _gc128_of(devices[0], views, tensors)
     out: list = [None] * len(tensors)
-    groups: dict = {}  # key -> positions
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
-    for key, where in groups.items():
-        if views is None:
-            these = [_view(tensors[i]) for i in where]
-        elif len(where) == len(views):
-            these = views
-        else:
-            these = [views[i] for i in where]
-        if key is None:
-            values = _native.digest_host(these)
-        elif key == "copy":
-            values = _host_copies([tensors[i] for i in where])
-        else:
-            values = _cuda_gc128(key, these, [tensors[i] for i in where])
-        for i, v in zip(where, values):
+    for key in devices:
+        part, where = views.select(key)
+        for i, v in zip(where, _gc128_of(key, part, [tensors[i] for i in where])):
             out[i] = v
     return out
 
 
+def _gc128_of(key, views, tensors: list) -> list:
+    """gc128 of views of one place (``TensorViews.devices``): host memory (``None``), a
+    CUDA ordinal, or ``"copy"`` (any other device: through host copies)."""
+    if key is None:
+        return _native.digest_host(views)
+    if key == "copy":
+        return _host_copies(tensors)
+    return _cuda_gc128(key, views, tensors)
+
+
 def _host_copies(tensors: list) -> list:
     """gc128 of host copies: the same digests as where the tensors are, slower."""
-    copies = [t.detach().cpu() for t in tensors]
-    return _native.digest_host([_view(c) for c in copies])
+    return _native.digest_host(_tensor_views([t.detach().cpu() for t in tensors]))
 
 
 #: Why the GPU digest is unavailable in this process (``None`` until it fails): CUDA tensors
@@ -587,11 +579,7 @@ class Registry:
         if todo and digests == "gc128":
             # The views from the walk's metadata: no tensor property is read again.
             metas = [self.tensors[i].meta for i, _ in todo]
-            values = _gc128(
-                [_meta_device_key(m[8]) for m in metas],
-                [(m[0] + m[2], m[4], m[5], m[7]) for m in metas],
-                [t for _, t in todo],
-            )
+            values = _gc128(_native.TensorViews.from_metas(metas), [t for _, t in todo])
         elif todo:
             values = digest_all([t for _, t in todo], digests)
         if todo:

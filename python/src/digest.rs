@@ -1,5 +1,6 @@
 //! The `gc128` content digest in `graphcheck._native`: of bytes, of CPU tensors read in
-//! place (no copy), and of CUDA tensors, many per call in one kernel launch. A view is
+//! place (no copy), and of CUDA tensors, many per call in one kernel launch. The views are
+//! a `TensorViews` (tensors or a registry's metadata, read by [`views`]) or tuples
 //! `(address of its first element, sizes, strides in elements, element size)`.
 //!
 //! The GPU path raises `GpuDigestUnavailable` (a `GraphcheckError`) where NVRTC cannot be
@@ -8,14 +9,17 @@
 
 use std::path::PathBuf;
 
-use graphcheck::cuda::digest::{self as gpu, DeviceView, GpuDigestError};
-use graphcheck::document::digest::{Layout, View, gc128, gc128_layout};
+use graphcheck::cuda::digest::{self as gpu, GpuDigestError};
+use graphcheck::document::digest::{DigestText, Located, gc128, gc128_located};
 use pyo3::create_exception;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::{GraphcheckError, NativeError, detached};
+
+mod views;
+
+use views::{Place, views_arg};
 
 create_exception!(
     graphcheck,
@@ -25,46 +29,6 @@ create_exception!(
      compile the kernel, or the driver could not load it. Digests of host copies are the \
      same, only slower."
 );
-
-/// `(address, sizes, strides in elements, element size)`.
-type ViewArg = (u64, Vec<u64>, Vec<i64>, u32);
-
-/// The views of a call, read without PyO3's generic sequence extraction: a call may carry
-/// 100,000 of them, and tuples (`torch.Size` is one) read item by item cost a third as much.
-fn views_arg(views: &Bound<'_, PyAny>) -> PyResult<Vec<ViewArg>> {
-    fn ints<'py, T: for<'a> FromPyObject<'a, 'py>>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<T>>
-    where
-        for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
-    {
-        match obj.cast::<PyTuple>() {
-            Ok(t) => t
-                .iter()
-                .map(|x| x.extract::<T>().map_err(Into::into))
-                .collect(),
-            Err(_) => obj.extract::<Vec<T>>(),
-        }
-    }
-    let one = |v: Bound<'_, PyAny>| -> PyResult<ViewArg> {
-        let t = v.cast::<PyTuple>().map_err(|_| {
-            PyTypeError::new_err("a view is a tuple (address, sizes, strides, element size)")
-        })?;
-        if t.len() != 4 {
-            return Err(PyTypeError::new_err(
-                "a view is a tuple (address, sizes, strides, element size)",
-            ));
-        }
-        Ok((
-            t.get_item(0)?.extract()?,
-            ints(&t.get_item(1)?)?,
-            ints(&t.get_item(2)?)?,
-            t.get_item(3)?.extract()?,
-        ))
-    };
-    match views.cast::<PyList>() {
-        Ok(list) => list.iter().map(one).collect(),
-        Err(_) => views.try_iter()?.map(|v| one(v?)).collect(),
-    }
-}
 
 /// The `gc128` digest of `data`.
 #[pyfunction]
@@ -80,70 +44,64 @@ fn gc128_bytes(py: Python<'_>, data: &[u8]) -> PyResult<String> {
 // Allowed: the one place host memory is read by an address Python hands over (the
 // workspace's lint list).
 #[allow(unsafe_code)]
-fn host_digest(index: usize, (addr, shape, stride, itemsize): &ViewArg) -> Result<String, String> {
-    let layout = Layout::of(View {
-        shape,
-        stride,
-        itemsize: *itemsize,
-    })
-    .map_err(|e| format!("view {index}: {e}"))?;
-    let span = layout.span().map_err(|e| format!("view {index}: {e}"))?;
+fn host_digest(index: usize, view: &Located) -> Result<DigestText, String> {
+    let span = view.span().map_err(|e| format!("view {index}: {e}"))?;
     let memory: &[u8] = if span == 0 {
         &[]
-    } else if *addr == 0 {
+    } else if view.addr == 0 {
         return Err(format!("view {index}: a null address for {span} bytes"));
     } else {
         let len = usize::try_from(span).map_err(|_| format!("view {index}: too large"))?;
         // SAFETY: the caller's promise above: `len` bytes from `addr` are readable and not
         // written during the call; bytes need no alignment.
-        unsafe { std::slice::from_raw_parts(*addr as usize as *const u8, len) }
+        unsafe { std::slice::from_raw_parts(view.addr as usize as *const u8, len) }
     };
-    gc128_layout(memory, &layout)
-        .map(|d| d.0)
-        .map_err(|e| format!("view {index}: {e}"))
+    gc128_located(memory, view).map_err(|e| format!("view {index}: {e}"))
 }
 
-/// The `gc128` digests of views of CPU tensors, read where they are.
+/// The `gc128` digests of views of CPU tensors, read where they are: a `TensorViews` of
+/// host memory, or `(address, sizes, strides, element size)` tuples.
 #[pyfunction]
-fn digest_host(py: Python<'_>, views: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
-    let views = views_arg(views)?;
-    detached(py, move || {
+fn digest_host<'py>(py: Python<'py>, views: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let views = views_arg(views, Place::Host)?;
+    let views: &[Located] = &views;
+    let texts = detached(py, move || {
         views
             .iter()
             .enumerate()
             .map(|(i, v)| host_digest(i, v))
             .collect::<Result<Vec<_>, _>>()
-    })
+    })?;
+    texts_list(py, &texts)
 }
 
-/// The `gc128` digests of views of CUDA tensors of device `device`, in one kernel launch
-/// on `stream` (`torch.cuda.current_stream(device).cuda_stream`), waited for. `nvrtc` is
-/// libnvrtc's path where the caller found one (else it is looked up by name).
+/// Digests as a list of `str`, made from their text directly.
+fn texts_list<'py>(py: Python<'py>, texts: &[DigestText]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, texts.iter().map(|t| PyString::new(py, t.as_str())))
+}
+
+/// The `gc128` digests of views of CUDA tensors of device `device` (a `TensorViews` of that
+/// device, or tuples), in one kernel launch on `stream`
+/// (`torch.cuda.current_stream(device).cuda_stream`), waited for. `nvrtc` is libnvrtc's
+/// path where the caller found one (else it is looked up by name).
 #[pyfunction]
 #[pyo3(signature = (device, stream, views, nvrtc=None))]
-fn digest_cuda(
-    py: Python<'_>,
+fn digest_cuda<'py>(
+    py: Python<'py>,
     device: i32,
     stream: u64,
-    views: &Bound<'_, PyAny>,
+    views: &Bound<'py, PyAny>,
     nvrtc: Option<PathBuf>,
-) -> PyResult<Vec<String>> {
-    let views: Vec<DeviceView> = views_arg(views)?
-        .into_iter()
-        .map(|(addr, shape, stride, itemsize)| DeviceView {
-            addr,
-            shape,
-            stride,
-            itemsize,
-        })
-        .collect();
+) -> PyResult<Bound<'py, PyList>> {
+    let views = views_arg(views, Place::Cuda(device))?;
+    let views: &[Located] = &views;
     let r = py.detach(move || {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            gpu::digests(device, stream, &views, nvrtc.as_deref())
+            gpu::located_digests(device, stream, views, nvrtc.as_deref())
         }))
     });
     match r {
-        Ok(Ok(d)) => Ok(d.into_iter().map(|d| d.0).collect()),
+        Ok(Ok(texts)) => texts_list(py, &texts),
         Ok(Err(e @ GpuDigestError::Unavailable(_))) => {
             Err(GpuDigestUnavailable::new_err(e.to_string()))
         }
@@ -215,6 +173,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "GpuDigestUnavailable",
         m.py().get_type::<GpuDigestUnavailable>(),
     )?;
+    m.add_class::<views::TensorViews>()?;
+    m.add_function(wrap_pyfunction!(views::tensor_views, m)?)?;
     m.add_function(wrap_pyfunction!(gc128_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(digest_host, m)?)?;
     m.add_function(wrap_pyfunction!(digest_cuda, m)?)?;

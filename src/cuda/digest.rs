@@ -17,7 +17,7 @@ use graphcheck_driver::digest::{
 };
 use graphcheck_driver::nvrtc::{Nvrtc, NvrtcError};
 
-use crate::document::digest::{self as gc, Lanes, Layout, View, ViewError};
+use crate::document::digest::{self as gc, DigestText, Lanes, Located, View, ViewError};
 use crate::document::format::Digest;
 
 /// Why device views could not be digested.
@@ -157,21 +157,25 @@ pub fn plan(views: &[DeviceView]) -> Result<Vec<DigestView>, GpuDigestError> {
         .iter()
         .enumerate()
         .map(|(index, v)| {
-            let layout = Layout::of(View {
+            let view = View {
                 shape: &v.shape,
                 stride: &v.stride,
                 itemsize: v.itemsize,
-            })
-            .map_err(|error| GpuDigestError::View { index, error })?;
-            let nbytes = layout.nbytes();
-            let strided = (!layout.is_contiguous()).then_some((layout.itemsize, layout.dims));
-            Ok(DigestView {
-                addr: v.addr,
-                nbytes,
-                strided,
-            })
+            };
+            Located::of(v.addr, view)
+                .map(|l| kernel_view(&l))
+                .map_err(|error| GpuDigestError::View { index, error })
         })
         .collect()
+}
+
+/// The kernel's form of a located view.
+fn kernel_view(v: &Located) -> DigestView {
+    DigestView {
+        addr: v.addr,
+        nbytes: v.nbytes,
+        strided: v.strided.as_ref().map(|l| (l.itemsize, l.dims.clone())),
+    }
 }
 
 /// The `gc128` digests of device `ordinal`'s views, in one launch on `stream` (a `CUstream`
@@ -186,13 +190,35 @@ pub fn digests(
     views: &[DeviceView],
     nvrtc_path: Option<&Path>,
 ) -> Result<Vec<Digest>, GpuDigestError> {
-    let planned = plan(views)?;
+    let texts = finish(ordinal, stream, &plan(views)?, nvrtc_path)?;
+    Ok(texts.iter().map(DigestText::digest).collect())
+}
+
+/// [`digests`] of views located already (their layouts checked), under the same promise,
+/// as text.
+pub fn located_digests(
+    ordinal: i32,
+    stream: u64,
+    views: &[Located],
+    nvrtc_path: Option<&Path>,
+) -> Result<Vec<DigestText>, GpuDigestError> {
+    let planned: Vec<DigestView> = views.iter().map(kernel_view).collect();
+    finish(ordinal, stream, &planned, nvrtc_path)
+}
+
+/// The digests of planned views: their lane sums from one launch, finalized by the twin.
+fn finish(
+    ordinal: i32,
+    stream: u64,
+    planned: &[DigestView],
+    nvrtc_path: Option<&Path>,
+) -> Result<Vec<DigestText>, GpuDigestError> {
     let k = kernel_for(ordinal, nvrtc_path)?;
-    let lanes = k.lanes(stream, &planned)?;
+    let lanes = k.lanes(stream, planned)?;
     Ok(planned
         .iter()
         .zip(lanes)
-        .map(|(v, [a, b])| Lanes { a, b }.finish(v.nbytes))
+        .map(|(v, [a, b])| Lanes { a, b }.text(v.nbytes))
         .collect())
 }
 

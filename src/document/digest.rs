@@ -121,8 +121,51 @@ impl Lanes {
 
     /// The digest of an input of `len` bytes whose words sum to these lanes.
     pub fn finish(self, len: u64) -> Digest {
-        let [h1, h2] = finish(self, len);
-        Digest(format!("{GC128}:{h1:016x}{h2:016x}"))
+        self.text(len).digest()
+    }
+
+    /// [`Lanes::finish`] as text, without allocating.
+    pub fn text(self, len: u64) -> DigestText {
+        DigestText::of(finish(self, len))
+    }
+}
+
+/// A digest's text, `gc128:` then its halves `h1` and `h2` as 16 hex digits each, held
+/// without allocating: the digests of many small views go from here straight into the
+/// caller's strings.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DigestText([u8; DigestText::LEN]);
+
+impl DigestText {
+    const LEN: usize = GC128.len() + 33;
+
+    fn of(halves: [u64; 2]) -> DigestText {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; Self::LEN];
+        text[..GC128.len()].copy_from_slice(GC128.as_bytes());
+        text[GC128.len()] = b':';
+        for (half, h) in halves.into_iter().enumerate() {
+            let at = GC128.len() + 1 + 16 * half;
+            for (i, digit) in text[at..at + 16].iter_mut().enumerate() {
+                *digit = HEX[(h >> (60 - 4 * i)) as usize & 15];
+            }
+        }
+        DigestText(text)
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("a digest's text is ASCII")
+    }
+
+    /// The digest as the documents hold it.
+    pub fn digest(&self) -> Digest {
+        Digest(self.as_str().to_owned())
+    }
+}
+
+impl std::fmt::Debug for DigestText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -209,12 +252,17 @@ impl Gc128 {
     }
 
     /// The digest of everything appended.
-    pub fn finish(mut self) -> Digest {
+    pub fn finish(self) -> Digest {
+        self.text().digest()
+    }
+
+    /// [`Gc128::finish`] as text, without allocating.
+    pub fn text(mut self) -> DigestText {
         if self.len % 8 != 0 {
             let w = std::mem::take(&mut self.pending);
             self.push_word(w);
         }
-        self.lanes.finish(self.len)
+        self.lanes.text(self.len)
     }
 }
 
@@ -340,6 +388,93 @@ impl Layout {
     }
 }
 
+/// A view to digest where it lies: the address of its first element, the bytes of its
+/// row-major element stream, and its merged layout where it is not contiguous. Most views
+/// are contiguous and carry no layout, so that reading many small tensors allocates nothing
+/// per view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Located {
+    pub addr: u64,
+    /// Bytes of the row-major element stream (the digest's input length).
+    pub nbytes: u64,
+    /// `None` for a contiguous view; else its layout (never a contiguous one).
+    pub strided: Option<Layout>,
+}
+
+impl Located {
+    /// `nbytes` bytes back to back from `addr`.
+    pub fn contiguous(addr: u64, nbytes: u64) -> Located {
+        Located {
+            addr,
+            nbytes,
+            strided: None,
+        }
+    }
+
+    /// `view` with its first element at `addr`, checked as [`Layout::of`] checks it: a
+    /// row-major view (size-1 dimensions aside) is told without building its layout.
+    pub fn of(addr: u64, view: View<'_>) -> Result<Located, ViewError> {
+        if let Some(nbytes) = contiguous_bytes(view) {
+            return Ok(Located::contiguous(addr, nbytes));
+        }
+        let layout = Layout::of(view)?;
+        let nbytes = layout.nbytes();
+        let strided = (!layout.is_contiguous()).then_some(layout);
+        Ok(Located {
+            addr,
+            nbytes,
+            strided,
+        })
+    }
+
+    /// Bytes from the first element to the end of the last (0 for an empty view).
+    pub fn span(&self) -> Result<u64, ViewError> {
+        match &self.strided {
+            None => Ok(self.nbytes),
+            Some(layout) => layout.span(),
+        }
+    }
+}
+
+/// The bytes of `view` where it is a valid row-major view (or empty) whose every stride is
+/// not negative: then [`Layout::of`] would accept it and merge it into one run. `None`
+/// for anything else, which [`Layout::of`] then checks or lays out.
+fn contiguous_bytes(view: View<'_>) -> Option<u64> {
+    if view.shape.len() != view.stride.len() || view.itemsize == 0 {
+        return None;
+    }
+    let mut numel: u64 = 1;
+    let mut row_major = true;
+    for (&n, &s) in view.shape.iter().zip(view.stride).rev() {
+        if s < 0 {
+            return None;
+        }
+        if n != 1 && s as u64 != numel {
+            row_major = false;
+        }
+        numel = numel.checked_mul(n)?;
+    }
+    let nbytes = numel.checked_mul(u64::from(view.itemsize))?;
+    (row_major || numel == 0).then_some(nbytes)
+}
+
+/// The `gc128` digest of a located view's elements, as text, read from `memory`, which
+/// starts at its first element and must hold its whole span.
+pub fn gc128_located(memory: &[u8], view: &Located) -> Result<DigestText, ViewError> {
+    match &view.strided {
+        Some(layout) => Ok(layout_hasher(memory, layout)?.text()),
+        None if view.nbytes > memory.len() as u64 => Err(ViewError::Span {
+            span: view.nbytes,
+            available: memory.len() as u64,
+        }),
+        None => {
+            let mut h = Gc128::new();
+            h.update(&memory[..view.nbytes as usize]);
+            Ok(h.text())
+        }
+    }
+}
+
 /// The `gc128` digest of `view`'s elements in row-major order, read from `memory`, which
 /// starts at the view's first element and must hold its whole span.
 pub fn gc128_view(memory: &[u8], view: View<'_>) -> Result<Digest, ViewError> {
@@ -349,6 +484,11 @@ pub fn gc128_view(memory: &[u8], view: View<'_>) -> Result<Digest, ViewError> {
 
 /// [`gc128_view`] of a checked layout.
 pub fn gc128_layout(memory: &[u8], layout: &Layout) -> Result<Digest, ViewError> {
+    Ok(layout_hasher(memory, layout)?.finish())
+}
+
+/// The digest of a checked layout's elements, to be finished.
+fn layout_hasher(memory: &[u8], layout: &Layout) -> Result<Gc128, ViewError> {
     let span = layout.span()?;
     if span > memory.len() as u64 {
         return Err(ViewError::Span {
@@ -356,10 +496,11 @@ pub fn gc128_layout(memory: &[u8], layout: &Layout) -> Result<Digest, ViewError>
             available: memory.len() as u64,
         });
     }
-    if layout.is_contiguous() {
-        return Ok(gc128(&memory[..span as usize]));
-    }
     let mut h = Gc128::new();
+    if layout.is_contiguous() {
+        h.update(&memory[..span as usize]);
+        return Ok(h);
+    }
     let isz = layout.itemsize as usize;
     let (inner, outer) = layout
         .dims
@@ -381,7 +522,7 @@ pub fn gc128_layout(memory: &[u8], layout: &Layout) -> Result<Digest, ViewError>
         let mut d = outer.len();
         loop {
             if d == 0 {
-                return Ok(h.finish());
+                return Ok(h);
             }
             d -= 1;
             index[d] += 1;

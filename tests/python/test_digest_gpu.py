@@ -13,6 +13,7 @@ import graphcheck
 import graphcheck._native as native
 import graphcheck._registry as registry
 import graphcheck.torch as gt
+from test_digest_views import PINNED, pinned_views
 
 
 @pytest.fixture
@@ -148,3 +149,34 @@ def test_memory_ranges_are_digested_where_mapped_and_only_there(gpu):
     assert digests[2:] == [None, None, None]
     torch.cuda.synchronize()  # the context is healthy: nothing unmapped was read
     assert registry.range_digests(ranges[:1]) == digests[:1]
+
+
+def test_every_entry_point_gives_mains_digests_on_the_gpu(gpu):
+    """The views read natively (`tensor_views`, `TensorViews.from_metas`) and main's tuples
+    give the kernel the same views: the digests main pinned on the host."""
+    torch = gpu
+    views = pinned_views(torch, "cuda")
+    tensors, want = list(views.values()), [PINNED[n] for n in views]
+    assert gt.digest_all(tensors) == want
+    dev = torch.cuda.current_device()
+    stream = torch.cuda.current_stream().cuda_stream
+    nvrtc = registry.nvrtc_path()
+    assert native.digest_cuda(dev, stream, [registry._view(t) for t in tensors], nvrtc) == want
+    assert native.digest_cuda(dev, stream, native.tensor_views(tensors, torch), nvrtc) == want
+    model = torch.nn.Module()
+    for i, t in enumerate(tensors):
+        setattr(model, f"t{i}", t)
+    reg = gt.walk(model)
+    specs = {id(r.tensor): s["digest"] for r, s in zip(reg.tensors, reg.tensor_specs("gc128"))}
+    assert [specs[id(t)] for t in tensors] == want
+    with pytest.raises(graphcheck.GraphcheckError, match="view 0 is not in host memory"):
+        native.digest_host(native.tensor_views(tensors[:1], torch))
+
+
+def test_host_and_device_tensors_in_one_list_keep_their_order(gpu):
+    torch = gpu
+    host = [torch.arange(5 + i, dtype=torch.int32) for i in range(6)]
+    mixed = [t.cuda() if i % 2 else t for i, t in enumerate(host)]
+    views = native.tensor_views(mixed, torch)
+    assert views.devices() == [None, torch.cuda.current_device()]
+    assert gt.digest_all(mixed) == gt.digest_all(host) == [gt.digest(t) for t in host]

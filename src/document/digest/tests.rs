@@ -410,3 +410,78 @@ fn a_bad_view_is_an_error() {
         }
     );
 }
+
+/// What `Layout::of` makes of a view, as a located view: its contiguous runs without a
+/// layout. `Located::of` must agree with it on every view, including its errors.
+fn located_by_layout(addr: u64, view: View<'_>) -> Result<Located, ViewError> {
+    let layout = Layout::of(view)?;
+    Ok(Located {
+        addr,
+        nbytes: layout.nbytes(),
+        strided: (!layout.is_contiguous()).then_some(layout),
+    })
+}
+
+#[test]
+fn a_located_view_is_its_layout_without_building_a_contiguous_one() {
+    type Case = (&'static [u64], &'static [i64], u32);
+    let cases: &[Case] = &[
+        (&[16, 16], &[16, 1], 4),
+        (&[1, 3, 1], &[16, 1, 1], 4), // size-1 dimensions with strides torch ignores
+        (&[3, 1, 5], &[5, 99, 1], 1),
+        (&[1], &[-1], 4), // a negative stride of a size-1 dimension: Layout::of refuses it
+        (&[0], &[-1], 4), // ... but not in an empty view
+        (&[0, 4], &[1, 1], 4),
+        (&[], &[], 8),
+        (&[2], &[1, 1], 4),
+        (&[2], &[1], 0),
+        (&[u64::MAX, 4], &[4, 1], 4),
+        (&[u64::MAX / 2, 4], &[4, 1], 4), // the element count fits, its bytes do not
+        (&[0, u64::MAX, u64::MAX], &[1, 1, 1], 1),
+        (&[16, 16], &[1, 16], 4),
+        (&[4, 6], &[0, 1], 8),
+    ];
+    for &(shape, stride, itemsize) in cases {
+        let view = View {
+            shape,
+            stride,
+            itemsize,
+        };
+        assert_eq!(
+            Located::of(0x1000, view),
+            located_by_layout(0x1000, view),
+            "{shape:?} {stride:?} {itemsize}"
+        );
+    }
+    // Random small views, most of them contiguous or nearly so.
+    let mut rng = Rng(11);
+    for _ in 0..20_000 {
+        let rank = rng.below(5);
+        let shape: Vec<u64> = (0..rank).map(|_| rng.below(4) as u64).collect();
+        let mut stride = vec![0i64; rank];
+        let mut step = 1i64;
+        for d in (0..rank).rev() {
+            stride[d] = match rng.below(6) {
+                0 => rng.below(9) as i64 - 1,
+                _ => step,
+            };
+            step *= shape[d].max(1) as i64;
+        }
+        let itemsize = [1, 2, 4, 8, 16][rng.below(5)];
+        let view = View {
+            shape: &shape,
+            stride: &stride,
+            itemsize,
+        };
+        let located = Located::of(7, view);
+        assert_eq!(located, located_by_layout(7, view), "{shape:?} {stride:?}");
+        if let Ok(l) = located {
+            let memory = rng.bytes(l.span().unwrap() as usize);
+            assert_eq!(
+                gc128_located(&memory, &l).map(|t| t.digest()),
+                gc128_view(&memory, view),
+                "{shape:?} {stride:?}"
+            );
+        }
+    }
+}
