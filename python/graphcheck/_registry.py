@@ -9,8 +9,10 @@ digest algorithms, are told in :mod:`graphcheck.torch`'s docstring.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import gc
 import glob
 import hashlib
 import os
@@ -537,6 +539,21 @@ def _owner_record(path, tensor, registration, holder, _new=object.__new__):
     return o
 
 
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off for a walk, or for building the specs of its
+    tensors: each allocates a few objects per tensor and frees none, so on a large model
+    every collection it triggers scans the whole heap for nothing (about half the walk's
+    time at 100,000 tensors, two thirds of ``tensor_specs``')."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 @dataclass
 class Registry:
     """Every tensor view a model reaches and the owner paths that reach it."""
@@ -563,6 +580,10 @@ class Registry:
         """``TensorSpec`` dicts in registry order, with digests of ``digests``' algorithm
         (all of one device in one call, for ``gc128``), except for views of the storages
         in ``skip`` ((device, storage address) pairs)."""
+        with _gc_paused():
+            return self._tensor_specs(digests, skip)
+
+    def _tensor_specs(self, digests: Optional[str], skip: frozenset) -> list:
         out = []
         todo: list = []  # (position, tensor)
         for rec in self.tensors:

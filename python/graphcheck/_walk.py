@@ -6,16 +6,23 @@ rules (what is entered, how each path holds its tensor, the depth bound) are tol
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import types
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from . import _args, _native
 from ._native import GraphcheckError
-from ._registry import Registry, _attr, _child, _exception_text, _key, _torch, _type_name
+from ._registry import (
+    Registry,
+    _attr,
+    _child,
+    _exception_text,
+    _gc_paused,
+    _key,
+    _torch,
+    _type_name,
+)
 
 #: Hops of non-module objects and containers followed from each module.
 DEFAULT_MAX_DEPTH = 8
@@ -455,20 +462,6 @@ def _object_attributes(obj, slots_cache: Optional[dict] = None) -> list:
         except AttributeError:  # an unfilled slot
             continue
     return out
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """The cyclic garbage collector off for a walk: the walk allocates a few objects per
-    tensor and frees none, so on a large model every collection it triggers scans the
-    whole heap for nothing (about half the walk's time at 100,000 tensors)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def walk(
