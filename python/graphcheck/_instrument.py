@@ -564,6 +564,12 @@ def _patch_torch() -> None:
     if getattr(base, "_graphcheck_base", None) is not None:
         # Ours still, or a class derived from ours, left in place by an uninstrument (see
         # _restore): its captures record already; a second subclass would record twice.
+        # Ours itself is recorded as this patch, so that the next uninstrument puts
+        # torch's class back (a derived class is someone else's, and stays).
+        if "_graphcheck_base" in vars(base):
+            for module in (torch.cuda, graphs):
+                if module is not None and getattr(module, "CUDAGraph", None) is base:
+                    _PATCHED.append((module, "CUDAGraph", base._graphcheck_base, base))
         return
     cls = _instrumented_class(base)
     for module in (torch.cuda, graphs):

@@ -443,18 +443,26 @@ fn contiguous_bytes(view: View<'_>) -> Option<u64> {
     if view.shape.len() != view.stride.len() || view.itemsize == 0 {
         return None;
     }
+    // The element count outermost first, as `Layout::of` counts it: innermost first, a
+    // trailing 0 would hide an overflow of the sizes before it, which it refuses.
     let mut numel: u64 = 1;
+    for &n in view.shape {
+        numel = numel.checked_mul(n)?;
+    }
+    numel.checked_mul(u64::from(view.itemsize))?;
+    let mut inner: u64 = 1;
     let mut row_major = true;
     for (&n, &s) in view.shape.iter().zip(view.stride).rev() {
         if s < 0 {
             return None;
         }
-        if n != 1 && s as u64 != numel {
+        if n != 1 && s as u64 != inner {
             row_major = false;
         }
-        numel = numel.checked_mul(n)?;
+        // Divides `numel` where that is not 0; an empty view is taken whatever this is.
+        inner = inner.saturating_mul(n);
     }
-    let nbytes = numel.checked_mul(u64::from(view.itemsize))?;
+    let nbytes = numel * u64::from(view.itemsize);
     (row_major || numel == 0).then_some(nbytes)
 }
 

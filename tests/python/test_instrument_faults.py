@@ -231,6 +231,29 @@ def test_uninstrument_leaves_a_method_wrapped_since(torch, fake):
     assert torch.cuda.CUDAGraph is FakeCUDAGraph
 
 
+def test_the_patch_put_back_by_someone_else_goes_at_the_next_uninstrument(torch, fake):
+    # Regression: a test's monkeypatch over the patch, undone after an uninstrument left it,
+    # put graphcheck's class back; the next instrument() took it as its own without
+    # recording it, so no uninstrument could restore torch's class again.
+    model = make_model(torch)
+    ins = gt.instrument(model=model)
+    ours = torch.cuda.CUDAGraph
+
+    class TheirGraph(FakeCUDAGraph):
+        pass
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "CUDAGraph", TheirGraph)
+        with pytest.warns(RuntimeWarning, match="left torch.cuda.CUDAGraph as it is"):
+            gt.uninstrument(ins)
+    assert torch.cuda.CUDAGraph is ours  # the monkeypatch's undo put ours back
+    again = gt.instrument(model=model)
+    capture(torch, model)
+    assert again.captures == 1
+    gt.uninstrument(again)
+    assert torch.cuda.CUDAGraph is FakeCUDAGraph
+
+
 def test_a_class_derived_from_the_patch_left_in_place_is_not_patched_again(torch, fake):
     model = make_model(torch)
     ins = gt.instrument(model=model)

@@ -438,6 +438,7 @@ fn a_located_view_is_its_layout_without_building_a_contiguous_one() {
         (&[u64::MAX, 4], &[4, 1], 4),
         (&[u64::MAX / 2, 4], &[4, 1], 4), // the element count fits, its bytes do not
         (&[0, u64::MAX, u64::MAX], &[1, 1, 1], 1),
+        (&[u64::MAX, u64::MAX, 0], &[0, 0, 1], 1),
         (&[16, 16], &[1, 16], 4),
         (&[4, 6], &[0, 1], 8),
     ];
