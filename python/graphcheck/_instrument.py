@@ -604,7 +604,8 @@ def instrument(
     ``capture_begin``/``capture_end`` callers work unchanged. Code that bound the class
     before (``from torch.cuda import CUDAGraph``) is not reached: instrument first.
 
-    ``directory`` (default: ``$GRAPHCHECK_DIR``; ``None`` keeps the manifest in memory)
+    ``directory`` (``None``, the default: ``$GRAPHCHECK_DIR`` where it is set, else the
+    manifest is kept in memory)
     receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
     rewritten atomically after every capture. A second instrumentation of the process
     writing into the same directory (one stopped before counts) writes
