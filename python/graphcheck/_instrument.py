@@ -605,7 +605,7 @@ def instrument(
     before (``from torch.cuda import CUDAGraph``) is not reached: instrument first.
 
     ``directory`` (``None``, the default: ``$GRAPHCHECK_DIR`` where it is set, else the
-    manifest is kept in memory)
+    manifest is kept in memory; ``False``: in memory whatever that variable says)
     receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
     rewritten atomically after every capture. A second instrumentation of the process
     writing into the same directory (one stopped before counts) writes
@@ -651,6 +651,8 @@ def instrument(
     of the inputs it was recorded for (``inductor_fn0_graph1[8x256]``)."""
     if directory is None:
         directory = os.environ.get(ENV_DIR) or None
+    elif directory is False:
+        directory = None
     root = _args.text("root", root)
     _native.check_path(root)
     if model is not None:

@@ -134,7 +134,8 @@ def graphcheck_recorder(request):
     for its duration); ``checkpoint()`` verifies."""
     from graphcheck import torch as gt
 
-    ins = gt.instrument(None, strict=True)
+    # In memory: the manifest goes to --graphcheck-dir below, not to $GRAPHCHECK_DIR.
+    ins = gt.instrument(False, strict=True)
     rec = GraphcheckRecorder(ins, request.node.nodeid)
     try:
         yield rec

@@ -163,3 +163,35 @@ def test_graphcheck_dir_writes_each_tests_manifest(inner, tmp_path):
     ]
     m = json.loads((out_dir / names[0]).read_text())
     assert m["kind"] == "manifest" and [g["name"] for g in m["graphs"]] == ["capture0"]
+
+
+def test_the_plugin_keeps_its_manifests_out_of_graphcheck_dir(inner, tmp_path, monkeypatch):
+    # Regression: the fixture's instrument(None) took $GRAPHCHECK_DIR too, so with the
+    # variable set every test wrote a manifest there (a folder instrumentation-<n>/ and a
+    # warning each); the plugin's manifests go to --graphcheck-dir only.
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    monkeypatch.setenv("GRAPHCHECK_DIR", str(env_dir))
+    out_dir = tmp_path / "manifests"
+    result = inner.runpytest("-p", "no:cacheprovider", "-q", f"--graphcheck-dir={out_dir}")
+    result.assert_outcomes(passed=4, failed=2)
+    assert os.listdir(env_dir) == []
+    assert len(os.listdir(out_dir)) == 3
+
+
+def test_instrument_false_keeps_the_manifest_in_memory_whatever_graphcheck_dir_says(
+    tmp_path, monkeypatch, torch
+):
+    import graphcheck.torch as gt
+
+    monkeypatch.setenv("GRAPHCHECK_DIR", str(tmp_path))
+    ins = gt.instrument(False)
+    try:
+        assert ins.directory is None and ins.manifest_path() is None
+    finally:
+        gt.uninstrument(ins)
+    ins = gt.instrument(None)
+    try:
+        assert ins.directory == str(tmp_path)
+    finally:
+        gt.uninstrument(ins)
