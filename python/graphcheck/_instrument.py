@@ -560,21 +560,21 @@ def _patch_torch() -> None:
     if _PATCHED:
         return
     graphs = getattr(torch.cuda, "graphs", None)
-    base = torch.cuda.CUDAGraph
-    if getattr(base, "_graphcheck_base", None) is not None:
-        # Ours still, or a class derived from ours, left in place by an uninstrument (see
-        # _restore): its captures record already; a second subclass would record twice.
-        # Ours itself is recorded as this patch, so that the next uninstrument puts
-        # torch's class back (a derived class is someone else's, and stays).
-        if "_graphcheck_base" in vars(base):
-            for module in (torch.cuda, graphs):
-                if module is not None and getattr(module, "CUDAGraph", None) is base:
-                    _PATCHED.append((module, "CUDAGraph", base._graphcheck_base, base))
+    found = torch.cuda.CUDAGraph
+    if getattr(found, "_graphcheck_base", None) is None:
+        original, cls = found, _instrumented_class(found)
+    elif "_graphcheck_base" in vars(found):
+        # Ours, put back by someone else after an uninstrument left their replacement (see
+        # _restore): recorded as this patch, so that the next uninstrument puts torch's
+        # class back.
+        original, cls = found._graphcheck_base, found
+    else:
+        # A class derived from ours, someone else's, left in place by an uninstrument: its
+        # captures record already (a second subclass would record twice), and it stays.
         return
-    cls = _instrumented_class(base)
     for module in (torch.cuda, graphs):
-        if module is not None and getattr(module, "CUDAGraph", None) is base:
-            _PATCHED.append((module, "CUDAGraph", base, cls))
+        if module is not None and getattr(module, "CUDAGraph", None) is found:
+            _PATCHED.append((module, "CUDAGraph", original, cls))
             setattr(module, "CUDAGraph", cls)
 
 

@@ -34,18 +34,22 @@ pub(super) struct TouchIndex {
 impl TouchIndex {
     /// Also returns the touches that name no tensor.
     pub(super) fn new(m: &Manifest, mt: &Tables) -> (TouchIndex, Vec<TouchRef>) {
-        // Plain loops over the touches, twice (count, then fill): a million touches, where
-        // chained iterator adapters cost a third more.
+        let touches = || {
+            m.graphs.iter().enumerate().flat_map(|(gi, g)| {
+                g.nodes.iter().enumerate().flat_map(move |(ni, n)| {
+                    n.touches
+                        .iter()
+                        .enumerate()
+                        .map(move |(ki, t)| ((gi as u32, ni as u32, ki as u32), t.tensor))
+                })
+            })
+        };
         let mut start = vec![0u32; m.tensors.len() + 1];
         let mut bare = Vec::new();
-        for (gi, g) in m.graphs.iter().enumerate() {
-            for (ni, n) in g.nodes.iter().enumerate() {
-                for (ki, t) in n.touches.iter().enumerate() {
-                    match t.tensor {
-                        Some(id) => start[mt.tensor_ix[&id] as usize + 1] += 1,
-                        None => bare.push((gi as u32, ni as u32, ki as u32)),
-                    }
-                }
+        for (r, t) in touches() {
+            match t {
+                Some(id) => start[mt.tensor_ix[&id] as usize + 1] += 1,
+                None => bare.push(r),
             }
         }
         for i in 1..start.len() {
@@ -53,15 +57,11 @@ impl TouchIndex {
         }
         let mut fill = start.clone();
         let mut refs = vec![(0, 0, 0); start[m.tensors.len()] as usize];
-        for (gi, g) in m.graphs.iter().enumerate() {
-            for (ni, n) in g.nodes.iter().enumerate() {
-                for (ki, t) in n.touches.iter().enumerate() {
-                    if let Some(id) = t.tensor {
-                        let slot = &mut fill[mt.tensor_ix[&id] as usize];
-                        refs[*slot as usize] = (gi as u32, ni as u32, ki as u32);
-                        *slot += 1;
-                    }
-                }
+        for (r, t) in touches() {
+            if let Some(id) = t {
+                let slot = &mut fill[mt.tensor_ix[&id] as usize];
+                refs[*slot as usize] = r;
+                *slot += 1;
             }
         }
         (TouchIndex { start, refs }, bare)
