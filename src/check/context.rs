@@ -5,6 +5,8 @@
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
+use smallvec::SmallVec;
+
 use crate::check::finding::{Finding, FindingKind, KernelRef, OwnerRef, Severity};
 use crate::document::format::{Manifest, Tensor};
 use crate::document::index::IntervalIndex;
@@ -14,11 +16,11 @@ use crate::document::owner_path::OwnerPath;
 /// A touched storage view and where it is touched.
 pub(super) struct Subject<'m> {
     /// Tensor indices (into `manifest.tensors`) with this view key.
-    pub(super) tensors: Vec<usize>,
+    pub(super) tensors: SmallVec<[usize; 2]>,
     /// The first of them, for layout and address.
     pub(super) tensor: &'m Tensor,
     /// Owner indices (into `manifest.owners`).
-    pub(super) owners: Vec<usize>,
+    pub(super) owners: SmallVec<[usize; 2]>,
 }
 
 /// Where a tensor is touched: (graph index, node index, touch index).
@@ -32,40 +34,56 @@ pub(super) struct TouchIndex {
 }
 
 impl TouchIndex {
-    /// Also returns the touches that name no tensor.
-    pub(super) fn new(m: &Manifest, mt: &Tables) -> (TouchIndex, Vec<TouchRef>) {
-        let touches = || {
-            m.graphs.iter().enumerate().flat_map(|(gi, g)| {
-                g.nodes.iter().enumerate().flat_map(move |(ni, n)| {
-                    n.touches
-                        .iter()
-                        .enumerate()
-                        .map(move |(ki, t)| ((gi as u32, ni as u32, ki as u32), t.tensor))
-                })
-            })
-        };
-        let mut start = vec![0u32; m.tensors.len() + 1];
-        let mut bare = Vec::new();
-        for (r, t) in touches() {
-            match t {
-                Some(id) => start[mt.tensor_ix[&id] as usize + 1] += 1,
-                None => bare.push(r),
-            }
-        }
-        for i in 1..start.len() {
-            start[i] += start[i - 1];
+    /// Also returns the touches that name no tensor. `counts` holds the touches of each
+    /// tensor ([`Tables::touch_counts`]).
+    pub(super) fn new(m: &Manifest, mt: &Tables, counts: &[u32]) -> (TouchIndex, Vec<TouchRef>) {
+        let mut start = Vec::with_capacity(counts.len() + 1);
+        let mut total = 0u32;
+        start.push(0);
+        for &c in counts {
+            total += c;
+            start.push(total);
         }
         let mut fill = start.clone();
-        let mut refs = vec![(0, 0, 0); start[m.tensors.len()] as usize];
-        for (r, t) in touches() {
-            if let Some(id) = t {
-                let slot = &mut fill[mt.tensor_ix[&id] as usize];
-                refs[*slot as usize] = r;
-                *slot += 1;
+        let mut refs = vec![(0, 0, 0); total as usize];
+        let mut bare = Vec::new();
+        for (gi, g) in m.graphs.iter().enumerate() {
+            for (ni, n) in g.nodes.iter().enumerate() {
+                for (ki, t) in n.touches.iter().enumerate() {
+                    let r = (gi as u32, ni as u32, ki as u32);
+                    match t.tensor {
+                        Some(id) => {
+                            let slot = &mut fill[mt.tensor_ix[&id] as usize];
+                            refs[*slot as usize] = r;
+                            *slot += 1;
+                        }
+                        None => bare.push(r),
+                    }
+                }
             }
         }
         (TouchIndex { start, refs }, bare)
     }
+}
+
+/// The touches of each tensor of `m`: the tables' count where checking made one, else
+/// counted here.
+pub(super) fn touch_counts<'a>(m: &Manifest, mt: &'a Tables) -> std::borrow::Cow<'a, [u32]> {
+    if mt.touch_counts.len() == m.tensors.len() {
+        return std::borrow::Cow::Borrowed(&mt.touch_counts);
+    }
+    let mut counts = vec![0u32; m.tensors.len()];
+    for t in m
+        .graphs
+        .iter()
+        .flat_map(|g| &g.nodes)
+        .flat_map(|n| &n.touches)
+    {
+        if let Some(id) = t.tensor {
+            counts[mt.tensor_ix[&id] as usize] += 1;
+        }
+    }
+    std::borrow::Cow::Owned(counts)
 }
 
 impl std::ops::Index<usize> for TouchIndex {

@@ -5,12 +5,33 @@
 use std::cell::OnceCell;
 use std::collections::BTreeSet;
 
+use rustc_hash::FxHashSet;
+
 use super::context::{Ctx, Subject, persistent, same_storage, shift_siblings, shifted};
 use super::finding::{Finding, FindingKind};
 use crate::document::format::{Addr, AllocState, Contents, Live, Tensor};
 use crate::document::index::AddressIndex;
 use crate::document::load::Tables;
 use crate::document::owner_path::OwnerPath;
+use crate::document::pair::probed;
+
+/// The lookups verify makes over a live snapshot alone: built where the snapshot is loaded
+/// (on a thread of its own, while the manifest is still parsing), or by verify itself.
+pub struct LiveIndex {
+    pub(super) addresses: AddressIndex,
+    pub(super) probes: ProbeIndex,
+    pub(super) probed: FxHashSet<Addr>,
+}
+
+impl LiveIndex {
+    pub fn new(l: &Live) -> LiveIndex {
+        LiveIndex {
+            addresses: AddressIndex::new(&l.tensors, &l.allocations),
+            probes: ProbeIndex::new(l),
+            probed: probed(l),
+        }
+    }
+}
 
 /// Probes sorted by address, remembering document order.
 pub(super) struct ProbeIndex {

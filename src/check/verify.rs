@@ -5,16 +5,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
-use super::context::{Ctx, Subject, TouchIndex, TouchRef, persistent};
-use super::live::{ProbeIndex, live_checks};
+use super::context::{Ctx, Subject, TouchIndex, TouchRef, persistent, touch_counts};
+pub use super::live::LiveIndex;
+use super::live::live_checks;
 use super::{superseded, unowned};
 use crate::check::allow::Allowlist;
 use crate::check::finding::{Finding, FindingKind, REPORT_VERSION, Report, Severity};
 use crate::document::format::{Addr, Contents, Live, Manifest, SleepPolicy, TensorId, ViewKey};
-use crate::document::index::AddressIndex;
 use crate::document::load::{Tables, check_live, check_manifest};
-use crate::document::pair::{PairError, check_pair};
+use crate::document::pair::{PairError, check_pair_probed};
 
 /// Why verify could not run: an inconsistent document handed in memory, or two documents
 /// that do not belong together.
@@ -46,8 +47,7 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
 /// torch's default pool holds scratch the graphs write at every replay (cuBLAS's
 /// workspace), whose contents change without anything being wrong, and no sleep releases it.
 pub fn unexplained_addresses(m: &Manifest, mt: &Tables) -> Vec<Addr> {
-    let (ctx, bare) = context(m, mt);
-    let subjects = subjects_of(&ctx);
+    let (ctx, bare, subjects, ()) = context(m, mt, || ());
     let mut addrs: Vec<Addr> = unowned::groups(&ctx, &bare, &subjects)
         .iter()
         .filter(|g| g.in_declared_pool(m))
@@ -58,9 +58,31 @@ pub fn unexplained_addresses(m: &Manifest, mt: &Tables) -> Vec<Addr> {
     addrs
 }
 
-/// The check context of a checked manifest, and its touches that name no tensor.
-fn context<'m>(m: &'m Manifest, mt: &'m Tables) -> (Ctx<'m>, Vec<TouchRef>) {
-    let (touches_of, bare) = TouchIndex::new(m, mt);
+/// The check context of a checked manifest, its touches that name no tensor, and its
+/// subjects. On a large manifest the touch index is filled on a second thread while this
+/// one groups the subjects, and `beside` (given the tables' touch counts) runs on a third.
+fn context<'m, R: Send>(
+    m: &'m Manifest,
+    mt: &'m Tables,
+    beside: impl FnOnce() -> R + Send,
+) -> (Ctx<'m>, Vec<TouchRef>, Vec<Subject<'m>>, R) {
+    let counts = touch_counts(m, mt);
+    let nodes: usize = m.graphs.iter().map(|g| g.nodes.len()).sum();
+    let ((touches_of, bare), subjects, r) = if nodes >= PARALLEL_FROM {
+        std::thread::scope(|scope| {
+            let index = scope.spawn(|| TouchIndex::new(m, mt, &counts));
+            let other = scope.spawn(beside);
+            let subjects = subjects_of(m, mt, &counts);
+            (joined(index.join()), subjects, joined(other.join()))
+        })
+    } else {
+        let r = beside();
+        (
+            TouchIndex::new(m, mt, &counts),
+            subjects_of(m, mt, &counts),
+            r,
+        )
+    };
     let ctx = Ctx {
         m,
         mt,
@@ -68,28 +90,32 @@ fn context<'m>(m: &'m Manifest, mt: &'m Tables) -> (Ctx<'m>, Vec<TouchRef>) {
         storages: OnceLock::new(),
         views: OnceLock::new(),
     };
-    (ctx, bare)
+    (ctx, bare, subjects, r)
+}
+
+/// A scoped thread's result, its panic passed on.
+fn joined<T>(r: std::thread::Result<T>) -> T {
+    r.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// The touched tensors grouped by view key, in document order of first tensor.
-fn subjects_of<'m>(ctx: &Ctx<'m>) -> Vec<Subject<'m>> {
-    let m = ctx.m;
+fn subjects_of<'m>(m: &'m Manifest, mt: &Tables, counts: &[u32]) -> Vec<Subject<'m>> {
     let mut by_key: FxHashMap<ViewKey<'_>, usize> = FxHashMap::default();
     let mut subjects: Vec<Subject<'_>> = Vec::new();
     for (ti, t) in m.tensors.iter().enumerate() {
-        if ctx.touches_of[ti].is_empty() {
+        if counts[ti] == 0 {
             continue;
         }
         let si = *by_key.entry(t.view_key()).or_insert_with(|| {
             subjects.push(Subject {
-                tensors: Vec::new(),
+                tensors: SmallVec::new(),
                 tensor: t,
-                owners: Vec::new(),
+                owners: SmallVec::new(),
             });
             subjects.len() - 1
         });
         subjects[si].tensors.push(ti);
-        subjects[si].owners.extend_from_slice(&ctx.mt.owners_of[ti]);
+        subjects[si].owners.extend_from_slice(&mt.owners_of[ti]);
     }
     subjects
 }
@@ -103,27 +129,44 @@ pub fn verify_checked(
     live: Option<(&Live, &Tables)>,
     allow: &Allowlist,
 ) -> Result<Report, PairError> {
-    if let Some((l, _)) = live {
-        check_pair(m, l)?;
-    }
-    let (ctx, bare) = context(m, mt);
-    let subjects = subjects_of(&ctx);
+    let index = live.map(|(l, _)| LiveIndex::new(l));
+    verify_indexed(
+        m,
+        mt,
+        live.zip(index.as_ref()).map(|((l, lt), i)| (l, lt, i)),
+        allow,
+    )
+}
+
+/// [`verify_checked`] with the live snapshot's [`LiveIndex`] already built (a caller that
+/// loads the snapshot on a thread of its own builds it there). The index must be the
+/// snapshot's.
+pub fn verify_indexed(
+    m: &Manifest,
+    mt: &Tables,
+    live: Option<(&Live, &Tables, &LiveIndex)>,
+    allow: &Allowlist,
+) -> Result<Report, PairError> {
+    // Whether the pair belongs together is checked beside the touch index and the
+    // subjects: all three read every touch.
+    let (ctx, bare, subjects, pair) = context(m, mt, || {
+        live.map_or(Ok(()), |(l, _, i)| check_pair_probed(m, l, &i.probed))
+    });
+    pair?;
 
     let mut findings = in_parallel(&subjects, |s, out| capture_checks(&ctx, s, out));
     let ownerless = unowned::groups(&ctx, &bare, &subjects);
     unowned::capture_checks(&ctx, &ownerless, &mut findings);
-    if let Some((l, lt)) = live {
-        let live_index = AddressIndex::new(&l.tensors, &l.allocations);
-        let probes = ProbeIndex::new(l);
+    if let Some((l, lt, index)) = live {
         findings.extend(in_parallel(&subjects, |s, out| {
-            live_checks(&ctx, l, lt, &live_index, &probes, s, out);
+            live_checks(&ctx, l, lt, &index.addresses, &index.probes, s, out);
         }));
-        unowned::live_checks(&ctx, l, lt, &probes, &ownerless, &mut findings);
+        unowned::live_checks(&ctx, l, lt, &index.probes, &ownerless, &mut findings);
     }
-    let gone = live.map_or_else(Vec::new, |(l, _)| superseded::superseded(m, l));
+    let gone = live.map_or_else(Vec::new, |(l, _, _)| superseded::superseded(m, l));
     let findings = superseded::leave_out(findings, &gone);
 
-    let checked: Vec<FindingKind> = if let Some((l, _)) = live {
+    let checked: Vec<FindingKind> = if let Some((l, _, _)) = live {
         // Without contents to compare, `stale` could not have been found: not checked
         // (the report says so, and an allowlist entry for it is not unused).
         let compared = contents_compared(m, l);

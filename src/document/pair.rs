@@ -45,6 +45,23 @@ pub enum PairError {
 /// writes). Without its probe, a captured address could not be found `freed`: the pair is
 /// refused rather than verified with findings missing.
 pub fn check_pair(m: &Manifest, l: &Live) -> Result<(), PairError> {
+    check_pair_probed(m, l, &probed(l))
+}
+
+/// The addresses `l` probes, for [`check_pair_probed`]. A hash set: a million touches
+/// against 200,000 probes took 100 ms and more as binary searches (a cache miss at every
+/// step), a few tens as hash lookups.
+pub fn probed(l: &Live) -> FxHashSet<Addr> {
+    l.probes.iter().map(|p| p.addr).collect()
+}
+
+/// [`check_pair`] with the live snapshot's [`probed`] addresses already collected (a
+/// caller that loads the snapshot on a thread of its own collects them there).
+pub fn check_pair_probed(
+    m: &Manifest,
+    l: &Live,
+    probed: &FxHashSet<Addr>,
+) -> Result<(), PairError> {
     let (mp, lp) = (&m.producer, &l.producer);
     if (mp.rank, mp.world_size) != (lp.rank, lp.world_size) {
         return Err(PairError::Rank {
@@ -52,9 +69,6 @@ pub fn check_pair(m: &Manifest, l: &Live) -> Result<(), PairError> {
             live: (lp.rank, lp.world_size),
         });
     }
-    // A hash set: a million touches against 200,000 probes took 100 ms and more as binary
-    // searches (a cache miss at every step), a few tens as hash lookups.
-    let probed: FxHashSet<Addr> = l.probes.iter().map(|p| p.addr).collect();
     let touches = || {
         m.graphs.iter().flat_map(|g| {
             g.nodes

@@ -167,6 +167,9 @@ pub struct Tables {
     pub owners_of: OwnersOf,
     /// Owner index by path.
     pub owner_by_path: PathIndex,
+    /// A manifest's touches of each tensor, by the tensor's index (counted while checking
+    /// them; empty for a live snapshot).
+    pub touch_counts: Vec<u32>,
 }
 
 impl Tables {
@@ -324,7 +327,7 @@ fn check_header(version: u32, kind: DocKind, expected: DocKind) -> Result<(), In
 /// Checks every reference of a manifest.
 pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
     check_header(m.format_version, m.kind, DocKind::Manifest)?;
-    let t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
+    let mut t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
     let mut graph_ids = FxHashMap::default();
     for (gi, g) in m.graphs.iter().enumerate() {
         if graph_ids.insert(g.id, gi).is_some() {
@@ -342,15 +345,15 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
             ));
         }
     }
-    touches_in_parallel(m, &t)?;
+    t.touch_counts = touches_in_parallel(m, &t)?;
     check_ranges(&m.ranges)?;
     Ok(t)
 }
 
 /// Every touch's tensor and allocation exist and hold its address; the graphs of the
 /// second half of the touches on a thread of their own where the machine has cores to
-/// spare. The error is the first in document order.
-fn touches_in_parallel(m: &Manifest, t: &Tables) -> Result<(), Invalid> {
+/// spare. The error is the first in document order. Returns the touches of each tensor.
+fn touches_in_parallel(m: &Manifest, t: &Tables) -> Result<Vec<u32>, Invalid> {
     // Each tensor's span and each allocation's extent in compact arrays: a million touches
     // look them up in no order, and the records are many times their size.
     let spans: Vec<(u64, u64)> = m
@@ -359,11 +362,12 @@ fn touches_in_parallel(m: &Manifest, t: &Tables) -> Result<(), Invalid> {
         .map(|x| (x.data_ptr().0, x.end().0))
         .collect();
     let extents: Vec<(u64, u64)> = m.allocations.iter().map(|a| (a.base.0, a.size)).collect();
-    let run = |graphs: std::ops::Range<usize>| -> Result<(), Invalid> {
+    let run = |graphs: std::ops::Range<usize>| -> Result<Vec<u32>, Invalid> {
+        let mut counts = vec![0u32; m.tensors.len()];
         for gi in graphs {
-            graph_touches(gi, m, t, &spans, &extents)?;
+            graph_touches(gi, m, t, &spans, &extents, &mut counts)?;
         }
-        Ok(())
+        Ok(counts)
     };
     let touches: Vec<usize> = m
         .graphs
@@ -390,7 +394,11 @@ fn touches_in_parallel(m: &Manifest, t: &Tables) -> Result<(), Invalid> {
             Ok(r) => r,
             Err(panic) => std::panic::resume_unwind(panic),
         };
-        first.and(second)
+        let (mut counts, second) = (first?, second?);
+        for (c, d) in counts.iter_mut().zip(second) {
+            *c += d;
+        }
+        Ok(counts)
     })
 }
 
@@ -400,6 +408,7 @@ fn graph_touches(
     t: &Tables,
     spans: &[(u64, u64)],
     extents: &[(u64, u64)],
+    counts: &mut [u32],
 ) -> Result<(), Invalid> {
     let g = &m.graphs[gi];
     let mut at = String::new();
@@ -417,6 +426,7 @@ fn graph_touches(
                         format!("no tensor has id {}", id.0),
                     ));
                 };
+                counts[x] += 1;
                 let (start, end) = spans[x];
                 if !(start <= touch.addr.0 && touch.addr.0 < end) {
                     let tensor = &m.tensors[x];
