@@ -256,8 +256,8 @@ fn loading_line(manifest: &Path, live: Option<&Path>) -> String {
     }
 }
 
-/// The documents named on the command line, as the loaders take them: `-` is standard
-/// input, read here. Standard input can be read once, so two `-` are a usage error, found
+/// The documents named on the command line, as the loaders take them: a file of 1 MiB
+/// or more mapped into memory ([`ops::mapped_source`]), `-` standard input, read here. Standard input can be read once, so two `-` are a usage error, found
 /// before anything is read.
 fn sources<const N: usize>(paths: [&Path; N]) -> Result<[Source; N]> {
     let from_stdin = paths.iter().filter(|p| is_stdin(p)).count();
@@ -280,7 +280,7 @@ fn sources<const N: usize>(paths: [&Path; N]) -> Result<[Source; N]> {
             bytes,
             name: PathBuf::from(STDIN_NAME),
         },
-        None => ops::source(p),
+        None => ops::mapped_source(p),
     }))
 }
 

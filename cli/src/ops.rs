@@ -8,7 +8,7 @@ use graphcheck::check::finding::Report;
 use graphcheck::check::ranks::{RankDocs, verify_ranks};
 use graphcheck::check::verify::LiveIndex;
 use graphcheck::document::format::{DocKind, Document, Live, Manifest};
-use graphcheck::document::load::{Checked, LoadError, Source, Tables};
+use graphcheck::document::load::{Checked, LoadError, SharedBytes, Source, Tables};
 use graphcheck::document::ranks::{RankDoc, Ranks, RanksError, group};
 use graphcheck::present::explain::{Query, explain};
 use graphcheck::present::fmt::{AddrFmt, RawAddrs};
@@ -531,4 +531,47 @@ fn json_text(v: &impl serde::Serialize) -> String {
 /// A path as the loaders take it.
 pub fn source(path: &Path) -> Source {
     Source::Path(path.to_path_buf())
+}
+
+/// A path as the command line's own loads take it: a regular file of at least
+/// [`MAP_FROM`] bytes mapped into memory (its pages are the page cache's, never copied into
+/// fresh memory), any other path read by the loader, which also reports why one cannot be.
+/// Only for a process that is the command (the binary, the console script): what the
+/// Python API loads inside an engine's process is read, never mapped (see [`mapped`]).
+pub fn mapped_source(path: &Path) -> Source {
+    match mapped(path) {
+        Some(map) => Source::Shared {
+            bytes: SharedBytes(std::sync::Arc::new(map)),
+            name: path.to_path_buf(),
+        },
+        None => Source::Path(path.to_path_buf()),
+    }
+}
+
+/// Files from this size on are mapped rather than read.
+pub const MAP_FROM: u64 = 1 << 20;
+
+/// `path` mapped into memory, read-only, its pages faulted in at once; `None` for what is
+/// not a regular file of at least [`MAP_FROM`] bytes or what the system does not map.
+#[allow(unsafe_code)]
+fn mapped(path: &Path) -> Option<memmap2::Mmap> {
+    // Asked before opening: opening a FIFO blocks until something writes to it.
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() || meta.len() < MAP_FROM {
+        return None;
+    }
+    let file = std::fs::File::open(path).ok()?;
+    // The file may have been replaced between the two: the opened one is what is mapped.
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() < MAP_FROM {
+        return None;
+    }
+    // SAFETY: a read-only private mapping of a regular file this process opened; nothing
+    // in this process writes the file while the map lives. Another process that writes it
+    // meanwhile shows the parse torn bytes, which fail to parse or to check as any bad
+    // input does; one that truncates it makes reads past the new end fault (SIGBUS), as
+    // for any program that maps its input. graphcheck's own writers, `instrument()`'s
+    // included, replace a document by renaming a new file over it, which leaves a mapped
+    // file whole.
+    unsafe { memmap2::MmapOptions::new().populate().map(&file) }.ok()
 }

@@ -156,6 +156,7 @@ fn build_live(
 fn spec_bytes(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u8>> {
     match source(obj, Some(name))? {
         Source::Text { bytes, .. } => Ok(bytes),
+        Source::Shared { bytes, .. } => Ok(bytes.to_vec()),
         Source::Path(p) => std::fs::read(&p)
             .map_err(|e| GraphcheckError::new_err(format!("failed to read {}: {e}", p.display()))),
     }

@@ -286,7 +286,7 @@ fn verify(
         let folder = match &m_src {
             Source::Path(dir) => ops::folder_documents(dir, l_src.as_ref().map(Source::name))?
                 .map(|docs| (dir, docs)),
-            Source::Text { .. } => None,
+            Source::Text { .. } | Source::Shared { .. } => None,
         };
         Ok(match folder {
             Some((dir, docs)) => ops::verify_dir(dir, &docs, &allow)?,

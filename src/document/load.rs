@@ -101,12 +101,34 @@ impl Invalid {
     }
 }
 
-/// Where a document comes from: a file, or JSON text in memory (from Python), named for
-/// error messages. Every way in goes through the same parse, version and kind checks.
+/// Where a document comes from: a file, JSON text in memory (from Python), or bytes held
+/// elsewhere (a file the CLI mapped into memory), named for error messages. Every way in
+/// goes through the same parse, version and kind checks.
 #[derive(Clone, Debug)]
 pub enum Source {
     Path(PathBuf),
     Text { bytes: Vec<u8>, name: PathBuf },
+    Shared { bytes: SharedBytes, name: PathBuf },
+}
+
+/// Bytes another owner holds, shared between the threads that read them: the CLI's memory
+/// map of an input file, which saves copying it into fresh memory (on a machine whose free
+/// memory another process left fragmented, the page faults of that copy were a sixth of a
+/// large verify: benches/README.md).
+#[derive(Clone)]
+pub struct SharedBytes(pub std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes)", self.len())
+    }
 }
 
 impl Source {
@@ -114,7 +136,7 @@ impl Source {
     pub fn name(&self) -> &Path {
         match self {
             Source::Path(p) => p,
-            Source::Text { name, .. } => name,
+            Source::Text { name, .. } | Source::Shared { name, .. } => name,
         }
     }
 
@@ -176,6 +198,7 @@ impl Source {
         match self {
             Source::Path(p) => f(&read(p)?),
             Source::Text { bytes, .. } => f(bytes),
+            Source::Shared { bytes, .. } => f(bytes),
         }
     }
 }

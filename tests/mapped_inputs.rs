@@ -1,0 +1,135 @@
+//! Integration tests of the command line's mapped inputs: a document file of 1 MiB or more
+//! is mapped into memory rather than read (`ops::mapped_source`), and everything the user
+//! sees is as for a file read: the report, the exit code, and the error that names the file
+//! and the JSON path of a bad value. Small files, folders, missing paths and FIFOs are left
+//! to the loader's read, whose errors they keep.
+
+#![cfg(unix)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use graphcheck::document::load::Source;
+use graphcheck_cli::ops::{MAP_FROM, mapped_source};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+const SCENARIO: &str = "fixtures/synthetic/freed_then_reused";
+
+fn run(args: &[&Path]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_graphcheck"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .expect("graphcheck runs")
+}
+
+/// `text` with whitespace appended past [`MAP_FROM`]: the same document, large enough to
+/// be mapped.
+fn padded(dir: &Path, name: &str, text: &[u8]) -> PathBuf {
+    let mut bytes = text.to_vec();
+    bytes.resize(MAP_FROM as usize + 4096, b' ');
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn a_mapped_pair_verifies_as_a_read_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, l) = (
+        root().join(SCENARIO).join("manifest.json"),
+        root().join(SCENARIO).join("live.json"),
+    );
+    let big_m = padded(dir.path(), "manifest.json", &std::fs::read(&m).unwrap());
+    let big_l = padded(dir.path(), "live.json", &std::fs::read(&l).unwrap());
+    assert!(matches!(mapped_source(&big_m), Source::Shared { .. }));
+    assert!(
+        matches!(mapped_source(&m), Source::Path(_)),
+        "a small file is read"
+    );
+
+    let verify = Path::new("verify");
+    let json = [Path::new("--format"), Path::new("json")];
+    let read = run(&[verify, &m, &l, json[0], json[1]]);
+    let mapped = run(&[verify, &big_m, &big_l, json[0], json[1]]);
+    assert_eq!(
+        read.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert_eq!(mapped.status.code(), read.status.code());
+    assert_eq!(mapped.stdout, read.stdout);
+    assert!(!read.stdout.is_empty());
+}
+
+#[test]
+fn a_bad_mapped_document_is_reported_as_a_read_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read(root().join(SCENARIO).join("manifest.json")).unwrap();
+    let text = String::from_utf8(text).unwrap();
+    // A value of the wrong type, so the error has a JSON path to name.
+    let bad = text.replacen("\"format_version\": 2", "\"format_version\": \"2\"", 1);
+    let bad = if bad == text {
+        text.replacen("\"format_version\":2", "\"format_version\":\"2\"", 1)
+    } else {
+        bad
+    };
+    assert_ne!(bad, text, "the fixture's format_version was not found");
+    let small = dir.path().join("small.json");
+    std::fs::write(&small, &bad).unwrap();
+    let big = padded(dir.path(), "big.json", bad.as_bytes());
+    assert!(matches!(mapped_source(&big), Source::Shared { .. }));
+
+    let verify = Path::new("verify");
+    let read = run(&[verify, &small]);
+    let mapped = run(&[verify, &big]);
+    assert_eq!(
+        read.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert_eq!(mapped.status.code(), Some(2));
+    let (read_err, mapped_err) = (
+        String::from_utf8_lossy(&read.stderr),
+        String::from_utf8_lossy(&mapped.stderr),
+    );
+    assert!(read_err.contains("format_version"), "{read_err}");
+    assert_eq!(
+        mapped_err.replace("big.json", "small.json"),
+        read_err,
+        "the mapped file's error differs from the read file's"
+    );
+}
+
+#[test]
+fn what_cannot_be_mapped_is_left_to_the_read() {
+    let dir = tempfile::tempdir().unwrap();
+    // A folder, a missing path, an empty file, a FIFO: each the loader's to read (or to
+    // refuse with its own message).
+    assert!(matches!(mapped_source(dir.path()), Source::Path(_)));
+    let missing = dir.path().join("missing.json");
+    assert!(matches!(mapped_source(&missing), Source::Path(_)));
+    let empty = dir.path().join("empty.json");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(matches!(mapped_source(&empty), Source::Path(_)));
+    let fifo = dir.path().join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        assert!(matches!(mapped_source(&fifo), Source::Path(_)));
+    }
+    let out = run(&[Path::new("verify"), &missing]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("missing.json"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
