@@ -9,7 +9,7 @@ fn main() -> std::process::ExitCode {
 /// The system allocator, with large blocks backed by transparent huge pages where the
 /// kernel gives them on request (`madvise` mode, the common default). Verifying an
 /// engine-scale pair touches about 300 MiB of fresh memory; in 4 KiB pages a third of the
-/// run was the kernel's page faults (`benches/verify_bench.py`, benches/README.md).
+/// run was the kernel's page faults (`benches/verify_bench.py`, benches/verify.md).
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 mod huge {

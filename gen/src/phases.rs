@@ -3,7 +3,7 @@
 //! one): read, parse, convert (format 2), check references, verify, render; wall and CPU
 //! time of each, so that a machine busy with other work still shows each phase's cost; and
 //! how long serde_json takes only to scan the manifest's bytes (the floor of any reader
-//! built on it). For the profile in `benches/README.md`.
+//! built on it). For the profile in `benches/verify.md`.
 
 use std::path::Path;
 use std::time::Instant;

@@ -113,8 +113,8 @@ pub enum Source {
 
 /// Bytes another owner holds, shared between the threads that read them: the CLI's memory
 /// map of an input file, which saves copying it into fresh memory (on a machine whose free
-/// memory another process left fragmented, the page faults of that copy were a sixth of a
-/// large verify: benches/README.md).
+/// memory another process left fragmented, that copy cost about a seventh of a large
+/// verify: benches/verify.md).
 #[derive(Clone)]
 pub struct SharedBytes(pub std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>);
 
