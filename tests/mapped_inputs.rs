@@ -1,8 +1,10 @@
-//! Integration tests of the command line's mapped inputs: a document file of 1 MiB or more
-//! is mapped into memory rather than read (`ops::mapped_source`), and everything the user
-//! sees is as for a file read: the report, the exit code, and the error that names the file
-//! and the JSON path of a bad value. Small files, folders, missing paths and FIFOs are left
-//! to the loader's read, whose errors they keep.
+//! Integration tests of the binary's mapped inputs: a document file of 1 MiB or more named
+//! on the command line (not a folder's, not the pair form's) is mapped into memory rather
+//! than read (`ops::mapped_source`; that the binary maps and the console entry point reads
+//! is a unit test of `cli/src/lib.rs`), and everything the user sees is as for a file
+//! read: the report, the exit code, and the error that names the file and the JSON path of
+//! a bad value. Small files, folders, missing paths and FIFOs are left to the loader's read,
+//! whose errors they keep.
 
 #![cfg(unix)]
 
@@ -132,4 +134,29 @@ fn what_cannot_be_mapped_is_left_to_the_read() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A fault on a mapped page (SIGBUS: another process truncated the file) ends the binary
+/// with a message and exit code 2, not a crash without one. The signal is sent while the
+/// binary waits for a document on standard input, so the test does not race a parse.
+#[test]
+fn a_bus_error_is_reported_with_exit_code_2() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graphcheck"))
+        .current_dir(root())
+        .args(["verify", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("graphcheck runs");
+    // Long enough for main() to have installed its handler before the signal.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let killed = Command::new("kill")
+        .args(["-BUS", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("SIGBUS"), "{stderr}");
 }

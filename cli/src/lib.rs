@@ -193,6 +193,27 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    main_with(args, Inputs::Read)
+}
+
+/// How the command line takes its document files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inputs {
+    /// Read into memory: what any process that is not the command itself gets (the Python
+    /// console entry runs [`main_impl`] inside a Python process, maybe an engine's).
+    Read,
+    /// Files of [`ops::MAP_FROM`] bytes or more mapped into memory ([`ops::mapped_source`]):
+    /// the binary only, which answers a fault on a mapped page (another process truncated
+    /// the file) with a message and exit code 2.
+    Map,
+}
+
+/// [`main_impl`] taking its document files as `inputs` says.
+pub fn main_with<I, T>(args: I, inputs: Inputs) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
     // The program is `graphcheck` however it was started (a path, `python -m graphcheck`).
     let mut command = Cli::command().bin_name("graphcheck");
     let cli = match command
@@ -211,7 +232,7 @@ where
             };
         }
     };
-    let code = match run(cli) {
+    let code = match run(cli, inputs) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
@@ -256,10 +277,11 @@ fn loading_line(manifest: &Path, live: Option<&Path>) -> String {
     }
 }
 
-/// The documents named on the command line, as the loaders take them: a file of 1 MiB
-/// or more mapped into memory ([`ops::mapped_source`]), `-` standard input, read here. Standard input can be read once, so two `-` are a usage error, found
+/// The documents named on the command line, as the loaders take them: with
+/// [`Inputs::Map`] a file of 1 MiB or more mapped into memory ([`ops::mapped_source`]);
+/// `-` standard input, read here. Standard input can be read once, so two `-` are a usage error, found
 /// before anything is read.
-fn sources<const N: usize>(paths: [&Path; N]) -> Result<[Source; N]> {
+fn sources<const N: usize>(paths: [&Path; N], inputs: Inputs) -> Result<[Source; N]> {
     let from_stdin = paths.iter().filter(|p| is_stdin(p)).count();
     if from_stdin > 1 {
         bail!("standard input (`-`) can be read only once, but `-` names {from_stdin} documents");
@@ -280,7 +302,8 @@ fn sources<const N: usize>(paths: [&Path; N]) -> Result<[Source; N]> {
             bytes,
             name: PathBuf::from(STDIN_NAME),
         },
-        None => ops::mapped_source(p),
+        None if inputs == Inputs::Map => ops::mapped_source(p),
+        None => ops::source(p),
     }))
 }
 
@@ -366,7 +389,7 @@ impl VerifyRun<'_> {
     }
 }
 
-fn run(cli: Cli) -> Result<i32> {
+fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
     match cli.command {
         Command::Verify {
             documents,
@@ -410,11 +433,11 @@ fn run(cli: Cli) -> Result<i32> {
                     let t = progress(manifest, *live);
                     let v = match live {
                         Some(l) => {
-                            let [m, l] = sources([manifest, l])?;
+                            let [m, l] = sources([manifest, l], inputs)?;
                             ops::verify(&m, Some(&l), &allow)?
                         }
                         None => {
-                            let [m] = sources([manifest])?;
+                            let [m] = sources([manifest], inputs)?;
                             ops::verify(&m, None, &allow)?
                         }
                     };
@@ -453,7 +476,7 @@ fn run(cli: Cli) -> Result<i32> {
             dot,
             normalized,
         } => {
-            let [m] = sources([&manifest])?;
+            let [m] = sources([&manifest], inputs)?;
             let (m, _) = m.manifest_checked()?;
             let query = kernel
                 .or(target)
@@ -466,13 +489,13 @@ fn run(cli: Cli) -> Result<i32> {
             document,
             normalized: norm,
         } => {
-            let [d] = sources([&document])?;
+            let [d] = sources([&document], inputs)?;
             let d = d.document()?;
             emit(&if norm { normalized(&d) } else { summary(&d) })?;
             Ok(exit::OK)
         }
         Command::Diff { a, b, format } => {
-            let [a, b] = sources([&a, &b])?;
+            let [a, b] = sources([&a, &b], inputs)?;
             let width = graphcheck::present::fmt::terminal_width();
             let (same, text) = ops::diff_fit(&a, &b, format, width)?;
             emit(&text)?;
@@ -490,7 +513,7 @@ fn run(cli: Cli) -> Result<i32> {
             if let Some(out) = &output {
                 refuse_inputs(out, &[("document", input_file(&document))]).map_err(stdin_named)?;
             }
-            let [d] = sources([&document])?;
+            let [d] = sources([&document], inputs)?;
             let bytes = ops::convert(&d, format_version)?;
             match output {
                 Some(p) => write_atomic(&p, &bytes)
@@ -548,5 +571,27 @@ mod tests {
                 "{name} --help lists no exit codes"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod input_tests {
+    use super::*;
+
+    /// The binary maps a large document file; the console entry point, which may run
+    /// inside someone's Python process, reads it.
+    #[cfg(unix)]
+    #[test]
+    fn only_the_binary_maps_its_inputs() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.json");
+        std::fs::write(&big, vec![b' '; ops::MAP_FROM as usize]).unwrap();
+        let small = dir.path().join("small.json");
+        std::fs::write(&small, b"{}").unwrap();
+        let [b, s] = sources([&big, &small], Inputs::Map).unwrap();
+        assert!(matches!(b, Source::Shared { .. }), "{b:?}");
+        assert!(matches!(s, Source::Path(_)), "{s:?}");
+        let [b] = sources([&big], Inputs::Read).unwrap();
+        assert!(matches!(b, Source::Path(_)), "{b:?}");
     }
 }

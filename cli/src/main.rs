@@ -2,8 +2,40 @@
 //! which the Python console script calls too.
 
 fn main() -> std::process::ExitCode {
-    let code = graphcheck_cli::main_impl(std::env::args_os());
+    // This process is the command: it may map its input files, and a fault on a mapped
+    // page ends it with a message rather than a crash.
+    #[cfg(unix)]
+    bus::answer_faults();
+    let code = graphcheck_cli::main_with(std::env::args_os(), graphcheck_cli::Inputs::Map);
     std::process::ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
+}
+
+/// SIGBUS, which a read of a mapped input file raises when another process truncated the
+/// file meanwhile, answered with a message and the bad-input exit code instead of a crash
+/// with none.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+mod bus {
+    const MESSAGE: &[u8] = b"error: bus error (SIGBUS) while reading an input file: most likely \
+another process truncated or rewrote it while graphcheck read it; run again once nothing \
+writes it\n";
+
+    extern "C" fn on_bus_error(_: libc::c_int) {
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; MESSAGE is static.
+        unsafe {
+            libc::write(2, MESSAGE.as_ptr().cast(), MESSAGE.len());
+            libc::_exit(graphcheck::exit::BAD_INPUT);
+        }
+    }
+
+    pub fn answer_faults() {
+        let handler: extern "C" fn(libc::c_int) = on_bus_error;
+        // SAFETY: installs a handler that only calls async-signal-safe functions, before
+        // any other thread exists.
+        unsafe {
+            libc::signal(libc::SIGBUS, handler as libc::sighandler_t);
+        }
+    }
 }
 
 /// The system allocator, with large blocks backed by transparent huge pages where the

@@ -8,7 +8,9 @@ use graphcheck::check::finding::Report;
 use graphcheck::check::ranks::{RankDocs, verify_ranks};
 use graphcheck::check::verify::LiveIndex;
 use graphcheck::document::format::{DocKind, Document, Live, Manifest};
-use graphcheck::document::load::{Checked, LoadError, SharedBytes, Source, Tables};
+#[cfg(unix)]
+use graphcheck::document::load::SharedBytes;
+use graphcheck::document::load::{Checked, LoadError, Source, Tables};
 use graphcheck::document::ranks::{RankDoc, Ranks, RanksError, group};
 use graphcheck::present::explain::{Query, explain};
 use graphcheck::present::fmt::{AddrFmt, RawAddrs};
@@ -533,19 +535,20 @@ pub fn source(path: &Path) -> Source {
     Source::Path(path.to_path_buf())
 }
 
-/// A path as the command line's own loads take it: a regular file of at least
-/// [`MAP_FROM`] bytes mapped into memory (its pages are the page cache's, never copied into
-/// fresh memory), any other path read by the loader, which also reports why one cannot be.
-/// Only for a process that is the command (the binary, the console script): what the
-/// Python API loads inside an engine's process is read, never mapped (see [`mapped`]).
+/// A path as the binary's own loads take it ([`crate::Inputs::Map`]): on Unix, a regular
+/// file of at least [`MAP_FROM`] bytes mapped into memory (its pages are the page cache's,
+/// never copied into fresh memory); any other path read by the loader, which also reports
+/// why one cannot be. Never for a process that is not the command: the Python API and the
+/// console entry point ([`crate::main_impl`]) read.
 pub fn mapped_source(path: &Path) -> Source {
-    match mapped(path) {
-        Some(map) => Source::Shared {
+    #[cfg(unix)]
+    if let Some(map) = mapped(path) {
+        return Source::Shared {
             bytes: SharedBytes(std::sync::Arc::new(map)),
             name: path.to_path_buf(),
-        },
-        None => Source::Path(path.to_path_buf()),
+        };
     }
+    source(path)
 }
 
 /// Files from this size on are mapped rather than read.
@@ -553,6 +556,7 @@ pub const MAP_FROM: u64 = 1 << 20;
 
 /// `path` mapped into memory, read-only, its pages faulted in at once; `None` for what is
 /// not a regular file of at least [`MAP_FROM`] bytes or what the system does not map.
+#[cfg(unix)]
 #[allow(unsafe_code)]
 fn mapped(path: &Path) -> Option<memmap2::Mmap> {
     // Asked before opening: opening a FIFO blocks until something writes to it.
@@ -566,12 +570,16 @@ fn mapped(path: &Path) -> Option<memmap2::Mmap> {
     if !meta.is_file() || meta.len() < MAP_FROM {
         return None;
     }
-    // SAFETY: a read-only private mapping of a regular file this process opened; nothing
-    // in this process writes the file while the map lives. Another process that writes it
-    // meanwhile shows the parse torn bytes, which fail to parse or to check as any bad
-    // input does; one that truncates it makes reads past the new end fault (SIGBUS), as
-    // for any program that maps its input. graphcheck's own writers, `instrument()`'s
-    // included, replace a document by renaming a new file over it, which leaves a mapped
-    // file whole.
+    // SAFETY: a read-only shared mapping of a regular file this process opened and never
+    // writes. What it cannot rule out is another process changing the file while the map
+    // lives, which Rust counts as undefined behaviour for the `&[u8]` the loader reads:
+    // - a rewrite in place can show the loader (which may read the bytes more than once)
+    //   a mix of old and new bytes: at worst a wrong report or a parse error, as a `read`
+    //   racing the same writer can give;
+    // - a truncation makes reads past the new end fault (SIGBUS), which the binary answers
+    //   with a message and exit code 2 (main.rs).
+    // graphcheck's own writers replace a regular file by renaming a new one over it, which
+    // leaves a mapped file whole (`write_atomic`); only a path reached through
+    // `/proc/<pid>/fd` or a device is written in place, and no document is such a file.
     unsafe { memmap2::MmapOptions::new().populate().map(&file) }.ok()
 }

@@ -56,6 +56,16 @@ fn every_way_through_verify_gives_one_report() {
     let indexed = verify_indexed(m, &mt, Some((l, &lt, &index)), &allow).unwrap();
     assert_eq!(indexed, checked);
 
+    // A snapshot of another rank is refused from the thread that checks the pair.
+    let mut other = l.clone();
+    other.producer.rank = 1;
+    other.producer.world_size = 2;
+    let other_index = LiveIndex::new(&other);
+    assert!(matches!(
+        verify_indexed(m, &mt, Some((&other, &lt, &other_index)), &allow),
+        Err(graphcheck::document::pair::PairError::Rank { .. })
+    ));
+
     // Alone, the manifest's capture-time findings: the same through both entry points.
     let alone = verify_checked(m, &mt, None, &allow).unwrap();
     assert_eq!(verify_indexed(m, &uncounted, None, &allow).unwrap(), alone);

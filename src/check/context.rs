@@ -35,13 +35,40 @@ pub(super) struct TouchIndex {
 
 impl TouchIndex {
     /// Also returns the touches that name no tensor. `counts` holds the touches of each
-    /// tensor ([`Tables::touch_counts`]).
-    pub(super) fn new(m: &Manifest, mt: &Tables, counts: &[u32]) -> (TouchIndex, Vec<TouchRef>) {
+    /// tensor ([`Tables::touch_counts`]); counts that do not match the manifest's touches
+    /// (tables of another manifest, or of this one before it changed) are made again here.
+    /// The flag says whether they were made again.
+    pub(super) fn new(
+        m: &Manifest,
+        mt: &Tables,
+        counts: &[u32],
+    ) -> (TouchIndex, Vec<TouchRef>, bool) {
+        match Self::filled(m, mt, counts) {
+            Some((index, bare)) => (index, bare, false),
+            None => {
+                let counts = count_touches(m, mt);
+                let (index, bare) =
+                    Self::filled(m, mt, &counts).expect("counts made from the touches match them");
+                (index, bare, true)
+            }
+        }
+    }
+
+    /// How many touches name tensor `t`.
+    pub(super) fn count(&self, t: usize) -> u32 {
+        self.start[t + 1] - self.start[t]
+    }
+
+    /// The index over `counts`, or `None` where they do not match the touches.
+    fn filled(m: &Manifest, mt: &Tables, counts: &[u32]) -> Option<(TouchIndex, Vec<TouchRef>)> {
+        if counts.len() != m.tensors.len() {
+            return None;
+        }
         let mut start = Vec::with_capacity(counts.len() + 1);
         let mut total = 0u32;
         start.push(0);
         for &c in counts {
-            total += c;
+            total = total.checked_add(c)?;
             start.push(total);
         }
         let mut fill = start.clone();
@@ -53,7 +80,11 @@ impl TouchIndex {
                     let r = (gi as u32, ni as u32, ki as u32);
                     match t.tensor {
                         Some(id) => {
-                            let slot = &mut fill[mt.tensor_ix[&id] as usize];
+                            let x = mt.tensor_ix[&id] as usize;
+                            let slot = &mut fill[x];
+                            if *slot >= start[x + 1] {
+                                return None;
+                            }
                             refs[*slot as usize] = r;
                             *slot += 1;
                         }
@@ -62,16 +93,24 @@ impl TouchIndex {
                 }
             }
         }
-        (TouchIndex { start, refs }, bare)
+        // Every tensor's row filled to its count: no placeholder left.
+        if fill[..counts.len()] != start[1..] {
+            return None;
+        }
+        Some((TouchIndex { start, refs }, bare))
     }
 }
 
 /// The touches of each tensor of `m`: the tables' count where checking made one, else
-/// counted here.
+/// counted here. [`TouchIndex::new`] checks the tables' counts against the touches.
 pub(super) fn touch_counts<'a>(m: &Manifest, mt: &'a Tables) -> std::borrow::Cow<'a, [u32]> {
     if mt.touch_counts.len() == m.tensors.len() {
         return std::borrow::Cow::Borrowed(&mt.touch_counts);
     }
+    std::borrow::Cow::Owned(count_touches(m, mt))
+}
+
+fn count_touches(m: &Manifest, mt: &Tables) -> Vec<u32> {
     let mut counts = vec![0u32; m.tensors.len()];
     for t in m
         .graphs
@@ -83,7 +122,7 @@ pub(super) fn touch_counts<'a>(m: &Manifest, mt: &'a Tables) -> std::borrow::Cow
             counts[mt.tensor_ix[&id] as usize] += 1;
         }
     }
-    std::borrow::Cow::Owned(counts)
+    counts
 }
 
 impl std::ops::Index<usize> for TouchIndex {

@@ -21,6 +21,8 @@ pub struct LiveIndex {
     pub(super) addresses: AddressIndex,
     pub(super) probes: ProbeIndex,
     pub(super) probed: FxHashSet<Addr>,
+    /// The snapshot's tensors, allocations and probes when the index was built.
+    counts: (usize, usize, usize),
 }
 
 impl LiveIndex {
@@ -29,7 +31,14 @@ impl LiveIndex {
             addresses: AddressIndex::new(&l.tensors, &l.allocations),
             probes: ProbeIndex::new(l),
             probed: probed(l),
+            counts: (l.tensors.len(), l.allocations.len(), l.probes.len()),
         }
+    }
+
+    /// Whether the index could be `l`'s: it was built over as many tensors, allocations and
+    /// probes (so none of its positions lies outside `l`'s records).
+    pub fn fits(&self, l: &Live) -> bool {
+        self.counts == (l.tensors.len(), l.allocations.len(), l.probes.len())
     }
 }
 

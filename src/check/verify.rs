@@ -47,7 +47,7 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
 /// torch's default pool holds scratch the graphs write at every replay (cuBLAS's
 /// workspace), whose contents change without anything being wrong, and no sleep releases it.
 pub fn unexplained_addresses(m: &Manifest, mt: &Tables) -> Vec<Addr> {
-    let (ctx, bare, subjects, ()) = context(m, mt, || ());
+    let (ctx, bare, subjects, ()) = context(m, mt, || (), false);
     let mut addrs: Vec<Addr> = unowned::groups(&ctx, &bare, &subjects)
         .iter()
         .filter(|g| g.in_declared_pool(m))
@@ -59,21 +59,49 @@ pub fn unexplained_addresses(m: &Manifest, mt: &Tables) -> Vec<Addr> {
 }
 
 /// The check context of a checked manifest, its touches that name no tensor, and its
-/// subjects. On a large manifest the touch index is filled on a second thread while this
-/// one groups the subjects, and `beside` (given the tables' touch counts) runs on a third.
+/// subjects, with what `beside` returns. On a machine of several cores and a manifest of
+/// [`PARALLEL_NODES`] nodes or more, the touch index is filled on a second thread while
+/// this one groups the subjects, and `beside` (when `beside_thread`) runs on a third.
 fn context<'m, R: Send>(
     m: &'m Manifest,
     mt: &'m Tables,
     beside: impl FnOnce() -> R + Send,
+    beside_thread: bool,
+) -> (Ctx<'m>, Vec<TouchRef>, Vec<Subject<'m>>, R) {
+    let nodes: usize = m.graphs.iter().map(|g| g.nodes.len()).sum();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    context_on(
+        m,
+        mt,
+        beside,
+        beside_thread,
+        cores > 1 && nodes >= PARALLEL_NODES,
+    )
+}
+
+/// [`context`], on several threads where `parallel`.
+fn context_on<'m, R: Send>(
+    m: &'m Manifest,
+    mt: &'m Tables,
+    beside: impl FnOnce() -> R + Send,
+    beside_thread: bool,
+    parallel: bool,
 ) -> (Ctx<'m>, Vec<TouchRef>, Vec<Subject<'m>>, R) {
     let counts = touch_counts(m, mt);
-    let nodes: usize = m.graphs.iter().map(|g| g.nodes.len()).sum();
-    let ((touches_of, bare), subjects, r) = if nodes >= PARALLEL_FROM {
+    let ((touches_of, bare, recounted), subjects, r) = if parallel {
         std::thread::scope(|scope| {
             let index = scope.spawn(|| TouchIndex::new(m, mt, &counts));
-            let other = scope.spawn(beside);
+            let (other, r) = if beside_thread {
+                (Some(scope.spawn(beside)), None)
+            } else {
+                (None, Some(beside()))
+            };
             let subjects = subjects_of(m, mt, &counts);
-            (joined(index.join()), subjects, joined(other.join()))
+            let r = match other {
+                Some(other) => joined(other.join()),
+                None => r.expect("ran on this thread"),
+            };
+            (joined(index.join()), subjects, r)
         })
     } else {
         let r = beside();
@@ -82,6 +110,13 @@ fn context<'m, R: Send>(
             subjects_of(m, mt, &counts),
             r,
         )
+    };
+    // Counts the index found wrong (tables not of this manifest) grouped the wrong tensors.
+    let subjects = if recounted {
+        let counts: Vec<u32> = (0..m.tensors.len()).map(|t| touches_of.count(t)).collect();
+        subjects_of(m, mt, &counts)
+    } else {
+        subjects
     };
     let ctx = Ctx {
         m,
@@ -92,6 +127,9 @@ fn context<'m, R: Send>(
     };
     (ctx, bare, subjects, r)
 }
+
+/// From this many nodes on, a manifest's touch index is filled beside the subjects.
+const PARALLEL_NODES: usize = 4096;
 
 /// A scoped thread's result, its panic passed on.
 fn joined<T>(r: std::thread::Result<T>) -> T {
@@ -122,7 +160,8 @@ fn subjects_of<'m>(m: &'m Manifest, mt: &Tables, counts: &[u32]) -> Vec<Subject<
 
 /// [`verify`] for documents already checked (the loaders in [`crate::document::load`] return their
 /// [`Tables`]); the tables must be those of these documents. A live snapshot that does not
-/// belong with the manifest ([`check_pair`]) is an error: verified, it would lose findings.
+/// belong with the manifest ([`crate::document::pair::check_pair`]) is an error: verified,
+/// it would lose findings.
 pub fn verify_checked(
     m: &Manifest,
     mt: &Tables,
@@ -140,18 +179,26 @@ pub fn verify_checked(
 
 /// [`verify_checked`] with the live snapshot's [`LiveIndex`] already built (a caller that
 /// loads the snapshot on a thread of its own builds it there). The index must be the
-/// snapshot's.
+/// snapshot's; one whose record counts differ from the snapshot's is built again here.
 pub fn verify_indexed(
     m: &Manifest,
     mt: &Tables,
     live: Option<(&Live, &Tables, &LiveIndex)>,
     allow: &Allowlist,
 ) -> Result<Report, PairError> {
+    if let Some((l, lt, index)) = live
+        && !index.fits(l)
+    {
+        return verify_indexed(m, mt, Some((l, lt, &LiveIndex::new(l))), allow);
+    }
     // Whether the pair belongs together is checked beside the touch index and the
     // subjects: all three read every touch.
-    let (ctx, bare, subjects, pair) = context(m, mt, || {
-        live.map_or(Ok(()), |(l, _, i)| check_pair_probed(m, l, &i.probed))
-    });
+    let (ctx, bare, subjects, pair) = context(
+        m,
+        mt,
+        || live.map_or(Ok(()), |(l, _, i)| check_pair_probed(m, l, &i.probed)),
+        live.is_some(),
+    );
     pair?;
 
     let mut findings = in_parallel(&subjects, |s, out| capture_checks(&ctx, s, out));

@@ -193,7 +193,7 @@ impl Source {
     }
 
     /// Runs `f` over the document's bytes; a file's are read, and freed before the caller
-    /// goes on to check what was parsed.
+    /// goes on to check what was parsed (shared bytes live as long as the source).
     fn with_bytes<T>(&self, f: impl FnOnce(&[u8]) -> Result<T, LoadError>) -> Result<T, LoadError> {
         match self {
             Source::Path(p) => f(&read(p)?),

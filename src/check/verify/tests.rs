@@ -688,3 +688,84 @@ fn an_unused_entry_warns_unless_denied() {
     assert!(!r.ok);
     assert_eq!(r.warnings().count(), 1);
 }
+
+/// What the touch index, the bare touches and the subjects of a context are.
+type ContextSummary = (
+    Vec<Vec<TouchRef>>,
+    Vec<TouchRef>,
+    Vec<(Vec<usize>, Vec<usize>)>,
+    u32,
+);
+
+fn summary(m: &Manifest, c: (Ctx<'_>, Vec<TouchRef>, Vec<Subject<'_>>, u32)) -> ContextSummary {
+    let (ctx, bare, subjects, r) = c;
+    let rows = (0..m.tensors.len())
+        .map(|t| ctx.touches_of[t].to_vec())
+        .collect();
+    let subjects = subjects
+        .iter()
+        .map(|s| (s.tensors.to_vec(), s.owners.to_vec()))
+        .collect();
+    (rows, bare, subjects, r)
+}
+
+/// The context is the same on one thread and on three, and `beside`'s answer comes back
+/// either way.
+#[test]
+fn context_is_the_same_on_one_thread_and_on_three() {
+    let m = manifest();
+    let mt = check_manifest(&m).unwrap();
+    let serial = summary(&m, context_on(&m, &mt, || 7, true, false));
+    assert!(serial.0.iter().any(|r| !r.is_empty()) && !serial.1.is_empty());
+    assert!(!serial.2.is_empty());
+    for beside_thread in [true, false] {
+        let threaded = summary(&m, context_on(&m, &mt, || 7, beside_thread, true));
+        assert_eq!(threaded, serial);
+    }
+}
+
+/// Touch counts that are not the manifest's (tables checked before a touch was added, or
+/// made by hand) are made again: the same context and report as with the right ones, and
+/// no panic.
+#[test]
+fn wrong_touch_counts_are_made_again() {
+    let m = manifest();
+    let l = live(&m, Contents::Preserved);
+    let (mt, lt) = (check_manifest(&m).unwrap(), check_live(&l).unwrap());
+    let allow = Allowlist::default();
+    let right = verify_checked(&m, &mt, Some((&l, &lt)), &allow).unwrap();
+    let right_context = summary(&m, context_on(&m, &mt, || 0, false, false));
+    let n = m.tensors.len();
+    let mut moved = mt.touch_counts.clone();
+    let touched = moved.iter().position(|&c| c > 0).unwrap();
+    moved[touched] -= 1;
+    moved[(touched + 1) % n] += 1;
+    for counts in [vec![0; n], vec![1000; n], moved, Vec::new()] {
+        let wrong = Tables {
+            touch_counts: counts.clone(),
+            ..mt.clone()
+        };
+        for parallel in [false, true] {
+            let c = summary(&m, context_on(&m, &wrong, || 0, false, parallel));
+            assert_eq!(c, right_context, "counts {counts:?}, parallel {parallel}");
+        }
+        let r = verify_checked(&m, &wrong, Some((&l, &lt)), &allow).unwrap();
+        assert_eq!(r, right, "counts {counts:?}");
+    }
+}
+
+/// A live index built over another snapshot's records is built again, not trusted.
+#[test]
+fn a_live_index_of_another_snapshot_is_built_again() {
+    let m = manifest();
+    let l = live(&m, Contents::Preserved);
+    let (mt, lt) = (check_manifest(&m).unwrap(), check_live(&l).unwrap());
+    let allow = Allowlist::default();
+    let right = verify_checked(&m, &mt, Some((&l, &lt)), &allow).unwrap();
+    let mut other = l.clone();
+    other.probes.truncate(1);
+    let index = LiveIndex::new(&other);
+    assert!(!index.fits(&l) && index.fits(&other));
+    let r = verify_indexed(&m, &mt, Some((&l, &lt, &index)), &allow).unwrap();
+    assert_eq!(r, right);
+}
