@@ -141,7 +141,7 @@ fn what_cannot_be_mapped_is_left_to_the_read() {
 /// binary waits for a document on standard input, so the test does not race a parse.
 #[test]
 fn a_bus_error_is_reported_with_exit_code_2() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_graphcheck"))
+    let child = Command::new(env!("CARGO_BIN_EXE_graphcheck"))
         .current_dir(root())
         .args(["verify", "-"])
         .stdin(std::process::Stdio::piped())
