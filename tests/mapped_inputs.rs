@@ -8,27 +8,25 @@
 
 #![cfg(unix)]
 
+#[allow(dead_code)] // the snapshot helpers are `cli`'s and `ranks`'
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use graphcheck::document::load::Source;
 use graphcheck_cli::ops::{MAP_FROM, mapped_source};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use support::root;
 
 const SCENARIO: &str = "fixtures/synthetic/freed_then_reused";
 
+/// The binary run from the repository root ([`support::graphcheck`]) with path arguments.
 fn run(args: &[&Path]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_graphcheck"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .expect("graphcheck runs")
+    let args: Vec<&str> = args
+        .iter()
+        .map(|a| a.to_str().expect("a UTF-8 path"))
+        .collect();
+    support::graphcheck(&args)
 }
 
 /// `text` with whitespace appended past [`MAP_FROM`]: the same document, large enough to

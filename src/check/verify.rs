@@ -299,10 +299,7 @@ where
             .collect();
         let mut out = run(&subjects[..chunk]);
         for job in jobs {
-            match job.join() {
-                Ok(found) => out.extend(found),
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
+            out.extend(joined(job.join()));
         }
         out
     })

@@ -1,4 +1,4 @@
-//! What the binary's integration tests (`cli`, `ranks`) share: the repository root, running
+//! What the binary's integration tests (`cli`, `ranks`, `mapped_inputs`) share: the repository root, running
 //! the binary from it, a transcript of a run for snapshots, and where snapshots are kept.
 
 use std::path::{Path, PathBuf};

@@ -724,16 +724,22 @@ fn context_is_the_same_on_one_thread_and_on_three() {
     }
 }
 
+/// The test manifest and an identical live snapshot, their tables, and their report.
+fn checked_pair() -> (Manifest, Live, Tables, Tables, Report) {
+    let m = manifest();
+    let l = live(&m, Contents::Preserved);
+    let (mt, lt) = (check_manifest(&m).unwrap(), check_live(&l).unwrap());
+    let r = verify_checked(&m, &mt, Some((&l, &lt)), &Allowlist::default()).unwrap();
+    (m, l, mt, lt, r)
+}
+
 /// Touch counts that are not the manifest's (tables checked before a touch was added, or
 /// made by hand) are made again: the same context and report as with the right ones, and
 /// no panic.
 #[test]
 fn wrong_touch_counts_are_made_again() {
-    let m = manifest();
-    let l = live(&m, Contents::Preserved);
-    let (mt, lt) = (check_manifest(&m).unwrap(), check_live(&l).unwrap());
+    let (m, l, mt, lt, right) = checked_pair();
     let allow = Allowlist::default();
-    let right = verify_checked(&m, &mt, Some((&l, &lt)), &allow).unwrap();
     let right_context = summary(&m, context_on(&m, &mt, || 0, false, false));
     let n = m.tensors.len();
     let mut moved = mt.touch_counts.clone();
@@ -757,11 +763,8 @@ fn wrong_touch_counts_are_made_again() {
 /// A live index built over another snapshot's records is built again, not trusted.
 #[test]
 fn a_live_index_of_another_snapshot_is_built_again() {
-    let m = manifest();
-    let l = live(&m, Contents::Preserved);
-    let (mt, lt) = (check_manifest(&m).unwrap(), check_live(&l).unwrap());
+    let (m, l, mt, lt, right) = checked_pair();
     let allow = Allowlist::default();
-    let right = verify_checked(&m, &mt, Some((&l, &lt)), &allow).unwrap();
     let mut other = l.clone();
     other.probes.truncate(1);
     let index = LiveIndex::new(&other);
