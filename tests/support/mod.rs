@@ -1,5 +1,6 @@
-//! What the binary's integration tests (`cli`, `ranks`, `mapped_inputs`) share: the repository root, running
-//! the binary from it, a transcript of a run for snapshots, and where snapshots are kept.
+//! What the binary's integration tests (`cli`, `ranks`, `mapped_inputs`) share: the
+//! repository root, running the binary from it, a transcript of a run for snapshots, and
+//! where snapshots are kept.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
