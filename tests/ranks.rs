@@ -316,6 +316,143 @@ fn a_report_written_into_the_folder_is_skipped_and_may_be_written_again() {
     );
 }
 
+/// Regression (issue 25, item 1): a `*.json` link whose target is gone, a link loop or a
+/// FIFO was left out of the folder in silence, so its rank looked merely missing (a
+/// warning) and the run came out clean (exit 0). Each is refused now, naming it.
+#[cfg(unix)]
+#[test]
+fn a_json_entry_that_is_not_a_readable_file_refuses_the_run_naming_it() {
+    use std::os::unix::fs::symlink;
+    let dir = fresh_dir("unreadable-entry");
+    let store = fresh_dir("unreadable-entry-store");
+    for f in ["graphcheck-0-4100.json", "live-0-4100.json"] {
+        put(&dir, f, &doc(f));
+    }
+    for f in ["graphcheck-1-4101.json", "live-1-4101.json"] {
+        put(&store, f, &doc(f));
+        symlink(store.join(f), dir.join(f)).unwrap();
+    }
+    let (code, err) = verify_dir(&dir);
+    assert_eq!(code, Some(1), "links to the documents are read: {err}");
+    std::fs::remove_dir_all(&store).unwrap();
+    let (code, err) = verify_dir(&dir);
+    assert_eq!(code, Some(2), "{err}");
+    let m1 = dir.join("graphcheck-1-4101.json");
+    assert!(
+        err.contains(&format!(
+            "{} is named like a document (`*.json`) but cannot be read: it is a link to nothing",
+            m1.display()
+        )),
+        "{err}"
+    );
+    // A link loop, alone in a folder with whole documents.
+    for f in ["graphcheck-1-4101.json", "live-1-4101.json"] {
+        std::fs::remove_file(dir.join(f)).unwrap();
+    }
+    let looped = dir.join("loop.json");
+    symlink(&looped, &looped).unwrap();
+    let (code, err) = verify_dir(&dir);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{} is named like a document (`*.json`) but cannot be read: ",
+            looped.display()
+        )),
+        "{err}"
+    );
+    std::fs::remove_file(&looped).unwrap();
+    // A FIFO is refused before it is opened (opening one blocks until a writer comes).
+    let fifo = dir.join("graphcheck-1-4101.json");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (code, err) = verify_dir(&dir);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{} is named like a document (`*.json`) but is a FIFO",
+            fifo.display()
+        )),
+        "{err}"
+    );
+    // The Python API decides in the same place (`ops::dir_documents`); a subfolder named
+    // `*.json` is still not read.
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::create_dir(dir.join("sub.json")).unwrap();
+    let (code, err) = verify_dir(&dir);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// Regression (issue 25, item 6): a table or Markdown report `--output` wrote into the
+/// folder made every later `verify DIR` exit 2 ("not valid JSON"). A file without a
+/// document's header is skipped whatever its bytes; bytes that open a JSON object but break
+/// off (a document cut short), and anything in a file named as `instrument()` names a
+/// rank's manifest, still refuse the run.
+#[test]
+fn a_report_in_any_format_written_into_the_folder_is_skipped() {
+    let dir = fresh_dir("table-in-folder");
+    for f in [
+        "graphcheck-0-4100.json",
+        "live-0-4100.json",
+        "graphcheck-1-4101.json",
+    ] {
+        put(&dir, f, &doc(f));
+    }
+    let d = dir.to_str().unwrap();
+    for format in ["table", "markdown", "json"] {
+        let report = dir.join(format!("report-{format}.json"));
+        let r = report.to_str().unwrap();
+        let out = graphcheck(&["verify", d, "--format", format, "--output", r]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{format}: {}",
+            text(&out.stderr)
+        );
+        // Written again over itself: it is no input.
+        let again = graphcheck(&["verify", d, "--format", format, "--output", r]);
+        assert_eq!(
+            again.status.code(),
+            Some(0),
+            "{format}: {}",
+            text(&again.stderr)
+        );
+    }
+    std::fs::write(dir.join("empty.json"), b"").unwrap();
+    let (code, err) = verify_dir(&dir);
+    assert_eq!(code, Some(0), "{err}");
+    for (file, why) in [
+        ("report-table.json", "it does not open a JSON object"),
+        ("report-markdown.json", "it does not open a JSON object"),
+        ("report-json.json", "its top level has no `kind`"),
+        ("empty.json", "it is empty or only white space"),
+    ] {
+        let note = format!(
+            "note: {} is not a graphcheck document ({why}): skipped",
+            dir.join(file).display()
+        );
+        assert!(err.contains(&note), "{note}\n{err}");
+    }
+    // A document cut short opens an object: refused, naming it.
+    let cut = dir.join("cut.json");
+    let whole = serde_json::to_vec_pretty(&doc("live-1-4101.json")).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
+    let (code, err) = verify_dir(&dir);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&format!("{}:", cut.display())), "{err}");
+    std::fs::remove_file(&cut).unwrap();
+    // A rank's manifest by its name is never skipped, whatever it holds.
+    let m1 = dir.join("graphcheck-1-4101.json");
+    for bytes in [&b""[..], b"[]", b"not json"] {
+        std::fs::write(&m1, bytes).unwrap();
+        let (code, err) = verify_dir(&dir);
+        assert_eq!(code, Some(2), "{bytes:?}: {err}");
+        assert!(err.contains(&m1.display().to_string()), "{err}");
+    }
+}
+
 #[test]
 fn an_output_file_among_the_pairs_is_refused() {
     // Guards: every file of every pair is an input `--output` must not replace.
