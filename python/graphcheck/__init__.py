@@ -5,9 +5,11 @@ documents and reports into Python objects and back. PyTorch glue lives in
 :mod:`graphcheck.torch`, which imports torch only when used, so ``import graphcheck``
 works without it.
 
-Documents (manifests and live snapshots) are accepted everywhere as a path
-(``str`` or ``os.PathLike``), as JSON text (a ``str`` starting with ``{``, or ``bytes``),
-or as the ``dict`` :func:`json.loads` gives, in either format version: graphcheck writes
+Documents (manifests and live snapshots) are accepted everywhere as a path (``str``,
+``bytes`` or ``os.PathLike``, whatever it starts with: ``"{run}/m.json"`` is a file), as
+the ``dict`` :func:`json.loads` gives, or as JSON text: :class:`Text`, or a ``str`` or
+``bytes`` starting with ``{"`` (blanks aside), as ``json.dumps`` and ``f.read()`` give it
+(:data:`Document`); in either format version: graphcheck writes
 format 2 (compact columns); :func:`load` returns any document in format 1's expanded
 layout, every record an object, for reading in Python. Every error the core reports is raised as
 :class:`GraphcheckError` with the core's message (file and JSON path included).
@@ -28,6 +30,7 @@ from ._api import (
     Owner,
     RankSummary,
     Report,
+    Text,
     VerificationFailed,
     __version__,
     assert_clean,
@@ -58,6 +61,7 @@ __all__ = [
     "Owner",
     "RankSummary",
     "Report",
+    "Text",
     "VerificationFailed",
     "assert_clean",
     "build_manifest",

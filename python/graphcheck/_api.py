@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from . import _args, _native
-from ._native import GraphcheckError
+from ._native import GraphcheckError, Text
 
 #: The version of the core this package was built from.
 __version__ = _native.version()
@@ -27,7 +27,12 @@ EXIT_OK: int = _native.EXIT_OK
 EXIT_FINDINGS: int = _native.EXIT_FINDINGS
 EXIT_BAD_INPUT: int = _native.EXIT_BAD_INPUT
 
-Document = Union[str, bytes, "os.PathLike[str]", Mapping[str, Any]]
+#: A document (manifest or live snapshot): a path (``str``, ``bytes`` or ``os.PathLike``,
+#: whatever it starts with: ``"{run}/m.json"`` is a file), the ``dict`` :func:`json.loads`
+#: gives, or JSON text as :class:`Text`. A ``str`` or ``bytes`` that starts with ``{"``
+#: (blanks aside: an object's first key, as every document's text begins) is taken as JSON
+#: text too, as ``json.dumps(doc)`` and ``f.read()`` give it.
+Document = Union[str, bytes, "os.PathLike[str]", Mapping[str, Any], Text]
 #: An allowlist: a TOML file's path, or a list of entries as dicts with the keys of a TOML
 #: entry (``path`` or ``kernel``/``kernels``, ``reason``, optional ``kinds``). ``kinds`` and
 #: ``kernels`` are lists, as in TOML: a single string is an error naming ``allow[i].kinds``.
@@ -36,18 +41,21 @@ Allow = Union[str, "os.PathLike[str]", Sequence[Mapping[str, Any]]]
 Pairs = Sequence[Sequence[Union[str, "os.PathLike[str]"]]]
 
 
-def _source(doc: Document, name: str = "document") -> Union[str, bytes, "os.PathLike[str]"]:
-    """What ``_native`` takes: a mapping becomes JSON text (an unserialisable value is an
-    error naming its JSON path under ``name``); paths and text pass through, and the native
-    module turns a path or text it cannot encode into a ``GraphcheckError`` too."""
+def _source(doc: Document, name: str = "document") -> Union[str, bytes, "os.PathLike[str]", Text]:
+    """What ``_native`` takes: a mapping becomes :class:`Text` (an unserialisable value is
+    an error naming its JSON path under ``name``); paths and text pass through, and the
+    native module tells a path from text (:data:`Document`) and turns a path or text it
+    cannot encode into a ``GraphcheckError`` too."""
     if isinstance(doc, Mapping):
-        return _args.to_json(name, doc)
+        return Text(_args.to_json(name, doc))
+    if isinstance(doc, Text):
+        return doc
     if isinstance(doc, (str, bytes)) or hasattr(doc, "__fspath__"):
         if isinstance(doc, (str, bytes)) and not doc.strip():
             raise GraphcheckError(f"{name}: an empty string is neither a path nor a document")
         return doc
     raise GraphcheckError(
-        f"{name}: expected a document (path, JSON text or dict), got {_args.show(doc)}"
+        f"{name}: expected a document (a path, a dict or graphcheck.Text), got {_args.show(doc)}"
     )
 
 
@@ -131,10 +139,11 @@ def build_manifest(
 ) -> dict:
     """Builds a manifest from a build spec (producer, pools, pool_ranges, allocations,
     tensors, owners, and graphs as walkers read them); see ``graphcheck::resolve::spec``
-    (``src/resolve/spec.rs``). Returns it in format ``format_version`` (2 by default, as
-    it is written; 1, or :func:`load`, for the expanded form)."""
-    text = _args.to_json("spec", spec) if isinstance(spec, Mapping) else spec
-    if not isinstance(text, (str, bytes)):
+    (``src/resolve/spec.rs``). ``spec`` is a dict, or JSON text or a file's path as a
+    :data:`Document` is. Returns it in format ``format_version`` (2 by default, as it is
+    written; 1, or :func:`load`, for the expanded form)."""
+    text = Text(_args.to_json("spec", spec)) if isinstance(spec, Mapping) else spec
+    if not isinstance(text, (str, bytes, Text)):
         raise GraphcheckError(f"spec is a dict or JSON text, not {_args.show(spec)}")
     version = _version_arg(format_version)
     return json.loads(_native.build_manifest(text, None, version))

@@ -1,7 +1,7 @@
 """Type stubs of ``graphcheck._native``, the PyO3 module built from ``python/src/`` (the
-``#[pyfunction]``s of ``lib.rs``, ``sleep.rs``, ``digest.rs`` and ``build.rs``). Documents are a path (``str`` or
-``os.PathLike``) or JSON text (a ``str`` whose first non-blank character is ``{``, or
-``bytes``). ``tests/python/test_native_stubs.py`` fails when these drift from the module.
+``#[pyfunction]``s of ``lib.rs``, ``sleep.rs``, ``digest.rs`` and ``build.rs``). Documents are a path (``str``,
+``bytes`` or ``os.PathLike``) or JSON text (``Text``, or a ``str`` or ``bytes`` whose first
+non-blank characters are ``{"``). ``tests/python/test_native_stubs.py`` fails when these drift from the module.
 """
 
 import os
@@ -19,6 +19,7 @@ __all__ = [
     "LIVE_KINDS",
     "version",
     "main",
+    "Text",
     "load",
     "verify",
     "verify_pairs",
@@ -61,8 +62,17 @@ __all__ = [
     "build_live",
 ]
 
+@final
+class Text:
+    """A document's JSON text, handed over as such: never taken for a path."""
+
+    def __new__(cls, text: str | bytes, name: str | None = None) -> Text: ...
+    @property
+    def name(self) -> str | None: ...
+    def __len__(self) -> int: ...
+
 # A document: a path, or JSON text.
-_Source = str | bytes | os.PathLike[str]
+_Source = str | bytes | os.PathLike[str] | Text
 
 class GraphcheckError(Exception):
     """A bad document, allowlist or argument: the message says what and where."""

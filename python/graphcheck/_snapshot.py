@@ -125,7 +125,7 @@ def snapshot(
     # The manifest's `ranges` (memory read that no owner explains) digested again.
     ranges = _registry.range_digests if algorithm is not None else None
     return json.loads(
-        _native.build_live(json.dumps(spec), _source(m_source), version, ranges=ranges)
+        _native.build_live(_native.Text(json.dumps(spec)), _source(m_source), version, ranges=ranges)
     )
 
 

@@ -1,10 +1,11 @@
 //! `graphcheck._native`: conversions between Python and the core; no logic of its own.
 //!
-//! Every function takes documents as a path (`str` or `os.PathLike`) or as JSON text (a
-//! `str` whose first non-blank character is `{`, or `bytes`), does its work with the GIL
-//! released, and returns plain strings, booleans and tuples, or a handle that keeps Rust-side
-//! data until asked (`Walked`, a walked graph; `Verified`, a verify's report, rendered per
-//! format on demand); the Python package (`python/graphcheck/`) builds objects from them.
+//! Every function takes documents as a path (`str`, `bytes` or `os.PathLike`) or as JSON
+//! text (`Text`, or a `str` or `bytes` starting with `{"`: [`is_json_text`]), does its work
+//! with the GIL released, and returns plain strings, booleans and tuples, or a handle that
+//! keeps Rust-side data until asked (`Walked`, a walked graph; `Verified`, a verify's report,
+//! rendered per format on demand); the Python package (`python/graphcheck/`) builds objects
+//! from them.
 //! Every error the core reports is raised as `graphcheck.GraphcheckError` with the core's
 //! message (file and JSON path included), and so is a document argument of the wrong type or
 //! one that cannot be encoded (a lone surrogate); nothing here panics on bad input.
@@ -14,7 +15,7 @@ use std::path::PathBuf;
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::finding::FindingKind;
 use graphcheck::document::format::{Document, FORMAT_VERSION, FORMAT_VERSIONS};
-use graphcheck::document::load::Source;
+use graphcheck::document::load::{SharedBytes, Source};
 use graphcheck::document::owner_path::Glob;
 use graphcheck::present::explain::Query;
 use graphcheck::resolve::walked::WalkedGraph;
@@ -37,16 +38,23 @@ create_exception!(
     "A bad document, allowlist or argument: the message says what and where."
 );
 
-/// A document as the caller handed it: `str` starting with `{` (after blanks) or `bytes`:
-/// JSON text; any other `str` or an `os.PathLike`: a path. `name` names text in error
-/// messages (default `<string>`). Loading is the core's ([`Source`]), the same as the
-/// command line's.
+/// A document as the caller handed it. [`Text`] is JSON text; a `str` or `bytes` whose first
+/// non-blank characters are `{"` ([`is_json_text`]) is JSON text too; any other `str`,
+/// `bytes` or `os.PathLike` is a path, whatever it starts with (`{run}/m.json`), as on the
+/// command line. `name` names text in error messages (default `<string>`). Loading is the
+/// core's ([`Source`]), the same as the command line's.
 fn source(obj: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<Source> {
     let label = name.unwrap_or("<string>");
-    let is_text = |s: &str| s.trim_start().starts_with('{');
+    if let Ok(t) = obj.cast::<Text>() {
+        let t = t.get();
+        return Ok(Source::Shared {
+            bytes: t.bytes.clone(),
+            name: PathBuf::from(t.name.as_deref().unwrap_or(label)),
+        });
+    }
     if let Ok(s) = obj.cast::<PyString>() {
         return match s.to_cow() {
-            Ok(text) if is_text(&text) => Ok(Source::Text {
+            Ok(text) if is_json_text(text.as_bytes()) => Ok(Source::Text {
                 bytes: text.as_bytes().to_vec(),
                 name: PathBuf::from(label),
             }),
@@ -54,25 +62,111 @@ fn source(obj: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<Source> {
             // Not UTF-8: the string holds a surrogate. JSON text cannot; a path can hold the
             // surrogate escapes of `os.fsdecode` (a file name that is not UTF-8), which the
             // file-system encoding turns back into the name's bytes.
-            Err(e) if is_text(&s.to_string_lossy()) => Err(GraphcheckError::new_err(format!(
-                "{label}: JSON text that is not valid Unicode: {e}"
-            ))),
+            Err(e) if is_json_text(s.to_string_lossy().as_bytes()) => {
+                Err(GraphcheckError::new_err(format!(
+                    "{label}: JSON text that is not valid Unicode: {e}"
+                )))
+            }
             Err(_) => path_arg(obj, label).map(Source::Path),
         };
     }
     if let Ok(b) = obj.cast::<PyBytes>() {
-        return Ok(Source::Text {
-            bytes: b.as_bytes().to_vec(),
-            name: PathBuf::from(label),
-        });
+        let b = b.as_bytes();
+        if is_json_text(b) {
+            return Ok(Source::Text {
+                bytes: b.to_vec(),
+                name: PathBuf::from(label),
+            });
+        }
+        return bytes_path(b, label).map(Source::Path);
     }
     if obj.hasattr("__fspath__").unwrap_or(false) {
         return path_arg(obj, label).map(Source::Path);
     }
     Err(GraphcheckError::new_err(format!(
-        "expected a path or JSON text (str, bytes or os.PathLike), got {}",
+        "expected a path or JSON text (str, bytes, os.PathLike or Text), got {}",
         type_name(obj)
     )))
+}
+
+/// The bytes of a path, as `os.fsencode` gives them: a file name's own bytes.
+#[cfg(unix)]
+fn bytes_path(b: &[u8], _what: &str) -> PyResult<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(b)))
+}
+
+/// The bytes of a path, UTF-8 where file names are not bytes.
+#[cfg(not(unix))]
+fn bytes_path(b: &[u8], what: &str) -> PyResult<PathBuf> {
+    std::str::from_utf8(b)
+        .map(PathBuf::from)
+        .map_err(|e| GraphcheckError::new_err(format!("{what}: a path that is not UTF-8: {e}")))
+}
+
+/// Whether a `str` or `bytes` document is JSON text rather than a path: its first
+/// characters but JSON's blanks are `{"`, an object's first key, as every document's text
+/// begins. A path beginning so names no file any tool writes, while paths beginning with a
+/// brace alone are common (`{run}/m.json`, `{}`); other text is handed over as [`Text`].
+fn is_json_text(b: &[u8]) -> bool {
+    let mut chars = b
+        .iter()
+        .filter(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r'));
+    chars.next() == Some(&b'{') && chars.next() == Some(&b'"')
+}
+
+/// A document's JSON text, handed over as such (`graphcheck.Text`): never taken for a
+/// path, whatever it starts with. Its bytes are shared with each call that reads it, not
+/// copied again.
+#[pyclass(frozen, module = "graphcheck._native")]
+struct Text {
+    bytes: SharedBytes,
+    name: Option<String>,
+}
+
+#[pymethods]
+impl Text {
+    /// `text` is a `str` (valid Unicode) or `bytes`; `name` names it in error messages
+    /// (default: what the call names its document, `<manifest>`, `<string>`).
+    #[new]
+    #[pyo3(signature = (text, name=None))]
+    fn new(text: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<Text> {
+        let bytes = if let Ok(s) = text.cast::<PyString>() {
+            s.to_cow()
+                .map_err(|e| GraphcheckError::new_err(format!("text is not valid Unicode: {e}")))?
+                .as_bytes()
+                .to_vec()
+        } else if let Ok(b) = text.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else {
+            return Err(GraphcheckError::new_err(format!(
+                "text is a str or bytes (a document's JSON text), not {}",
+                type_name(text)
+            )));
+        };
+        Ok(Text {
+            bytes: SharedBytes(std::sync::Arc::new(bytes)),
+            name,
+        })
+    }
+
+    /// What error messages call the text, where given.
+    #[getter]
+    fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The text's length in bytes.
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.name {
+            Some(n) => format!("<Text {n:?}: {} bytes>", self.bytes.len()),
+            None => format!("<Text: {} bytes>", self.bytes.len()),
+        }
+    }
 }
 
 /// A path argument (`str` or `os.PathLike`), encoded as the file system encodes names; a
@@ -683,6 +777,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LIVE_KINDS", live_kinds)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
+    m.add_class::<Text>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(verify_pairs, m)?)?;
