@@ -48,7 +48,7 @@ struct File {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an allowlist entry")]
 struct RawEntry {
     #[serde(default)]
     path: Option<String>,
@@ -124,18 +124,28 @@ pub struct Allowlist {
 
 impl Allowlist {
     pub fn load(path: &Path) -> Result<Allowlist, AllowError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AllowError::Read {
+        let bytes = std::fs::read(path).map_err(|source| AllowError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Allowlist::parse(&text).map_err(|message| AllowError::Parse {
+        let parse = |message| AllowError::Parse {
             path: path.to_path_buf(),
             message,
-        })
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|e| parse(not_utf8(&bytes, e)))?;
+        Allowlist::parse(text).map_err(parse)
     }
 
     /// Parses TOML text; the error says where and what.
     pub fn parse(text: &str) -> Result<Allowlist, String> {
+        // As for documents (`document::load`): a file is the same text to every reader.
+        if text.starts_with('\u{feff}') {
+            return Err(
+                "the file starts with a UTF-8 byte-order mark, which graphcheck does \
+                        not read: save it as UTF-8 without one"
+                    .into(),
+            );
+        }
         let file: File = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
         Allowlist::from_raw(file.allow)
     }
@@ -192,11 +202,12 @@ impl Allowlist {
                 ),
                 (None, Some(ks)) => {
                     let mut compiled = Vec::with_capacity(ks.len());
-                    for k in ks {
-                        // In kernel names `*` spans anything: they have no hops.
-                        let g = Glob::new(&k.replace('*', "**"))
-                            .map_err(|err| format!("allow[{i}].kernel: {err}"))?;
-                        compiled.push((g, k));
+                    for (j, k) in ks.into_iter().enumerate() {
+                        let key = match e.kernel {
+                            Some(_) => format!("allow[{i}].kernel"),
+                            None => format!("allow[{i}].kernels[{j}]"),
+                        };
+                        compiled.push((kernel_glob(&k).map_err(|why| format!("{key}: {why}"))?, k));
                     }
                     Target::Kernel(compiled)
                 }
@@ -216,6 +227,16 @@ impl Allowlist {
             {
                 return Err(format!(
                     "allow[{i}].kinds: an empty list allows nothing; leave it out to allow every kind"
+                ));
+            }
+            if let Some(j) = e
+                .kinds
+                .iter()
+                .flatten()
+                .position(|&k| k == FindingKind::UnusedAllow)
+            {
+                return Err(format!(
+                    "allow[{i}].kinds[{j}]: `unused_allow` is reported about the allowlist itself, and no entry can allow it"
                 ));
             }
             entries.push(Entry {
@@ -286,6 +307,41 @@ impl Allowlist {
     }
 }
 
+/// A kernel-name pattern, in which `*` spans anything (kernel names have no hops); the error
+/// names the pattern as written.
+fn kernel_glob(pattern: &str) -> Result<Glob, String> {
+    if pattern.is_empty() {
+        return Err("an empty kernel pattern matches no kernel".into());
+    }
+    Glob::new(&pattern.replace('*', "**")).map_err(|e| {
+        // Each `*` was written twice: the bytes as written that end at or before `e.at`.
+        let at = pattern
+            .bytes()
+            .scan(0, |doubled, b| {
+                *doubled += if b == b'*' { 2 } else { 1 };
+                Some(*doubled)
+            })
+            .take_while(|&doubled| doubled <= e.at)
+            .count();
+        format!("invalid kernel pattern {pattern:?} at byte {at}: {}", e.why)
+    })
+}
+
+/// Where the first byte that is not UTF-8 is, in the words of a TOML error's position.
+fn not_utf8(bytes: &[u8], e: std::str::Utf8Error) -> String {
+    let at = e.valid_up_to();
+    let line_start = bytes[..at]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |n| n + 1);
+    let line = 1 + bytes[..line_start].iter().filter(|&&b| b == b'\n').count();
+    // The bytes before `at` are UTF-8: the column counts characters, as TOML's do.
+    let column = 1 + String::from_utf8_lossy(&bytes[line_start..at])
+        .chars()
+        .count();
+    format!("not valid UTF-8 at line {line}, column {column} (byte offset {at})")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +387,99 @@ mod tests {
         ] {
             Glob::owner_path(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
+    }
+
+    /// Regression (issue 25): `kernel = ""` and `kernels = ["a", ""]` said "invalid owner
+    /// path", and named `allow[0].kernel` for either.
+    #[test]
+    fn a_bad_kernel_pattern_is_named_as_one_with_its_element() {
+        let toml = |key: &str| Allowlist::parse(&format!("[[allow]]\n{key}\nreason = \"r\"\n"));
+        assert_eq!(
+            toml("kernel = \"\"").unwrap_err(),
+            "allow[0].kernel: an empty kernel pattern matches no kernel"
+        );
+        assert_eq!(
+            toml("kernels = [\"a\", \"\"]").unwrap_err(),
+            "allow[0].kernels[1]: an empty kernel pattern matches no kernel"
+        );
+        let e = Allowlist::from_json(r#"[{"kernels": [""], "reason": "r"}]"#).unwrap_err();
+        assert_eq!(
+            e,
+            "allow[0].kernels[0]: an empty kernel pattern matches no kernel"
+        );
+        // Other faults name the pattern as written, at its own byte offsets.
+        let long = format!("*{}", ".k".repeat(64));
+        assert_eq!(
+            toml(&format!("kernels = [\"a\", \"{long}\"]")).unwrap_err(),
+            format!(
+                "allow[0].kernels[1]: invalid kernel pattern {long:?} at byte 127: a glob has at \
+                 most 63 `.`"
+            )
+        );
+    }
+
+    /// Regression (issue 25): a file that is not UTF-8 said only "failed to read
+    /// allowlist", with no position.
+    #[test]
+    fn an_allowlist_not_utf8_names_the_line_column_and_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("allow.toml");
+        std::fs::write(
+            &file,
+            b"[[allow]]\npath = \"\xc3\xa9\xff\"\nreason = \"r\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            Allowlist::load(&file).unwrap_err().to_string(),
+            format!(
+                "{}: invalid allowlist: not valid UTF-8 at line 2, column 10 (byte offset 20)",
+                file.display()
+            )
+        );
+    }
+
+    /// Regression (issue 25): an allowlist was read past a UTF-8 byte-order mark, which a
+    /// document is refused for.
+    #[test]
+    fn an_allowlist_with_a_byte_order_mark_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("allow.toml");
+        std::fs::write(&file, "\u{feff}[[allow]]\npath = \"a\"\nreason = \"r\"\n").unwrap();
+        assert_eq!(
+            Allowlist::load(&file).unwrap_err().to_string(),
+            format!(
+                "{}: invalid allowlist: the file starts with a UTF-8 byte-order mark, which \
+                 graphcheck does not read: save it as UTF-8 without one",
+                file.display()
+            )
+        );
+    }
+
+    /// Regression (issue 25): `kinds = ["unused_allow"]` was accepted, and could allow
+    /// nothing.
+    #[test]
+    fn an_entry_cannot_allow_unused_allow() {
+        let want = "allow[0].kinds[1]: `unused_allow` is reported about the allowlist itself, \
+                    and no entry can allow it";
+        let toml =
+            "[[allow]]\npath = \"a\"\nkinds = [\"stale\", \"unused_allow\"]\nreason = \"r\"\n";
+        assert_eq!(Allowlist::parse(toml).unwrap_err(), want);
+        let json = r#"[{"path": "a", "kinds": ["stale", "unused_allow"], "reason": "r"}]"#;
+        assert_eq!(Allowlist::from_json(json).unwrap_err(), want);
+    }
+
+    /// Regression: a value that is no entry was "expected struct RawEntry", a Rust name.
+    #[test]
+    fn a_value_that_is_no_entry_is_said_in_words() {
+        let e = Allowlist::parse("allow = [1]\n").unwrap_err();
+        assert!(
+            e.ends_with("invalid type: integer `1`, expected an allowlist entry"),
+            "{e}"
+        );
+        assert_eq!(
+            Allowlist::from_json("[1]").unwrap_err(),
+            "allow[0]: invalid type: integer `1`, expected an allowlist entry"
+        );
     }
 
     #[test]
