@@ -12,7 +12,9 @@ the ``dict`` :func:`json.loads` gives, or as JSON text: :class:`Text`, or a ``st
 (:data:`Document`); in either format version: graphcheck writes
 format 2 (compact columns); :func:`load` returns any document in format 1's expanded
 layout, every record an object, for reading in Python. Every error the core reports is raised as
-:class:`GraphcheckError` with the core's message (file and JSON path included).
+:class:`GraphcheckError` with the core's message (file and JSON path included). Ctrl-C
+during a call raises ``KeyboardInterrupt`` at once (within about 50 ms); the native work
+left behind writes nothing and its result is dropped.
 """
 
 from ._api import (

@@ -9,7 +9,7 @@ use graphcheck::resolve::spec::{self, BuildSpec};
 use graphcheck::resolve::walked::WalkedGraph;
 use pyo3::prelude::*;
 
-use crate::{GraphcheckError, NativeError, Walked, chain, detached, source, version_arg};
+use crate::{GraphcheckError, NativeError, Walked, chain, interruptible, source, version_arg};
 
 /// Builds a manifest from a build spec (JSON, see `graphcheck::resolve::spec`): resolves
 /// every walked word to a tensor view, allocation and pool, checks the result, returns its
@@ -37,7 +37,7 @@ fn build_manifest(
         .map(|w| w.inner.clone())
         .collect();
     let digest = ranges.is_some();
-    let (mut m, wanted) = detached(py, move || -> Result<_, NativeError> {
+    let (mut m, wanted) = interruptible(py, move || -> Result<_, NativeError> {
         let name = "<build spec>";
         let spec = BuildSpec::parse(&spec, name)?;
         let blocks = if digest {
@@ -65,7 +65,7 @@ fn build_manifest(
     {
         m.ranges = range_digests(&f, &wanted, "ranges")?;
     }
-    detached(py, move || -> Result<String, NativeError> {
+    interruptible(py, move || -> Result<String, NativeError> {
         Ok(serde_json::to_string(&m.in_version(v))?)
     })
 }
@@ -127,7 +127,7 @@ fn build_live(
     let v = version_arg(format_version)?;
     let spec = spec_bytes(spec, "<live spec>")?;
     let manifest = source(manifest, Some("<manifest>"))?;
-    let (mut live, wanted) = detached(py, move || -> Result<_, NativeError> {
+    let (mut live, wanted) = interruptible(py, move || -> Result<_, NativeError> {
         let mut de = serde_json::Deserializer::from_slice(&spec);
         let spec: LiveSpec = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             NativeError::Message(format!(
@@ -147,7 +147,7 @@ fn build_live(
     {
         live.ranges = range_digests(&f, &wanted, "ranges")?;
     }
-    detached(py, move || -> Result<String, NativeError> {
+    interruptible(py, move || -> Result<String, NativeError> {
         Ok(serde_json::to_string(&live.in_version(v))?)
     })
 }

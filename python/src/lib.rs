@@ -209,6 +209,62 @@ where
     py.detach(move || guarded(f))
 }
 
+/// How often a call waiting for its work wakes to run Python's signal handlers: Ctrl-C
+/// raises `KeyboardInterrupt` within about this long.
+const SIGNAL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs `f` on a thread of its own while the calling thread, GIL released, wakes every
+/// [`SIGNAL_POLL`] to run Python's signal handlers: the `KeyboardInterrupt` of Ctrl-C (or
+/// whatever a handler raises) is raised at once, and `f`'s thread is left to finish alone,
+/// what it returns dropped there. So `f` reads only what it owns and writes nothing a
+/// caller could see afterwards: no file, no stdout, no borrowed CUDA graph or tensor
+/// (those calls use [`detached`]). Errors and panics are [`guarded`]'s.
+pub(crate) fn interruptible<T, E, F>(py: Python<'_>, f: F) -> PyResult<T>
+where
+    T: Send + 'static,
+    E: Into<NativeError>,
+    F: FnOnce() -> Result<T, E> + Send + 'static,
+{
+    use std::sync::mpsc::{RecvTimeoutError, sync_channel};
+    let (done, result) = sync_channel(1);
+    // Shared so that the work can still run here when no thread can be had.
+    let job = std::sync::Arc::new(std::sync::Mutex::new(Some(f)));
+    let theirs = job.clone();
+    let spawned = std::thread::Builder::new()
+        .name("graphcheck-call".into())
+        .spawn(move || {
+            let f = theirs.lock().ok().and_then(|mut f| f.take());
+            if let Some(f) = f {
+                // A caller that stopped waiting has dropped `result`: the value is dropped.
+                let _ = done.send(guarded(f));
+            }
+        });
+    if spawned.is_err() {
+        let f = job.lock().ok().and_then(|mut f| f.take());
+        return match f {
+            Some(f) => detached(py, f),
+            None => Err(GraphcheckError::new_err(
+                "internal error in graphcheck (a bug; please report it): a call's work was lost",
+            )),
+        };
+    }
+    let mut result = result;
+    loop {
+        let (got, back) = py.detach(move || (result.recv_timeout(SIGNAL_POLL), result));
+        result = back;
+        match got {
+            Ok(r) => return r,
+            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(GraphcheckError::new_err(
+                    "internal error in graphcheck (a bug; please report it): a call's thread \
+                     ended with no result",
+                ));
+            }
+        }
+    }
+}
+
 /// Runs `f`, turning its error and any panic into a `GraphcheckError`.
 pub(crate) fn guarded<T, E, F>(f: F) -> PyResult<T>
 where
@@ -305,7 +361,9 @@ fn version() -> &'static str {
 
 /// Runs the `graphcheck` command line (`argv[0]` is the program name) with the GIL
 /// released: the console script of the Python package is this call, so it prints what the
-/// Rust binary prints and returns the same exit code.
+/// Rust binary prints and returns the same exit code. Not [`interruptible`]: the command
+/// writes its output (stdout, `--output`), which it must not do after its caller was told
+/// it stopped; the console script lets SIGINT end the process instead (`graphcheck.cli`).
 #[pyfunction]
 fn main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<i32> {
     detached(py, move || Ok::<_, String>(graphcheck_cli::main_impl(argv)))
@@ -327,7 +385,7 @@ fn load(
     let src = source(document, name)?;
     let expect = expect.map(str::to_owned);
     let v = version_arg(format_version)?;
-    detached(
+    interruptible(
         py,
         move || -> Result<(&'static str, String), NativeError> {
             let loaded = NativeError::Load;
@@ -375,7 +433,7 @@ fn verify(
     let m_src = source(manifest, Some("<manifest>"))?;
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
     let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
-    let verified = detached(py, move || -> Result<_, NativeError> {
+    let verified = interruptible(py, move || -> Result<_, NativeError> {
         let allow = allowlist(allow, allow_entries, deny_unused_allow)?;
         let folder = match &m_src {
             Source::Path(dir) => ops::folder_documents(dir, l_src.as_ref().map(Source::name))?
@@ -432,7 +490,7 @@ fn verify_pairs(
     deny_unused_allow: bool,
 ) -> PyResult<Verified> {
     let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
-    let verified = detached(py, move || -> Result<_, NativeError> {
+    let verified = interruptible(py, move || -> Result<_, NativeError> {
         let allow = allowlist(allow, allow_entries, deny_unused_allow)?;
         if paths.is_empty() {
             return Err("no (manifest, live) pair to verify".into());
@@ -448,7 +506,8 @@ fn verify_pairs(
 /// The table and the Markdown are kept once rendered.
 #[pyclass(frozen, module = "graphcheck._native")]
 struct Verified {
-    verified: ops::Verified,
+    /// Shared with the thread that renders it ([`interruptible`]).
+    verified: std::sync::Arc<ops::Verified>,
     normalized: bool,
     table: PyOnceLock<Py<PyString>>,
     markdown: PyOnceLock<Py<PyString>>,
@@ -458,11 +517,19 @@ impl Verified {
     /// A report not rendered yet (`normalized`: addresses as symbols).
     fn new(verified: ops::Verified, normalized: bool) -> Verified {
         Verified {
-            verified,
+            verified: std::sync::Arc::new(verified),
             normalized,
             table: PyOnceLock::new(),
             markdown: PyOnceLock::new(),
         }
+    }
+
+    /// The report rendered in `format` (with the GIL released; Ctrl-C stops the wait).
+    fn rendered_in(&self, py: Python<'_>, format: Format) -> PyResult<String> {
+        let (verified, normalized) = (self.verified.clone(), self.normalized);
+        interruptible(py, move || {
+            Ok::<_, NativeError>(verified.render(format, normalized))
+        })
     }
 
     /// The report in `format`, rendered (with the GIL released) at the first call and kept.
@@ -473,9 +540,7 @@ impl Verified {
         format: Format,
     ) -> PyResult<Py<PyString>> {
         cell.get_or_try_init(py, || {
-            let text = detached(py, || {
-                Ok::<_, NativeError>(self.verified.render(format, self.normalized))
-            })?;
+            let text = self.rendered_in(py, format)?;
             Ok::<_, PyErr>(PyString::new(py, &text).unbind())
         })
         .map(|s| s.clone_ref(py))
@@ -493,9 +558,7 @@ impl Verified {
     /// The report as JSON (`graphcheck verify --format json`), rendered at each call: the
     /// Python `Report` reads it once.
     fn json(&self, py: Python<'_>) -> PyResult<String> {
-        detached(py, || {
-            Ok::<_, NativeError>(self.verified.render(Format::Json, self.normalized))
-        })
+        self.rendered_in(py, Format::Json)
     }
 
     /// The table `graphcheck verify` prints, rendered at the first call.
@@ -539,7 +602,7 @@ impl Verified {
 #[pyo3(signature = (document, name=None))]
 fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
     let src = source(document, name)?;
-    detached(py, move || {
+    interruptible(py, move || {
         src.document()
             .map(|d| graphcheck::present::normalize::normalized(&d))
     })
@@ -550,7 +613,7 @@ fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -
 #[pyo3(signature = (document, name=None))]
 fn summary(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -> PyResult<String> {
     let src = source(document, name)?;
-    detached(py, move || {
+    interruptible(py, move || {
         src.document()
             .map(|d| graphcheck::present::text::summary(&d))
     })
@@ -580,7 +643,7 @@ fn explain(
             ));
         }
     };
-    detached(py, move || -> Result<_, NativeError> {
+    interruptible(py, move || -> Result<_, NativeError> {
         let (m, _) = src.manifest_checked()?;
         Ok(ops::explain_text(&m, &query, dot, normalized))
     })
@@ -598,7 +661,7 @@ fn diff(
 ) -> PyResult<(bool, String)> {
     let (a, b) = (source(a, Some("<A>"))?, source(b, Some("<B>"))?);
     let format: Format = format.parse().map_err(GraphcheckError::new_err)?;
-    detached(py, move || ops::diff(&a, &b, format))
+    interruptible(py, move || ops::diff(&a, &b, format))
 }
 
 /// The JSON Schema of format `format_version` (default: 2, what graphcheck writes), as
