@@ -575,13 +575,18 @@ fn reload(
             Fate::Same => live.tensors.push(keep),
             Fate::Reshaped => {
                 stats.reshaped += 1;
+                // A transposed view of the same elements, or a split one; its span as the
+                // loader computes it (an odd count loses its last element).
                 if keep.shape.len() == 2 {
                     keep.shape = vec![keep.shape[1], keep.shape[0]];
-                    keep.stride = vec![1, keep.shape[1] as i64];
+                    keep.stride = vec![1, keep.shape[0] as i64];
                 } else {
                     keep.shape = vec![keep.shape[0] / 2, 2];
                     keep.stride = vec![2, 1];
                 }
+                keep.nbytes =
+                    graphcheck::document::refs::view_span(&keep.shape, &keep.stride, keep.itemsize)
+                        .expect("a view of the tensor's own elements");
                 live.tensors.push(keep);
             }
             Fate::Stale => {

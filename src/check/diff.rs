@@ -1,8 +1,9 @@
 //! Diff two documents (manifests or live snapshots) by owner path: which paths exist in
-//! one alone, and where registration, layout or contents differ; and, by name, pools whose
-//! kind or sleep policy differ. Addresses are not compared: the two usually come from
-//! different processes (a fresh load against a reload of the same weights, where every
-//! tensor must match).
+//! one alone, and where registration, layout (every field of the view but its addresses:
+//! shape, stride, dtype, itemsize, offset, byte span, storage size, device) or contents
+//! differ; and, by name, pools whose kind or sleep policy differ. Addresses are not
+//! compared: the two usually come from different processes (a fresh load against a reload
+//! of the same weights, where every tensor must match).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -61,6 +62,25 @@ fn pool_name(d: &Document, t: &Tensor) -> Option<String> {
     d.pools().iter().find(|x| x.id == p).map(|x| x.name.clone())
 }
 
+/// `t`'s layout with its offset, and whatever else differs from `other`'s: its element
+/// size, byte span, storage size or device (`bfloat16[4] stride [1] offset 0 on cuda:1`).
+fn layout_against(t: &Tensor, other: &Tensor) -> String {
+    let mut s = format!("{} offset {}", t.layout(), t.offset);
+    if t.itemsize != other.itemsize {
+        s += &format!(" itemsize {}", t.itemsize);
+    }
+    if t.nbytes != other.nbytes {
+        s += &format!(" nbytes {}", t.nbytes);
+    }
+    if t.storage_nbytes != other.storage_nbytes {
+        s += &format!(" in a storage of {} bytes", t.storage_nbytes);
+    }
+    if t.device != other.device {
+        s += &format!(" on {}", t.device);
+    }
+    s
+}
+
 /// Compares A and B by owner path.
 pub fn diff(a: &Document, b: &Document) -> DiffReport {
     let index = |d: &Document| -> BTreeMap<String, (crate::document::format::Registration, usize)> {
@@ -99,16 +119,12 @@ pub fn diff(a: &Document, b: &Document) -> DiffReport {
                 b: Some(rb.to_string()),
             });
         }
-        if tensor_a.shape != tensor_b.shape
-            || tensor_a.stride != tensor_b.stride
-            || tensor_a.dtype != tensor_b.dtype
-            || tensor_a.offset != tensor_b.offset
-        {
+        if !tensor_a.same_layout(tensor_b) || tensor_a.storage_nbytes != tensor_b.storage_nbytes {
             differences.push(Difference {
                 path: path.clone(),
                 change: Change::Layout,
-                a: Some(format!("{} offset {}", tensor_a.layout(), tensor_a.offset)),
-                b: Some(format!("{} offset {}", tensor_b.layout(), tensor_b.offset)),
+                a: Some(layout_against(tensor_a, tensor_b)),
+                b: Some(layout_against(tensor_b, tensor_a)),
             });
         }
         if let (Some(da), Some(db)) = (&tensor_a.digest, &tensor_b.digest)

@@ -316,13 +316,25 @@ pub(super) fn live_checks(
             FindingKind::Reshaped,
             s,
             &owners,
-            format!(
-                "captured as {} (offset {}), now {} (offset {})",
-                t.layout(),
-                t.offset,
-                new.layout(),
-                new.offset
-            ),
+            if t.device == new.device {
+                format!(
+                    "captured as {} (offset {}), now {} (offset {})",
+                    t.layout(),
+                    t.offset,
+                    new.layout(),
+                    new.offset
+                )
+            } else {
+                format!(
+                    "captured as {} (offset {}) on {}, now {} (offset {}) on {}",
+                    t.layout(),
+                    t.offset,
+                    t.device,
+                    new.layout(),
+                    new.offset,
+                    new.device
+                )
+            },
         );
         f.live_addr = Some(new.data_ptr());
         out.push(f);

@@ -290,6 +290,8 @@ mod tests {
             ]
         );
         ms[2].tensors[0].dtype = "float32".into();
+        ms[2].tensors[0].itemsize = 4;
+        ms[2].tensors[0].nbytes = 256;
         assert_eq!(
             mismatches(&ms)[2].1,
             "bfloat16[128] on ranks 0, 1; float32[64] on rank 2"

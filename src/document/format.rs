@@ -385,12 +385,16 @@ impl Tensor {
         )
     }
 
-    /// Whether shape, stride, dtype and offset agree.
+    /// Whether the two are the same view in every field a kernel depends on: shape,
+    /// stride, dtype, itemsize, offset, byte span and device (addresses aside).
     pub fn same_layout(&self, other: &Tensor) -> bool {
         self.shape == other.shape
             && self.stride == other.stride
             && self.dtype == other.dtype
+            && self.itemsize == other.itemsize
             && self.offset == other.offset
+            && self.nbytes == other.nbytes
+            && self.device == other.device
     }
 }
 

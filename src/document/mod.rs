@@ -8,6 +8,7 @@
 //! CPU twin of the GPU kernel).
 
 pub mod digest;
+pub mod dtype;
 pub mod encode;
 pub mod format;
 pub mod ids;

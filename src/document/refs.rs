@@ -7,9 +7,10 @@
 use rustc_hash::FxHashMap;
 use std::fmt::Write as _;
 
+use crate::document::dtype;
 use crate::document::format::{
-    Addr, Allocation, AllocationId, DocKind, FORMAT_VERSIONS, Live, Manifest, Owner, Pool, PoolId,
-    RangeDigest, Tensor, TensorId,
+    Addr, Allocation, AllocationId, DocKind, FORMAT_VERSIONS, Graph, Live, Manifest, Owner, Pool,
+    PoolId, RangeDigest, Tensor, TensorId,
 };
 use crate::document::ids::IdIndex;
 use crate::document::wording::shorten;
@@ -226,35 +227,7 @@ impl Tables {
                     format!("two tensors claim id {}", x.id.0),
                 ));
             }
-            if x.shape.len() != x.stride.len() {
-                return Err(Invalid::at(
-                    format!("tensors[{i}].stride"),
-                    format!(
-                        "{} strides for {} dimensions",
-                        x.stride.len(),
-                        x.shape.len()
-                    ),
-                ));
-            }
-            if x.itemsize == 0 {
-                return Err(Invalid::at(
-                    format!("tensors[{i}].itemsize"),
-                    "itemsize is 0",
-                ));
-            }
-            if x.offset
-                .checked_add(x.nbytes)
-                .is_none_or(|end| end > x.storage_nbytes)
-                || x.storage_base.checked_add(x.storage_nbytes).is_none()
-            {
-                return Err(Invalid::at(
-                    format!("tensors[{i}].nbytes"),
-                    format!(
-                        "the view (offset {}, {} bytes) lies outside its storage of {} bytes",
-                        x.offset, x.nbytes, x.storage_nbytes
-                    ),
-                ));
-            }
+            check_layout(i, x)?;
             if let Some(a) = x.allocation {
                 let Some(ai) = t.alloc_ix.get(&a) else {
                     return Err(Invalid::at(
@@ -263,6 +236,7 @@ impl Tables {
                     ));
                 };
                 let al = &allocations[ai];
+                // Neither sum wraps: checked above.
                 if x.storage_base < al.base
                     || x.storage_base.0 + x.storage_nbytes > al.base.0 + al.size
                 {
@@ -306,6 +280,131 @@ impl Tables {
     }
 }
 
+/// A tensor record agrees with itself: one stride per dimension, none negative (PyTorch
+/// has none), the `itemsize` of its dtype, the byte span `nbytes` its shape, strides and
+/// itemsize give (computed without overflow), and that span inside its storage, which lies
+/// inside the address space. Verify, explain and retarget trust each of these.
+fn check_layout(i: usize, x: &Tensor) -> Result<(), Invalid> {
+    let at = |field: &str| format!("tensors[{i}].{field}");
+    if x.shape.len() != x.stride.len() {
+        return Err(Invalid::at(
+            at("stride"),
+            format!(
+                "{} strides for {} dimensions",
+                x.stride.len(),
+                x.shape.len()
+            ),
+        ));
+    }
+    if let Some(k) = x.stride.iter().position(|&s| s < 0) {
+        return Err(Invalid::at(
+            at(&format!("stride[{k}]")),
+            format!(
+                "stride {} is negative, which no PyTorch view has",
+                x.stride[k]
+            ),
+        ));
+    }
+    match dtype::itemsize(&x.dtype) {
+        Some(n) if n != x.itemsize => {
+            return Err(Invalid::at(
+                at("itemsize"),
+                format!(
+                    "a `{}` element is {}, not {}",
+                    x.dtype,
+                    bytes(n.into()),
+                    x.itemsize
+                ),
+            ));
+        }
+        None if !dtype::plausible_itemsize(x.itemsize) => {
+            return Err(Invalid::at(
+                at("itemsize"),
+                format!(
+                    "{} bytes per element of `{}`, a dtype graphcheck does not know: an element \
+                     is 1, 2, 4, 8 or 16 bytes",
+                    x.itemsize, x.dtype
+                ),
+            ));
+        }
+        _ => {}
+    }
+    let Some(span) = view_span(&x.shape, &x.stride, x.itemsize) else {
+        return Err(Invalid::at(
+            at("shape"),
+            format!(
+                "the view {} of {} per element spans more bytes than a 64-bit address space \
+                 holds",
+                x.layout(),
+                bytes(x.itemsize.into())
+            ),
+        ));
+    };
+    if span != x.nbytes {
+        return Err(Invalid::at(
+            at("nbytes"),
+            format!(
+                "`nbytes` is {}, but the view {} of {} per element spans {span}",
+                x.nbytes,
+                x.layout(),
+                bytes(x.itemsize.into())
+            ),
+        ));
+    }
+    if x.storage_base.checked_add(x.storage_nbytes).is_none() {
+        return Err(Invalid::at(
+            at("storage_base"),
+            format!(
+                "a storage of {} at {} passes the end of the address space",
+                bytes(x.storage_nbytes),
+                x.storage_base
+            ),
+        ));
+    }
+    if x.offset
+        .checked_add(x.nbytes)
+        .is_none_or(|end| end > x.storage_nbytes)
+    {
+        return Err(Invalid::at(
+            at("nbytes"),
+            format!(
+                "the view (offset {}, {}) lies outside its storage of {}",
+                x.offset,
+                bytes(x.nbytes),
+                bytes(x.storage_nbytes)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `1 byte`, `4096 bytes`.
+fn bytes(n: u64) -> String {
+    if n == 1 {
+        "1 byte".into()
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+/// The bytes a view spans from its first element: 0 when a dimension is 0, else one element
+/// plus each dimension's reach (`(size - 1) * stride` elements); `None` past 64 bits.
+/// Strides must not be negative.
+pub fn view_span(shape: &[u64], stride: &[i64], itemsize: u32) -> Option<u64> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    let mut elements: u128 = 1;
+    for (&n, &s) in shape.iter().zip(stride) {
+        let reach = u128::from(n - 1).checked_mul(u128::from(s.unsigned_abs()))?;
+        elements = elements.checked_add(reach)?;
+        if elements > u128::from(u64::MAX) {
+            return None;
+        }
+    }
+    u64::try_from(elements.checked_mul(u128::from(itemsize))?).ok()
+}
+
 /// Checks the version and kind of a document built in memory (the loaders check them
 /// before anything else, with their own errors).
 fn check_header(version: u32, kind: DocKind, expected: DocKind) -> Result<(), Invalid> {
@@ -344,10 +443,63 @@ pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
                 format!("no pool has id {}", p.0),
             ));
         }
+        check_nodes(gi, g)?;
     }
     t.touch_counts = touches_in_parallel(m, &t)?;
     check_ranges(&m.ranges)?;
     Ok(t)
+}
+
+/// A graph's node records agree with its walk: each `index` (of a node read, or one
+/// `unread`) is given once, and a node's `parent` is a node walked before it that holds a
+/// body: not one whose parameters were read or that went unread.
+fn check_nodes(gi: usize, g: &Graph) -> Result<(), Invalid> {
+    // Where a record lies, in words, only for an error: `nodes[3]` or `unread[0]`.
+    let place = |slot: usize| match slot.checked_sub(g.nodes.len()) {
+        None => format!("graphs[{gi}].nodes[{slot}]"),
+        Some(u) => format!("graphs[{gi}].unread[{u}]"),
+    };
+    // (index, slot) of every record, nodes read first, sorted: duplicates side by side, and
+    // a parent found by bisection (no map: a manifest holds a hundred thousand nodes).
+    let mut given: Vec<(u32, usize)> = g
+        .nodes
+        .iter()
+        .map(|n| n.index)
+        .chain(g.unread.iter().map(|u| u.index))
+        .enumerate()
+        .map(|(slot, index)| (index, slot))
+        .collect();
+    given.sort_unstable();
+    if let Some(w) = given.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Invalid::at(
+            format!("{}.index", place(w[1].1)),
+            format!("node {} is given twice (also at {})", w[1].0, place(w[0].1)),
+        ));
+    }
+    for (ni, n) in g.nodes.iter().enumerate() {
+        let Some(p) = n.parent else { continue };
+        let at = || format!("graphs[{gi}].nodes[{ni}].parent");
+        if p >= n.index {
+            return Err(Invalid::at(
+                at(),
+                format!(
+                    "node {} lies in the body of node {p}, which the walk must reach first",
+                    n.index
+                ),
+            ));
+        }
+        if let Ok(k) = given.binary_search_by_key(&p, |&(index, _)| index) {
+            return Err(Invalid::at(
+                at(),
+                format!(
+                    "node {}'s parent {p} is the node at {}, which holds no body",
+                    n.index,
+                    place(given[k].1)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Every touch's tensor and allocation exist and hold its address; the graphs of the
@@ -470,7 +622,17 @@ fn graph_touches(
 pub fn check_live(l: &Live) -> Result<Tables, Invalid> {
     check_header(l.format_version, l.kind, DocKind::Live)?;
     let t = Tables::build(&l.pools, &l.allocations, &l.tensors, &l.owners)?;
+    let mut probed: FxHashMap<Addr, usize> = FxHashMap::default();
     for (i, p) in l.probes.iter().enumerate() {
+        if let Some(first) = probed.insert(p.addr, i) {
+            return Err(Invalid::at(
+                format!("probes[{i}].addr"),
+                format!(
+                    "{} is probed twice (also by probes[{first}]): one probe per address",
+                    p.addr
+                ),
+            ));
+        }
         if let Some(pool) = p.pool
             && !t.pool_ix.contains_key(&pool)
         {

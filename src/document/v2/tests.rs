@@ -29,6 +29,8 @@ fn rich() -> Manifest {
     });
     g.nodes[0].grid = Some([132, 1, 1]);
     g.nodes[0].block = Some([256, 1, 1]);
+    // In the body of a child-graph node walked first (index 0, which holds no address).
+    g.nodes[0].index = 3;
     g.nodes[1].parent = Some(0);
     g.nodes[1].ignored.push(IgnoredWord {
         param: 3,
@@ -236,7 +238,19 @@ fn reference_errors_name_the_column_and_element() {
     );
     let mut v = v2_value(&m);
     v["tensors"]["nbytes"][1] = 4096.into();
-    assert!(err(&v).contains("at `tensors.nbytes[1]`: the view (offset 0, 4096 bytes)"));
+    let e = err(&v);
+    assert!(
+        e.contains("at `tensors.nbytes[1]`: `nbytes` is 4096, but the view "),
+        "{e}"
+    );
+    let mut v = v2_value(&m);
+    v["tensors"]["storage_nbytes"][1] = 1.into();
+    let e = err(&v);
+    assert!(
+        e.contains("at `tensors.nbytes[1]`: the view (offset 0, ")
+            && e.contains("bytes) lies outside its storage of 1 byte"),
+        "{e}"
+    );
     let mut v = v2_value(&m);
     v["owners"]["tensor"][3] = 7.into();
     assert!(err(&v).contains("at `owners.tensor[3]`: no tensor has id 7"));
@@ -281,7 +295,7 @@ fn layout_errors_name_the_column_and_element() {
     let cases: Vec<(Change, &str)> = vec![
         (
             set("/tensors/dtype", json!(["bfloat16"])),
-            "at `tensors.dtype`: 1 values, but `tensors.id` has 3: every column of a table \
+            "at `tensors.dtype`: 1 value, but `tensors.id` has 3: every column of a table \
              holds one value per row",
         ),
         (
