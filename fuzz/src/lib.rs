@@ -5,6 +5,7 @@
 //! only "no panic". `graphcheck-fuzz` runs them for a time; a test runs a short seeded pass.
 
 pub mod mutate;
+pub mod records;
 pub mod targets;
 
 use std::path::{Path, PathBuf};
@@ -58,7 +59,15 @@ pub fn repo() -> PathBuf {
 type Case<'a> = dyn FnMut(&mut SmallRng) -> (Vec<u8>, Outcome) + 'a;
 
 /// The targets, by name.
-pub const TARGETS: &[&str] = &["load", "allow", "owner_path", "explain", "signature", "cli"];
+pub const TARGETS: &[&str] = &[
+    "load",
+    "contradictions",
+    "allow",
+    "owner_path",
+    "explain",
+    "signature",
+    "cli",
+];
 
 /// Runs `target` under `budget` from `seed`. `binary` is the `graphcheck` executable the
 /// `cli` target runs.
@@ -69,6 +78,7 @@ pub fn run(target: &str, budget: Budget, seed: u64, binary: &Path) -> Result<Cou
     let start = Instant::now();
     let mut case: Box<Case<'_>> = match target {
         "load" => Box::new(|r| targets::load(r, &corpus)),
+        "contradictions" => Box::new(|r| records::contradictions(r, &corpus)),
         "allow" => Box::new(|r| targets::allow(r, &corpus)),
         "owner_path" => Box::new(|r| targets::owner_path(r, &corpus)),
         "explain" => Box::new(|r| targets::explain(r, &corpus)),

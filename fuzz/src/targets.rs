@@ -239,8 +239,9 @@ fn text_source(bytes: Vec<u8>) -> Source {
 }
 
 /// The loader: what it accepts validates against the schema of its format version, writes
-/// back (in that version, and in the other) and loads back equal, and (a manifest)
-/// verifies clean against itself as its own live snapshot.
+/// back (in that version, and in the other) and loads back equal, holds together
+/// ([`crate::records::consistent`]), and (a manifest) verifies clean against itself as its
+/// own live snapshot.
 pub fn load(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
     let bytes = c.mutated_document(rng);
     let doc = match text_source(bytes.clone()).document() {
@@ -293,6 +294,7 @@ pub fn load(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
                 "written in format {other} and loaded again, it differs"
             ));
         }
+        crate::records::consistent(&doc)?;
         if let Document::Manifest(m) = &doc {
             let l = live_of(m);
             let r = graphcheck::check::verify::verify(m, Some(&l), &Allowlist::default())

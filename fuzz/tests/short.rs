@@ -43,6 +43,11 @@ fn load() {
 }
 
 #[test]
+fn contradictions() {
+    pass("contradictions", 600);
+}
+
+#[test]
 fn allow() {
     pass("allow", 2000);
 }
