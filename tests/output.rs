@@ -493,3 +493,114 @@ fn malformed_explain_targets_are_usage_errors() {
     let out = run(&["explain", MANIFEST, "0x7f2c00000000"]);
     assert_ne!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
+
+/// Runs `graphcheck args` as a user other than root: itself where this test is not root,
+/// else `nobody` through `setpriv` (root may write any file, so the refusals below would
+/// never arise). `None` where neither can be had.
+fn as_unprivileged(args: &[&str]) -> Option<Output> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid();
+    if uid != 0 {
+        return Some(run(args));
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_graphcheck"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .ok()?;
+    // setpriv itself failing (no such user switch allowed here) says so on stderr.
+    (!text(&out.stderr).starts_with("setpriv:")).then_some(out)
+}
+
+/// Regression (issue 25, item 7): as `nobody`, in a folder anyone may write, `--output`
+/// replaced a root-owned read-only file (renaming over a file needs only the folder's
+/// permission; the shell's `>` refuses). Now refused, exit 2, naming it, the file kept.
+#[test]
+fn a_file_this_user_may_not_write_is_refused_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let target = dir.path().join("report.txt");
+    std::fs::write(&target, b"keep me").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let t = target.to_str().unwrap();
+    let Some(out) = as_unprivileged(&["verify", MANIFEST, LIVE, "--output", t]) else {
+        eprintln!("skipped: running as root and `setpriv` cannot switch to nobody here");
+        return;
+    };
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{t} is not writable by this user: refusing to replace it"
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep me");
+    assert_eq!(mode(&target), 0o444);
+    // A new file in a folder this user may not write: the error names the output, not the
+    // temporary file that could not be made.
+    let closed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+    let new = closed.path().join("new.txt");
+    let out = as_unprivileged(&["verify", MANIFEST, LIVE, "--output", new.to_str().unwrap()])
+        .expect("as above");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot write {}: no file can be made in {} to replace it atomically: permission denied",
+            new.display(),
+            closed.path().display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains(".graphcheck-"), "{err}");
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Regression (issue 25, item 7): `--output -` wrote a file named `-`; it is standard
+/// output, for `verify` and `convert` alike.
+#[test]
+fn output_dash_is_standard_output() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["verify", MANIFEST, LIVE, "--output", "-"][..],
+        &[
+            "convert",
+            MANIFEST,
+            "--format-version",
+            "1",
+            "--output",
+            "-",
+        ][..],
+    ] {
+        // Run from an empty folder, paths made absolute, so that a file named `-` shows.
+        let abs: Vec<String> = args
+            .iter()
+            .map(|a| {
+                if a.starts_with("fixtures/") {
+                    root().join(a).to_str().unwrap().to_string()
+                } else {
+                    a.to_string()
+                }
+            })
+            .collect();
+        let out = Command::new(env!("CARGO_BIN_EXE_graphcheck"))
+            .args(&abs)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(!out.stdout.is_empty(), "{args:?}: nothing on stdout");
+        assert!(
+            !dir.path().join("-").exists(),
+            "{args:?} wrote a file named -"
+        );
+    }
+}

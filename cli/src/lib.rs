@@ -78,7 +78,7 @@ enum Command {
         format: Format,
         /// Write the report to FILE instead of stdout: a regular file is replaced
         /// atomically (through a symlink, its target), a device or FIFO written in place;
-        /// an input is refused.
+        /// an input, or a file this user may not write, is refused; `-` is stdout.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// Print addresses as symbolic ids (A3+0x40), as `show --normalized` does; with
@@ -146,8 +146,8 @@ enum Command {
         /// The format version to write.
         #[arg(long, value_name = "N", default_value_t = FORMAT_VERSION, value_parser = format_version)]
         format_version: u32,
-        /// Write to FILE instead of stdout: a regular file is replaced atomically; the input
-        /// is refused.
+        /// Write to FILE instead of stdout: a regular file is replaced atomically; the input,
+        /// or a file this user may not write, is refused; `-` is stdout.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
@@ -400,6 +400,7 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
             normalized,
         } => {
             let run = verify_run(&documents)?;
+            let output = output.filter(|p| !is_stdin(p));
             // Before anything is read or written: an output that is an input would be lost.
             if let Some(out) = &output {
                 let mut inputs = run.inputs();
@@ -510,6 +511,7 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
             format_version,
             output,
         } => {
+            let output = output.filter(|p| !is_stdin(p));
             if let Some(out) = &output {
                 refuse_inputs(out, &[("document", input_file(&document))]).map_err(stdin_named)?;
             }

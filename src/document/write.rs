@@ -51,7 +51,12 @@ enum Plan {
 /// - A directory, or a link to one, is an error of kind [`io::ErrorKind::IsADirectory`].
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     match plan(path)? {
-        Plan::Replace { target, mode } => replace(&target, mode, bytes),
+        Plan::Replace { target, mode } => {
+            if mode.is_some() {
+                writable(&target)?;
+            }
+            replace(&target, mode, bytes)
+        }
         Plan::Stdout => write_stdio(&mut io::stdout().lock(), bytes),
         Plan::Stderr => write_stdio(&mut io::stderr().lock(), bytes),
         Plan::InPlace { path, truncate } => {
@@ -166,6 +171,41 @@ fn mode_of(_: &std::fs::Metadata) -> u32 {
     0o644
 }
 
+/// Refuses to replace a file its caller could not write (`> file` in a shell would fail):
+/// renaming over it needs only the folder's permission, so a world-writable folder would
+/// let anyone replace a read-only file of someone else's. Asked by opening it for writing,
+/// without truncating or writing, which is the same question the kernel answers for `>`.
+fn writable(target: &Path) -> io::Result<()> {
+    match std::fs::OpenOptions::new().write(true).open(target) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not writable by this user: refusing to replace it",
+                target.display()
+            ),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// An error of creating the temporary file beside `target`, said of `target`: the
+/// temporary file's own name (`.graphcheck-….tmp`) means nothing to the user.
+fn beside(target: &Path, dir: &Path, e: io::Error) -> io::Error {
+    let why = e.raw_os_error().map_or_else(
+        || e.kind().to_string(),
+        |n| io::Error::from_raw_os_error(n).to_string(),
+    );
+    io::Error::new(
+        e.kind(),
+        format!(
+            "cannot write {}: no file can be made in {} to replace it atomically: {why}",
+            target.display(),
+            dir.display()
+        ),
+    )
+}
+
 /// Replaces the regular file (or nothing) at `target` by a temporary file renamed over it.
 fn replace(target: &Path, mode: Option<u32>, bytes: &[u8]) -> io::Result<()> {
     let dir = match target.parent() {
@@ -184,7 +224,8 @@ fn replace(target: &Path, mode: Option<u32>, bytes: &[u8]) -> io::Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(".graphcheck-")
         .suffix(".tmp")
-        .tempfile_in(dir)?;
+        .tempfile_in(dir)
+        .map_err(|e| beside(target, dir, e))?;
     tmp.write_all(bytes)?;
     // A temporary file is private (0600); the result gets the mode of the file it replaces,
     // or the usual mode of a new file.
