@@ -261,8 +261,9 @@ fn rows(table: &str, columns: &[(&str, Option<usize>)]) -> Result<usize, Invalid
             return Err(Invalid::at(
                 format!("{table}.{name}"),
                 format!(
-                    "{len} values, but `{table}.{first}` has {n}: every column of a table \
-                     holds one value per row"
+                    "{len} value{}, but `{table}.{first}` has {n}: every column of a table \
+                     holds one value per row",
+                    if len == 1 { "" } else { "s" }
                 ),
             ));
         }

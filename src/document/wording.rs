@@ -26,7 +26,7 @@ pub(super) fn describe(
         // serde_json reports a number or a list where a name is due (an enum) as a syntax
         // error; in text that is JSON, it is a value of the wrong type.
         Category::Syntax if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => {
-            wrong_type(bytes, expected, at)
+            wrong_type(bytes, expected, at, (e.line(), e.column()))
                 .unwrap_or_else(|| format!("a value of the wrong type: {m}"))
         }
         Category::Syntax => format!("not valid JSON: {m}"),
@@ -35,7 +35,7 @@ pub(super) fn describe(
         Category::Data => out_of_range(&m, bytes, e.line(), e.column())
             .or_else(|| {
                 m.starts_with("invalid type: ")
-                    .then(|| wrong_type(bytes, expected, at))
+                    .then(|| wrong_type(bytes, expected, at, (e.line(), e.column())))
                     .flatten()
             })
             .unwrap_or(m),
@@ -49,12 +49,22 @@ fn wrong_type(
     bytes: &[u8],
     expected: Option<(DocKind, u32)>,
     at: &[schema::Step],
+    (line, column): (usize, usize),
 ) -> Option<String> {
     let (kind, version) = expected?;
     let want = schema::expected_at(kind, version, at)?;
     let found = serde_json::from_slice::<serde_json::Value>(bytes)
         .ok()
-        .and_then(|v| schema::value_at(&v, at).map(schema::describe_value));
+        .and_then(|v| {
+            let found = schema::value_at(&v, at)?;
+            // A number as written (`1e3`), not as serde_json reread it (`1000.0`).
+            let written = found.as_f64().and_then(|n| {
+                number_ending_at(bytes, line, column)
+                    .filter(|w| w.parse::<f64>().ok() == Some(n))
+                    .map(|w| format!("the number {w}"))
+            });
+            Some(written.unwrap_or_else(|| schema::describe_value(found)))
+        });
     Some(match found {
         Some(found) => format!("expected {want}, found {found}"),
         None => format!("expected {want}"),
@@ -65,6 +75,22 @@ fn wrong_type(
 /// type: floating point `1.8446744073709552e+19`, expected u64": say the number is out of
 /// range, as written.
 fn out_of_range(message: &str, bytes: &[u8], line: usize, column: usize) -> Option<String> {
+    // An integer that fits 64 bits but not the field: "invalid value: integer
+    // `4294967296`, expected u32".
+    if let Some(rest) = message.strip_prefix("invalid value: integer `") {
+        let (number, expected) = rest.split_once("`, expected ")?;
+        let (what, max) = match expected {
+            "u8" => ("an unsigned 8-bit", u64::from(u8::MAX)),
+            "u16" => ("an unsigned 16-bit", u64::from(u16::MAX)),
+            "u32" => ("an unsigned 32-bit", u64::from(u32::MAX)),
+            "u64" => ("an unsigned 64-bit", u64::MAX),
+            "i64" => ("a signed 64-bit", i64::MAX.unsigned_abs()),
+            _ => return None,
+        };
+        return Some(format!(
+            "the number {number} is out of range for {what} value (at most {max})"
+        ));
+    }
     let rest = message.strip_prefix("invalid type: floating point `")?;
     let (number, expected) = rest.split_once("`, expected ")?;
     let v: f64 = number.parse().ok()?;
