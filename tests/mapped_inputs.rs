@@ -157,4 +157,58 @@ fn a_bus_error_is_reported_with_exit_code_2() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{:?}: {stderr}", out.status);
     assert!(stderr.contains("SIGBUS"), "{stderr}");
+    // No mapping holds the address a `kill` reports: the message names no file.
+    assert!(stderr.contains("while reading an input file"), "{stderr}");
+}
+
+/// A mapped input truncated by another process before graphcheck read it (SIGBUS on the
+/// first read) is named in the message, with exit code 2. The binary's test-only hook
+/// `GRAPHCHECK_TEST_PAUSE_AFTER_MAP_MS` holds it after mapping until the file shrinks, and
+/// the test truncates once `/proc/<pid>/maps` lists the file, so nothing is left to timing.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_mapped_file_truncated_meanwhile_is_named_with_exit_code_2() {
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read(root().join(SCENARIO).join("manifest.json")).unwrap();
+    let big = padded(dir.path(), "truncated.json", &text);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graphcheck"))
+        .current_dir(root())
+        .arg("verify")
+        .arg(&big)
+        .env("GRAPHCHECK_TEST_PAUSE_AFTER_MAP_MS", "60000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("graphcheck runs");
+    let listed = big.canonicalize().unwrap();
+    let listed = listed.to_str().expect("a UTF-8 path");
+    let maps = format!("/proc/{}/maps", child.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&maps).is_ok_and(|m| m.contains(listed)) {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "graphcheck ended ({status}) before the file was seen mapped: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(Instant::now() < deadline, "the file was never mapped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("SIGBUS"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("while reading {}:", big.display())),
+        "{stderr}"
+    );
 }
