@@ -19,6 +19,9 @@ use graphcheck::present::rank_symbols::RankSymbolizer;
 use graphcheck::present::report::{render_json, render_markdown, render_table_fit};
 use graphcheck::present::text::diff_text_fit;
 
+#[cfg(unix)]
+pub mod live_maps;
+
 /// How a report or diff is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -667,7 +670,7 @@ pub fn source(path: &Path) -> Source {
 pub fn mapped_source(path: &Path) -> Source {
     #[cfg(unix)]
     if let Some(map) = mapped(path) {
-        let map = Mapped::new(map, path);
+        let map = live_maps::Mapped::new(map, path);
         pause_after_map(path, map.as_ref().len());
         return Source::Shared {
             bytes: SharedBytes(std::sync::Arc::new(map)),
@@ -675,40 +678,6 @@ pub fn mapped_source(path: &Path) -> Source {
         };
     }
     source(path)
-}
-
-/// A file mapped by [`mapped`], registered in [`live_maps`] while it lives, so the binary's
-/// SIGBUS handler can name the file a fault is in.
-#[cfg(unix)]
-struct Mapped {
-    map: memmap2::Mmap,
-    slot: Option<usize>,
-}
-
-#[cfg(unix)]
-impl Mapped {
-    fn new(map: memmap2::Mmap, path: &Path) -> Mapped {
-        let slot = live_maps::register(map.as_ptr() as usize, map.len(), path);
-        Mapped { map, slot }
-    }
-}
-
-#[cfg(unix)]
-impl AsRef<[u8]> for Mapped {
-    fn as_ref(&self) -> &[u8] {
-        &self.map
-    }
-}
-
-#[cfg(unix)]
-impl Drop for Mapped {
-    // Runs before the field is dropped: the range leaves the registry before it is
-    // unmapped, so a fault in whatever is mapped there next is never named as this file.
-    fn drop(&mut self) {
-        if let Some(slot) = self.slot {
-            live_maps::clear(slot);
-        }
-    }
 }
 
 /// Test-only: with `GRAPHCHECK_TEST_PAUSE_AFTER_MAP_MS=N` set, the binary waits after
@@ -727,85 +696,6 @@ fn pause_after_map(path: &Path, len: usize) {
         && std::fs::metadata(path).is_ok_and(|m| m.len() >= len as u64)
     {
         std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
-/// The files mapped now, by address range, for the binary's SIGBUS handler
-/// (`cli/src/main.rs`, module `bus`): fixed slots of atomics, so looking an address up
-/// takes no lock and allocates nothing (async-signal-safe). Each name is a copy of the path
-/// leaked when the file is mapped and never freed, so a handler that reads a slot as it is
-/// cleared still reads a live name (at worst the name of the file mapped just before).
-#[cfg(unix)]
-pub mod live_maps {
-    use std::path::Path;
-    use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
-
-    /// More files than any command maps at once (`verify DIR` maps two per rank); a
-    /// mapping with no free slot is not named, and its fault gives the generic message.
-    const SLOTS: usize = 256;
-
-    struct Slot {
-        taken: AtomicBool,
-        /// The first address of the mapping; 0 while the slot is empty or being filled.
-        start: AtomicUsize,
-        len: AtomicUsize,
-        name: AtomicPtr<&'static [u8]>,
-    }
-
-    static LIVE: [Slot; SLOTS] = [const {
-        Slot {
-            taken: AtomicBool::new(false),
-            start: AtomicUsize::new(0),
-            len: AtomicUsize::new(0),
-            name: AtomicPtr::new(std::ptr::null_mut()),
-        }
-    }; SLOTS];
-
-    /// Registers `len` bytes mapped at `start` from `path`; the slot to [`clear`], or
-    /// `None` when every slot is taken.
-    pub(super) fn register(start: usize, len: usize, path: &Path) -> Option<usize> {
-        let i = LIVE.iter().position(|s| {
-            s.taken
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-        })?;
-        let slot = &LIVE[i];
-        let name: &'static [u8] = Box::leak(path_bytes(path).into_boxed_slice());
-        let name: &'static mut &'static [u8] = Box::leak(Box::new(name));
-        slot.name.store(name, Ordering::Relaxed);
-        slot.len.store(len, Ordering::Relaxed);
-        // Last, and released: a reader that sees `start` sees the name and length with it.
-        slot.start.store(start, Ordering::Release);
-        Some(i)
-    }
-
-    /// Empties a slot [`register`] returned, before its mapping is unmapped.
-    pub(super) fn clear(i: usize) {
-        let slot = &LIVE[i];
-        slot.start.store(0, Ordering::Release);
-        slot.len.store(0, Ordering::Relaxed);
-        slot.name.store(std::ptr::null_mut(), Ordering::Relaxed);
-        slot.taken.store(false, Ordering::Release);
-    }
-
-    /// The name of the live mapping that holds `addr`: a pointer to a leaked, never-freed
-    /// byte string, or null where no registered mapping holds it. Async-signal-safe.
-    pub fn name_at(addr: usize) -> *const &'static [u8] {
-        for slot in &LIVE {
-            let start = slot.start.load(Ordering::Acquire);
-            if start == 0 || addr < start {
-                continue;
-            }
-            if addr - start < slot.len.load(Ordering::Relaxed) {
-                return slot.name.load(Ordering::Relaxed);
-            }
-        }
-        std::ptr::null()
-    }
-
-    fn path_bytes(path: &Path) -> Vec<u8> {
-        use std::os::unix::ffi::OsStrExt;
-        path.as_os_str().as_bytes().to_vec()
     }
 }
 
