@@ -140,12 +140,13 @@ pub enum DirError {
     Load(#[from] LoadError),
     #[error(
         "{} is named like a document (`*.json`) but cannot be read{}",
-        path.display(), entry_why(source)
+        path.display(), entry_why(error)
     )]
     Entry {
         path: PathBuf,
-        // In the message, in words: not a `source`, which would say it twice.
-        source: std::io::Error,
+        // In the message, in words: not a `source` (thiserror takes a field of that name
+        // as one), which would say it twice.
+        error: std::io::Error,
     },
     #[error(
         "{} is named like a document (`*.json`) but is {what}: graphcheck reads documents \
@@ -252,7 +253,7 @@ pub fn dir_documents(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
                     path: p,
                 });
             }
-            Err(source) => return Err(DirError::Entry { path: p, source }),
+            Err(error) => return Err(DirError::Entry { path: p, error }),
         }
     }
     Ok(out)
