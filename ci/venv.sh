@@ -8,3 +8,6 @@ if [ ! -x "$GRAPHCHECK_VENV/bin/python" ]; then
     python3 -m venv "$GRAPHCHECK_VENV"
 fi
 PY="$GRAPHCHECK_VENV/bin/python"
+# Exported for the Rust tests that compile the GPU digest kernel: they find NVRTC in this
+# environment (torch's nvidia packages), as graphcheck.torch finds it on its sys.path.
+export GRAPHCHECK_VENV

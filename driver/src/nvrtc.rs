@@ -21,6 +21,82 @@ const NAMES: &[&str] = &[
     "nvrtc64_120_0.dll",
 ];
 
+/// libnvrtc in the `nvidia` pip packages of the Python environment rooted at `prefix` (a
+/// venv's directory), CUDA 13's first: PyTorch's CUDA wheels depend on these packages, and
+/// CUDA 13's puts the library in `site-packages/nvidia/cu13/lib/libnvrtc.so.13`. The same
+/// places `graphcheck.torch` searches on its own `sys.path` (`_registry._packaged_nvrtc`);
+/// `libnvrtc-builtins` is left out (NVRTC loads it itself, and it is no compiler).
+pub fn in_python_env(prefix: &Path) -> Vec<PathBuf> {
+    let mut site_packages = vec![prefix.join("Lib").join("site-packages")];
+    if let Ok(entries) = std::fs::read_dir(prefix.join("lib")) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("python") {
+                site_packages.push(e.path().join("site-packages"));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for sp in site_packages {
+        let Ok(packages) = std::fs::read_dir(sp.join("nvidia")) else {
+            continue;
+        };
+        for package in packages.flatten() {
+            for dir in ["lib", "bin"] {
+                let Ok(files) = std::fs::read_dir(package.path().join(dir)) else {
+                    continue;
+                };
+                for f in files.flatten() {
+                    let name = f.file_name().to_string_lossy().into_owned();
+                    let nvrtc = name.starts_with("libnvrtc.so")
+                        || (name.starts_with("nvrtc64_") && name.ends_with(".dll"));
+                    if nvrtc && !name.contains("builtins") {
+                        found.push(f.path());
+                    }
+                }
+            }
+        }
+    }
+    // Newest first, by file name (`libnvrtc.so.13` sorts after `libnvrtc.so.12`), not by
+    // package folder (`cu13` sorts before `cuda_nvrtc`, CUDA 12's).
+    found.sort_by(|a, b| b.file_name().cmp(&a.file_name()).then_with(|| b.cmp(a)));
+    found
+}
+
+/// For this workspace's tests of the kernel's compile: NVRTC from `GRAPHCHECK_NVRTC`, else
+/// from CI's own Python environment (`ci/venv.sh`: `GRAPHCHECK_VENV`, else
+/// `$XDG_CACHE_HOME` or `~/.cache`, then `graphcheck/ci-venv`; torch's `nvidia` packages hold
+/// it), else by the usual names. Where none loads: with `CI` set this panics, because CI
+/// installs NVRTC and a kernel that never compiles there must not show green; elsewhere it
+/// prints `skipped: <test>: <why>` to stderr and returns `None`.
+#[doc(hidden)]
+pub fn for_tests(test: &str) -> Option<Nvrtc> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    let given = env("GRAPHCHECK_NVRTC").map(PathBuf::from);
+    let venv = env("GRAPHCHECK_VENV").map(PathBuf::from).or_else(|| {
+        env("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|cache| cache.join("graphcheck").join("ci-venv"))
+    });
+    let mut candidates: Vec<PathBuf> = given.into_iter().collect();
+    candidates.extend(venv.iter().flat_map(|v| in_python_env(v)));
+    candidates.extend(NAMES.iter().map(PathBuf::from));
+    match Nvrtc::load_first(candidates) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            let why = format!(
+                "{e} (set GRAPHCHECK_NVRTC to libnvrtc's path, or run ci/install-tools.sh, \
+                 which installs torch's nvidia packages into {})",
+                venv.map_or("the CI environment".into(), |v| v.display().to_string())
+            );
+            let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+            assert!(!ci, "{test}: CI is set, and CI installs NVRTC: {why}");
+            eprintln!("skipped: {test}: {why}");
+            None
+        }
+    }
+}
+
 /// Why NVRTC could not be loaded or could not compile.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -311,6 +387,33 @@ mod tests {
             e.contains("/nonexistent/a.so") && e.contains("/nonexistent/b.so"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn nvrtc_is_found_in_a_python_envs_nvidia_packages_newest_first() {
+        let root = std::env::temp_dir().join(format!("graphcheck-nvrtc-{}", std::process::id()));
+        let site = root.join("lib/python3.11/site-packages/nvidia");
+        let files = [
+            "cu13/lib/libnvrtc.so.13",
+            "cu13/lib/libnvrtc-builtins.so.13.2",
+            "cuda_nvrtc/lib/libnvrtc.so.12",
+            "cublas/lib/libcublas.so.13",
+        ];
+        for f in files {
+            let path = site.join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, b"").unwrap();
+        }
+        let found = in_python_env(&root);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(
+            found,
+            [
+                site.join("cu13/lib/libnvrtc.so.13"),
+                site.join("cuda_nvrtc/lib/libnvrtc.so.12")
+            ]
+        );
+        assert_eq!(in_python_env(&root), Vec::<PathBuf>::new());
     }
 
     #[cfg(target_os = "linux")]

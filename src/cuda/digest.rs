@@ -324,11 +324,11 @@ mod tests {
 
     #[test]
     fn the_kernel_compiles_with_the_twins_constants() {
-        let Ok(path) = std::env::var("GRAPHCHECK_NVRTC") else {
-            eprintln!("skipped the compile: set GRAPHCHECK_NVRTC to libnvrtc's path");
+        let Some(n) =
+            graphcheck_driver::nvrtc::for_tests("the_kernel_compiles_with_the_twins_constants")
+        else {
             return;
         };
-        let n = Nvrtc::load(Some(Path::new(&path))).unwrap();
         let cubin = kernel::compile(&n, "sm_90", &CONSTANTS, Tuning::default()).unwrap();
         assert_eq!(&cubin[..4], b"\x7fELF");
     }

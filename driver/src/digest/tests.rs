@@ -134,21 +134,12 @@ fn a_layout_the_kernel_cannot_take_is_an_error() {
     ));
 }
 
-/// NVRTC where `GRAPHCHECK_NVRTC` names it or a usual name loads; `None` says skipped.
-fn nvrtc() -> Option<Nvrtc> {
-    let path = std::env::var_os("GRAPHCHECK_NVRTC").map(std::path::PathBuf::from);
-    match Nvrtc::load(path.as_deref()) {
-        Ok(n) => Some(n),
-        Err(e) => {
-            eprintln!("skipped: no NVRTC (set GRAPHCHECK_NVRTC to libnvrtc's path): {e}");
-            None
-        }
-    }
-}
-
 #[test]
 fn the_kernels_compile_for_hopper_with_any_tuning_where_nvrtc_is_found() {
-    let Some(nvrtc) = nvrtc() else { return };
+    let Some(nvrtc) = crate::nvrtc::for_tests("the_kernels_compile_for_hopper_with_any_tuning")
+    else {
+        return;
+    };
     let constants = Constants {
         key_a: 3,
         key_b: 5,
@@ -179,10 +170,17 @@ fn the_kernels_compile_for_hopper_with_any_tuning_where_nvrtc_is_found() {
 
 #[test]
 fn the_kernels_do_not_compile_without_the_constants() {
-    let Some(nvrtc) = nvrtc() else { return };
+    let Some(nvrtc) = crate::nvrtc::for_tests("the_kernels_do_not_compile_without_the_constants")
+    else {
+        return;
+    };
     let e = nvrtc
         .compile_cubin(SOURCE, "gc128_digest.cu", "sm_90", &[])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("compile with the digest's constants"), "{e}");
+    // The directive's error, not the same words as a `#warning` beside other errors.
+    assert!(
+        e.contains("#error directive: \"compile with the digest's constants"),
+        "{e}"
+    );
 }
