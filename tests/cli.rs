@@ -1,7 +1,7 @@
 //! Integration tests of the `graphcheck` binary over the fixture corpus
-//! (`fixtures/index.json`): expected findings and exit codes per scenario, insta snapshots
-//! of `show --normalized`, `verify` (table, json) and `explain`, every bad-input class, and
-//! the committed JSON Schema.
+//! (`fixtures/index.json`): expected findings, allowed entries and exit codes per scenario,
+//! insta snapshots of `show --normalized`, `verify` (table, json) and `explain`, every
+//! bad-input class, and the committed JSON Schema.
 
 use std::path::{Path, PathBuf};
 
@@ -167,8 +167,52 @@ fn every_scenario_gives_exactly_its_expected_findings() {
         if report["ok"].as_bool() != Some(errors == 0) {
             failures.push(format!("{name}: ok is {}, errors {errors}", report["ok"]));
         }
+        if let Some(why) = allowed_differ(&report, &expect["allowed"]) {
+            failures.push(format!("{name}: allowed: {why}"));
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// How the report's `allowed` entries differ from the index's `expect.allowed`, if they do:
+/// the same (kind, subject) pairs exactly, and the same graphs where the index names them.
+fn allowed_differ(report: &Value, want: &Value) -> Option<String> {
+    let Some(want) = want.as_array() else {
+        return Some(format!("the index states none (expect.allowed is {want})"));
+    };
+    let got: Vec<&Value> = report["allowed"]
+        .as_array()
+        .expect("a report's allowed is an array")
+        .iter()
+        .map(|a| &a["finding"])
+        .collect();
+    let pair = |f: &Value| -> (String, String) {
+        let s = |k: &str| f[k].as_str().unwrap_or_else(|| panic!("{k} in {f}")).into();
+        (s("kind"), s("subject"))
+    };
+    let mut got_pairs: Vec<_> = got.iter().map(|f| pair(f)).collect();
+    let mut want_pairs: Vec<_> = want.iter().map(pair).collect();
+    got_pairs.sort();
+    want_pairs.sort();
+    if got_pairs != want_pairs {
+        return Some(format!("\n  got  {got_pairs:?}\n  want {want_pairs:?}"));
+    }
+    for w in want {
+        let Some(graphs) = w.get("graphs") else {
+            continue;
+        };
+        let f = got
+            .iter()
+            .find(|f| pair(f) == pair(w))
+            .expect("paired above");
+        if &f["graphs"] != graphs {
+            return Some(format!(
+                "{} {}: graphs {}, expected {graphs}",
+                w["kind"], w["subject"], f["graphs"]
+            ));
+        }
+    }
+    None
 }
 
 #[test]
