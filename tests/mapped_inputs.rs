@@ -134,20 +134,49 @@ fn what_cannot_be_mapped_is_left_to_the_read() {
     );
 }
 
+/// Whether process `pid` is blocked reading its standard input: `/proc/<pid>/syscall` starts
+/// with the number of `read` and its first argument, fd 0. (Its SIGBUS bit in `SigCgt`
+/// would not do: Rust's runtime installs a SIGBUS handler of its own before `main`.)
+#[cfg(target_os = "linux")]
+fn blocked_reading_stdin(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/syscall")).is_ok_and(|s| {
+        let mut fields = s.split_whitespace();
+        fields.next() == Some(&libc::SYS_read.to_string()) && fields.next() == Some("0x0")
+    })
+}
+
 /// A fault on a mapped page (SIGBUS: another process truncated the file) ends the binary
-/// with a message and exit code 2, not a crash without one. The signal is sent while the
-/// binary waits for a document on standard input, so the test does not race a parse.
+/// with a message and exit code 2, not a crash without one. The signal is sent once the
+/// binary is seen blocked reading its standard input, which `main()` reaches only after
+/// installing its handler: an event, not a sleep that guesses how long that takes on a
+/// loaded machine, and no race with a parse.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_bus_error_is_reported_with_exit_code_2() {
-    let child = Command::new(env!("CARGO_BIN_EXE_graphcheck"))
+    use std::time::{Duration, Instant};
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graphcheck"))
         .current_dir(root())
         .args(["verify", "-"])
         .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("graphcheck runs");
-    // Long enough for main() to have installed its handler before the signal.
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !blocked_reading_stdin(child.id()) {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "graphcheck ended ({status}) before it was seen reading stdin: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        if Instant::now() >= deadline {
+            child.kill().unwrap();
+            panic!("graphcheck was not seen blocked reading stdin in 60 s (/proc/<pid>/syscall)");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
     let killed = Command::new("kill")
         .args(["-BUS", &child.id().to_string()])
         .status()
