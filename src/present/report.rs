@@ -392,6 +392,25 @@ fn column_widths(header: &[&str], rows: &[Vec<String>]) -> Vec<usize> {
     w
 }
 
+/// `items` grouped by `key`: the groups in the order of their first items, each in the
+/// items' order. One pass, one `key` call an item: a report can hold tens of thousands of
+/// findings (a scan of them all for each subject took 18 s at 40,000).
+fn group_in_order<'a, T, K: std::hash::Hash + Eq>(
+    items: &'a [T],
+    mut key: impl FnMut(&'a T) -> K,
+) -> Vec<Vec<&'a T>> {
+    let mut order: FxHashMap<K, usize> = FxHashMap::default();
+    let mut groups: Vec<Vec<&T>> = Vec::new();
+    for item in items {
+        let g = *order.entry(key(item)).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[g].push(item);
+    }
+    groups
+}
+
 /// The terminal report in its fixed layout: a headline, one table row per finding, then
 /// per subject what was seen and which node parameters hold it, the recapture set and the
 /// allowed findings. Use [`render_table_fit`] to fit a terminal.
@@ -419,19 +438,8 @@ pub fn render_table_fit(r: &Report, fmt: &dyn AddrFmt, width: Option<u16>) -> St
         lines.out.push_str(&findings_table(r, fmt, width));
         lines.out.push('\n');
 
-        // Details, one block per subject, in table order. Grouped in one pass: a report
-        // can hold tens of thousands of findings.
-        let mut order: FxHashMap<(Option<u32>, &str), usize> = FxHashMap::default();
-        let mut groups: Vec<Vec<&Finding>> = Vec::new();
-        for f in &r.findings {
-            let g = *order
-                .entry((f.rank, f.subject.as_str()))
-                .or_insert_with(|| {
-                    groups.push(Vec::new());
-                    groups.len() - 1
-                });
-            groups[g].push(f);
-        }
+        // Details, one block per subject, in table order.
+        let groups = group_in_order(&r.findings, |f| (f.rank, f.subject.as_str()));
         let kernel_room = width.map(|w| w.saturating_sub(LABEL));
         for fs in &groups {
             let first = fs[0];
