@@ -82,6 +82,13 @@ fn check(d: &Device, host: &[u8], cases: &[Case]) {
         .collect();
     let stream = d.stream.cu_stream() as usize as u64;
     let got = digests(0, stream, &views, nvrtc().as_deref()).expect("the GPU digest runs");
+    // One digest per view: `zip` alone would pass a short or empty answer.
+    assert_eq!(
+        got.len(),
+        cases.len(),
+        "digests returned for {} views",
+        cases.len()
+    );
     for (c, g) in cases.iter().zip(&got) {
         let want = gc128_view(
             &host[c.offset..],
@@ -179,7 +186,7 @@ fn a_hundred_thousand_small_views_in_one_launch_match_the_twin() {
 
 #[test]
 #[ignore = "GPU test (opt-in): GRAPHCHECK_GPU_TESTS=1 cargo test --features cuda --test gpu_digest -- --include-ignored"]
-fn a_large_view_digests_at_bandwidth_and_matches_the_twin() {
+fn a_large_view_digests_repeatably_and_matches_the_twin() {
     require_gpu();
     let d = device();
     let n = 1usize << 30;
@@ -193,6 +200,7 @@ fn a_large_view_digests_at_bandwidth_and_matches_the_twin() {
     }];
     let stream = d.stream.cu_stream() as usize as u64;
     let first = digests(0, stream, &view, nvrtc().as_deref()).unwrap();
+    assert_eq!(first.len(), 1, "one digest for one view");
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
@@ -200,6 +208,10 @@ fn a_large_view_digests_at_bandwidth_and_matches_the_twin() {
         times.push(t.elapsed().as_secs_f64());
         assert_eq!(again, first);
     }
+    // A benchmark's figure, printed for whoever runs this on a GPU and asserted nothing of
+    // (a test on a shared machine is no place for a speed claim): the bandwidth target is
+    // held by benches/digest_bench.py against an int64 sum in the same run (benches/digest.md).
+    // What this test asserts is that every call agrees, and agrees with the CPU twin.
     times.sort_by(f64::total_cmp);
     let gbs = n as f64 / times[2] / 1e9;
     eprintln!(
