@@ -21,6 +21,7 @@ __all__ = [
     "main",
     "Text",
     "load",
+    "load_objects",
     "verify",
     "verify_pairs",
     "Verified",
@@ -106,6 +107,12 @@ def load(
     name: str | None = None,
     format_version: int = 1,
 ) -> tuple[str, str]: ...
+def load_objects(
+    document: _Source,
+    expect: str | None = None,
+    name: str | None = None,
+    format_version: int = 1,
+) -> tuple[str, dict]: ...
 def verify(
     manifest: _Source,
     live: _Source | None = None,
@@ -134,6 +141,8 @@ class Verified:
     def ok(self) -> bool: ...
     @property
     def rendered(self) -> list[str]: ...
+    def head(self) -> str: ...
+    def findings(self) -> tuple[list[dict], list[dict]] | None: ...
     def json(self) -> str: ...
     def table(self) -> str: ...
     def markdown(self) -> str: ...

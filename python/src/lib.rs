@@ -23,6 +23,7 @@ use graphcheck_cli::ops::{self, Format};
 // The sleep allocator's functions, and its malloc/free symbols for torch.
 mod build;
 mod digest;
+mod objects;
 mod sleep;
 
 use pyo3::create_exception;
@@ -388,27 +389,59 @@ fn load(
     interruptible(
         py,
         move || -> Result<(&'static str, String), NativeError> {
-            let loaded = NativeError::Load;
-            let (kind, json) = match expect.as_deref() {
-                Some("manifest") => (
-                    "manifest",
-                    serde_json::to_string(&src.manifest_checked().map_err(loaded)?.0.in_version(v)),
-                ),
-                Some("live") => (
-                    "live",
-                    serde_json::to_string(&src.live_checked().map_err(loaded)?.0.in_version(v)),
-                ),
-                None => match src.document().map_err(loaded)? {
-                    Document::Manifest(m) => ("manifest", serde_json::to_string(&m.in_version(v))),
-                    Document::Live(l) => ("live", serde_json::to_string(&l.in_version(v))),
-                },
-                Some(other) => {
-                    return Err(format!("expect is \"manifest\" or \"live\", not {other:?}").into());
-                }
-            };
-            Ok((kind, json?))
+            Ok(match loaded(&src, expect.as_deref())? {
+                Document::Manifest(m) => ("manifest", serde_json::to_string(&m.in_version(v))?),
+                Document::Live(l) => ("live", serde_json::to_string(&l.in_version(v))?),
+            })
         },
     )
+}
+
+/// [`load`], returning `(kind, document)` with the document as the `dict` `json.loads`
+/// makes of `load`'s JSON, built with no JSON text in between ([`objects`]).
+#[pyfunction]
+#[pyo3(signature = (document, expect=None, name=None, format_version=1))]
+fn load_objects<'py>(
+    py: Python<'py>,
+    document: &Bound<'_, PyAny>,
+    expect: Option<&str>,
+    name: Option<&str>,
+    format_version: u32,
+) -> PyResult<(&'static str, Bound<'py, PyAny>)> {
+    let src = source(document, name)?;
+    let expect = expect.map(str::to_owned);
+    let v = version_arg(format_version)?;
+    let doc = interruptible(py, move || {
+        Ok::<_, NativeError>(match loaded(&src, expect.as_deref())? {
+            Document::Manifest(m) => Document::Manifest(m.in_version(v)),
+            Document::Live(l) => Document::Live(l.in_version(v)),
+        })
+    })?;
+    let (kind, obj) = match &doc {
+        Document::Manifest(m) => (
+            "manifest",
+            objects::to_python(py, m, objects::DOCUMENT_STRINGS),
+        ),
+        Document::Live(l) => ("live", objects::to_python(py, l, objects::DOCUMENT_STRINGS)),
+    };
+    // Freeing millions of records takes time the caller need not wait for, GIL held.
+    let _ = std::thread::Builder::new()
+        .name("graphcheck-free".into())
+        .spawn(move || drop(doc));
+    Ok((kind, obj?))
+}
+
+/// The document `src` holds, loaded and checked; `expect` ("manifest" or "live") makes the
+/// other kind an error.
+fn loaded(src: &Source, expect: Option<&str>) -> Result<Document, NativeError> {
+    Ok(match expect {
+        Some("manifest") => Document::Manifest(src.manifest_checked()?.0),
+        Some("live") => Document::Live(src.live_checked()?.0),
+        None => src.document()?,
+        Some(other) => {
+            return Err(format!("expect is \"manifest\" or \"live\", not {other:?}").into());
+        }
+    })
 }
 
 /// Runs verify; returns a [`Verified`] handle, which renders the report in the format asked
@@ -506,8 +539,8 @@ fn verify_pairs(
 /// The table and the Markdown are kept once rendered.
 #[pyclass(frozen, module = "graphcheck._native")]
 struct Verified {
-    /// Shared with the thread that renders it ([`interruptible`]).
-    verified: std::sync::Arc<ops::Verified>,
+    /// Shared with the thread that renders it ([`interruptible`]); taken only by `drop`.
+    verified: Option<std::sync::Arc<ops::Verified>>,
     normalized: bool,
     table: PyOnceLock<Py<PyString>>,
     markdown: PyOnceLock<Py<PyString>>,
@@ -517,16 +550,26 @@ impl Verified {
     /// A report not rendered yet (`normalized`: addresses as symbols).
     fn new(verified: ops::Verified, normalized: bool) -> Verified {
         Verified {
-            verified: std::sync::Arc::new(verified),
+            verified: Some(std::sync::Arc::new(verified)),
             normalized,
             table: PyOnceLock::new(),
             markdown: PyOnceLock::new(),
         }
     }
 
+    /// The verify's documents and report, there until the handle is dropped.
+    fn inner(&self) -> PyResult<&std::sync::Arc<ops::Verified>> {
+        self.verified.as_ref().ok_or_else(|| {
+            GraphcheckError::new_err(
+                "internal error in graphcheck (a bug; please report it): a report read after \
+                 it was freed",
+            )
+        })
+    }
+
     /// The report rendered in `format` (with the GIL released; Ctrl-C stops the wait).
     fn rendered_in(&self, py: Python<'_>, format: Format) -> PyResult<String> {
-        let (verified, normalized) = (self.verified.clone(), self.normalized);
+        let (verified, normalized) = (self.inner()?.clone(), self.normalized);
         interruptible(py, move || {
             Ok::<_, NativeError>(verified.render(format, normalized))
         })
@@ -547,12 +590,62 @@ impl Verified {
     }
 }
 
+impl Drop for Verified {
+    fn drop(&mut self) {
+        // Freeing a verify's documents (millions of records) takes time the caller need
+        // not wait for, GIL held: they are freed on a thread of their own, as the command
+        // line frees them. Where no thread can be had, `spawn` drops them here.
+        let verified = self.verified.take();
+        let _ = std::thread::Builder::new()
+            .name("graphcheck-free".into())
+            .spawn(move || drop(verified));
+    }
+}
+
 #[pymethods]
 impl Verified {
     /// No finding of severity `error`.
     #[getter]
-    fn ok(&self) -> bool {
-        self.verified.report.ok
+    fn ok(&self) -> PyResult<bool> {
+        Ok(self.inner()?.report.ok)
+    }
+
+    /// The report's fields but its findings and allowed findings, as JSON: what a Python
+    /// `Report` reads at once; it reads the findings from [`Verified::json`] when first
+    /// asked for them. None of these fields holds an address, so `normalized` changes none.
+    fn head(&self) -> PyResult<String> {
+        let r = &self.inner()?.report;
+        let head = serde_json::json!({
+            "ok": r.ok,
+            "checked": r.checked,
+            "summary": r.summary,
+            "subjects": r.subjects,
+            "graphs": r.graphs,
+            "unread_nodes": r.unread_nodes,
+            "world_size": r.world_size,
+            "ranks": r.ranks,
+            "missing_ranks": r.missing_ranks,
+            "superseded": r.superseded,
+        });
+        guarded(|| serde_json::to_string(&head))
+    }
+
+    /// The report's findings and allowed findings, as the lists of dicts `json.loads` makes
+    /// of them in [`Verified::json`], built with no JSON text in between ([`objects`]);
+    /// `None` with `normalized`, whose symbols are given to the JSON's text.
+    #[allow(clippy::type_complexity)]
+    fn findings<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+        if self.normalized {
+            return Ok(None);
+        }
+        let r = &self.inner()?.report;
+        Ok(Some((
+            objects::to_python(py, &r.findings, objects::REPORT_STRINGS)?,
+            objects::to_python(py, &r.allowed, objects::REPORT_STRINGS)?,
+        )))
     }
 
     /// The report as JSON (`graphcheck verify --format json`), rendered at each call: the
@@ -582,18 +675,20 @@ impl Verified {
     }
 
     /// Every graph some finding names, sorted (`Report::recapture`).
-    fn recapture(&self) -> Vec<String> {
-        self.verified.report.recapture()
+    fn recapture(&self) -> PyResult<Vec<String>> {
+        Ok(self.inner()?.report.recapture())
     }
 
     fn __repr__(&self) -> String {
-        let r = &self.verified.report;
-        format!(
-            "<Verified: ok={}, {} findings, {} allowed>",
-            if r.ok { "True" } else { "False" },
-            r.findings.len(),
-            r.allowed.len()
-        )
+        match &self.verified {
+            Some(v) => format!(
+                "<Verified: ok={}, {} findings, {} allowed>",
+                if v.report.ok { "True" } else { "False" },
+                v.report.findings.len(),
+                v.report.allowed.len()
+            ),
+            None => "<Verified: freed>".to_string(),
+        }
     }
 }
 
@@ -842,6 +937,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_class::<Text>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(load_objects, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(verify_pairs, m)?)?;
     m.add_class::<Verified>()?;
