@@ -66,7 +66,9 @@ def test_clean_capture_and_snapshot(torch):
     assert set(live["probes"]["state"]) == {"active"}
     report = graphcheck.assert_clean(manifest, live)
     assert report.ok and report.findings == () and report.subjects == 4
-    assert "no finding" in str(report) or str(report)  # the table renders
+    assert str(report) == (
+        "graphcheck verify: ok — no findings in 1 graph, 4 touched tensors (capture and live checks)\n"
+    )
 
 
 def test_capture_time_findings(torch):
@@ -221,10 +223,28 @@ def test_documents_round_trip_through_the_core(torch, tmp_path):
     live = gt.snapshot(model, path)
     assert graphcheck.load(json.dumps(live), expect="live", format_version=2) == live
     assert "tensors:" in graphcheck.normalized(live)
-    assert graphcheck.diff(manifest, live).same in (True, False)
+    same = graphcheck.diff(manifest, live)
+    assert (same.same, same.text) == (True, "same: 6 owner paths compared, no difference\n")
+    # A tensor rebound with another dtype and shape: one layout difference, named by path.
+    model.layers[0].embed_scale = torch.zeros(3, dtype=torch.float16)
+    changed = graphcheck.diff(manifest, gt.snapshot(model, path), format="json")
+    assert changed.same is False
+    body = json.loads(changed.text)
+    assert (body["same"], body["compared"]) == (False, 6)
+    assert body["differences"] == [
+        {
+            "path": "model.layers[0].embed_scale",
+            "change": "layout",
+            "a": "float32[] stride [] offset 0",
+            "b": "float16[3] stride [1] offset 0",
+        }
+    ]
     text = graphcheck.explain(manifest, "model.layers[0].proj.weight")
     assert "gemv" in text
-    with pytest.raises(graphcheck.GraphcheckError):
+    with pytest.raises(
+        graphcheck.GraphcheckError,
+        match=r"^owner model\.nothing: no such owner path in the manifest$",
+    ):
         graphcheck.explain(manifest, "model.nothing")
 
 
@@ -282,7 +302,12 @@ def test_a_view_dropped_while_its_base_lives_is_clean(torch):
     # The buffer rebound too, its old storage released: nothing holds the bytes now.
     layer.cos = torch.randn(16)
     report = graphcheck.verify(manifest, gt.snapshot(model, manifest))
-    assert "freed" in [f.kind for f in report.findings], str(report)
+    # The view's path is gone, its base rebound, its bytes released: each said once.
+    assert kinds(report) == [
+        ("vanished", "model.layers[0].cos_head"),
+        ("drifted", "model.layers[0].cos_head"),
+        ("freed", "model.layers[0].cos_head"),
+    ], str(report)
 
 
 def test_a_list_shifted_by_a_delete_reports_only_the_deleted_tensor(torch):
