@@ -430,12 +430,7 @@ impl Walker {
                 self.scan(k.param(i, size), i as u32, |_| None, &mut words);
             }
         } else if let Some(buf) = k.packed_params() {
-            // Map a buffer offset to (parameter, offset in it) through the layout.
-            let map = |o: usize| -> Option<(u32, u32)> {
-                let i = layout.partition_point(|&(off, _)| off <= o);
-                (i > 0).then(|| ((i - 1) as u32, (o - layout[i - 1].0) as u32))
-            };
-            self.scan(buf, 0, map, &mut words);
+            self.scan(buf, 0, |o| packed_position(layout, o), &mut words);
         } else if !layout.is_empty() {
             opaque = Some(format!(
                 "the kernel takes {} parameters but the node holds neither kernelParams nor a packed buffer",
@@ -456,8 +451,7 @@ impl Walker {
         });
     }
 
-    /// Scans every 8-byte-aligned word of `bytes`; `map` turns a byte offset into
-    /// (parameter, offset) where the bytes span several parameters.
+    /// [`scan_words`] against the walk's allocations.
     fn scan(
         &mut self,
         bytes: &[u8],
@@ -465,20 +459,8 @@ impl Walker {
         map: impl Fn(usize) -> Option<(u32, u32)>,
         out: &mut Vec<RawWord>,
     ) {
-        self.stats.words += bytes.len() / 8;
-        for (k, chunk) in bytes.chunks_exact(8).enumerate() {
-            let v = u64::from_le_bytes(chunk.try_into().expect("chunks of 8"));
-            if let Some((base, size)) = self.cache.lookup(v) {
-                let off = k * 8;
-                let (param, offset) = map(off).unwrap_or((param, off as u32));
-                out.push(RawWord {
-                    param,
-                    offset,
-                    addr: Addr(v),
-                    allocation: Some((Addr(base), size)),
-                });
-            }
-        }
+        let cache = &mut self.cache;
+        self.stats.words += scan_words(bytes, param, map, |v| cache.lookup(v), out);
     }
 
     /// Pushes a memset, memcpy or graph-memory node: the words and name its parameters
@@ -519,22 +501,11 @@ impl Walker {
 
     fn memcpy(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
         let read = node.memcpy().map(|m| {
-            // Parameter 0 is the destination, 1 the source. A host end (pinned or
-            // registered memory) is an address like any other: the tensor behind it is an
-            // owner, and freeing it is a hazard. Array ends hold no address.
             let mut words = Vec::new();
-            for (param, end) in [(0u32, m.dst), (1, m.src)] {
-                if let Some((a, t)) = end.addr {
-                    words.extend(self.ends(&[(param, a)], t != driver::MemoryType::Device));
-                }
+            for (param, a, host) in copy_ends(&m) {
+                words.extend(self.ends(&[(param, a)], host));
             }
-            let name = format!(
-                "memcpy {}->{} ({} bytes)",
-                memory_type_name(m.src.memory_type),
-                memory_type_name(m.dst.memory_type),
-                m.bytes
-            );
-            (words, name)
+            (words, copy_name(&m))
         });
         self.push_read(index, parent, NodeKind::Memcpy, read);
     }
@@ -584,6 +555,63 @@ impl Walker {
     }
 }
 
+/// Where byte `offset` of a packed parameter buffer lies: (parameter, offset in it), by the
+/// kernel's layout ((offset, size) per parameter, in order); `None` before the first.
+fn packed_position(layout: &[(usize, usize)], offset: usize) -> Option<(u32, u32)> {
+    let i = layout.partition_point(|&(off, _)| off <= offset);
+    (i > 0).then(|| ((i - 1) as u32, (offset - layout[i - 1].0) as u32))
+}
+
+/// The address words among the 8-byte-aligned words of `bytes` (parameter `param`'s, or
+/// several parameters' where `map` turns a byte offset into (parameter, offset)): those
+/// `lookup` places in an allocation (base, size). Returns the number of words looked at.
+fn scan_words(
+    bytes: &[u8],
+    param: u32,
+    map: impl Fn(usize) -> Option<(u32, u32)>,
+    mut lookup: impl FnMut(u64) -> Option<(u64, u64)>,
+    out: &mut Vec<RawWord>,
+) -> usize {
+    for (k, chunk) in bytes.chunks_exact(8).enumerate() {
+        let v = u64::from_le_bytes(chunk.try_into().expect("chunks of 8"));
+        if let Some((base, size)) = lookup(v) {
+            let off = k * 8;
+            let (param, offset) = map(off).unwrap_or((param, off as u32));
+            out.push(RawWord {
+                param,
+                offset,
+                addr: Addr(v),
+                allocation: Some((Addr(base), size)),
+            });
+        }
+    }
+    bytes.len() / 8
+}
+
+/// A copy's ends as (parameter, address, host): parameter 0 is the destination, 1 the
+/// source. A host end (pinned or registered memory; unified too) is an address like any
+/// other, the tensor behind it an owner and freeing it a hazard, but only the driver's
+/// pointer attributes know its range (`host`). Array ends hold no address.
+fn copy_ends(m: &driver::MemcpyNode) -> Vec<(u32, u64, bool)> {
+    [(0u32, m.dst), (1, m.src)]
+        .into_iter()
+        .filter_map(|(param, end)| {
+            end.addr
+                .map(|(a, t)| (param, a, t != driver::MemoryType::Device))
+        })
+        .collect()
+}
+
+/// A copy node's name: `memcpy host->device (8192 bytes)`, source first.
+fn copy_name(m: &driver::MemcpyNode) -> String {
+    format!(
+        "memcpy {}->{} ({} bytes)",
+        memory_type_name(m.src.memory_type),
+        memory_type_name(m.dst.memory_type),
+        m.bytes
+    )
+}
+
 /// The driver's name for a `CUmemorytype`.
 fn memory_type_name(t: u32) -> std::borrow::Cow<'static, str> {
     std::borrow::Cow::Borrowed(match t {
@@ -598,6 +626,240 @@ fn memory_type_name(t: u32) -> std::borrow::Cow<'static, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node of a GPU-recorded fixture (`fixtures/gpu/`): its name, the words the walk read
+    /// from it there (its touches, with their allocations' base and size), and the
+    /// manifest's allocations, which answer for the driver's address ranges here.
+    struct Recorded {
+        name: String,
+        words: Vec<RawWord>,
+        allocations: Vec<(u64, u64)>,
+    }
+
+    fn recorded(manifest: &str, graph: &str, node: u64) -> Recorded {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/gpu")
+            .join(manifest);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let m: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let hex = |v: &serde_json::Value| {
+            u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+        };
+        let allocations: Vec<(u64, u64)> = m["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| (hex(&a["base"]), a["size"].as_u64().unwrap()))
+            .collect();
+        let g = m["graphs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == graph)
+            .unwrap();
+        let n = g["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["index"] == node)
+            .unwrap();
+        let words = n["touches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let (base, size) = allocations[t["allocation"].as_u64().unwrap() as usize];
+                RawWord {
+                    param: t["param"].as_u64().unwrap() as u32,
+                    offset: t["offset"].as_u64().unwrap() as u32,
+                    addr: Addr(hex(&t["addr"])),
+                    allocation: Some((Addr(base), size)),
+                }
+            })
+            .collect();
+        Recorded {
+            name: n["name"].as_str().unwrap().into(),
+            words,
+            allocations,
+        }
+    }
+
+    impl Recorded {
+        /// The allocation holding `v`, as `cuMemGetAddressRange` answered on the GPU.
+        fn lookup(&self, v: u64) -> Option<(u64, u64)> {
+            self.allocations
+                .iter()
+                .copied()
+                .find(|&(b, s)| v.wrapping_sub(b) < s)
+        }
+
+        /// Parameter bytes laid out by `layout`, holding each recorded word at its
+        /// parameter and offset and, everywhere else, words no allocation holds: small
+        /// integers (sizes, strides) and pairs of floats (1.0f, scales).
+        fn bytes(&self, layout: &[(usize, usize)]) -> Vec<u8> {
+            let (last, size) = *layout.last().unwrap();
+            let mut b: Vec<u8> = (0..(last + size).div_ceil(8) as u64)
+                .flat_map(|k| {
+                    let filler = if k % 2 == 0 {
+                        k * 64
+                    } else {
+                        0x3f80_0000_3f80_0000
+                    };
+                    filler.to_le_bytes()
+                })
+                .collect();
+            for w in &self.words {
+                let at = layout[w.param as usize].0 + w.offset as usize;
+                b[at..at + 8].copy_from_slice(&w.addr.0.to_le_bytes());
+            }
+            b.truncate(last + size);
+            b
+        }
+    }
+
+    #[test]
+    fn a_packed_buffer_maps_each_offset_to_its_parameter() {
+        // Parameters of 16, 4 (padded to 8) and 8 bytes: padding belongs to the parameter
+        // before it; an offset before the first parameter belongs to none.
+        let layout = [(0, 16), (16, 4), (24, 8)];
+        let at = |o| packed_position(&layout, o);
+        assert_eq!(
+            [at(0), at(8), at(16), at(20), at(24), at(31)],
+            [
+                Some((0, 0)),
+                Some((0, 8)),
+                Some((1, 0)),
+                Some((1, 4)),
+                Some((2, 0)),
+                Some((2, 7))
+            ]
+        );
+        assert_eq!(packed_position(&[(8, 8)], 0), None);
+    }
+
+    #[test]
+    fn packed_and_per_parameter_bytes_decode_to_the_words_the_gpu_walk_read() {
+        // cuBLAS's split-K reduction on the H200, read through kernelParams: parameters 1
+        // to 4 (pointers) of 21 at offset 0. Its signature gives the sizes: a
+        // cublasSplitKParams struct (its size is not in the record; 64 bytes here), then
+        // 20 of 8 bytes. The same values packed in one buffer (`extra`) must decode to the
+        // same words as read one parameter at a time.
+        let r = recorded("corpus_cutlass_moe_manifest.json", "decode_bs8", 1);
+        assert!(
+            r.name.starts_with("void cublasLt::splitKreduce_kernel<"),
+            "{}",
+            r.name
+        );
+        let mut layout = vec![(0usize, 64usize)];
+        layout.extend((0..20).map(|i| (64 + 8 * i, 8)));
+        let bytes = r.bytes(&layout);
+        let mut per_param = Vec::new();
+        let mut looked = 0;
+        for (i, &(off, size)) in layout.iter().enumerate() {
+            let p = &bytes[off..off + size];
+            looked += scan_words(p, i as u32, |_| None, |v| r.lookup(v), &mut per_param);
+        }
+        assert_eq!(per_param, r.words);
+        assert_eq!(looked, 28);
+        let mut packed = Vec::new();
+        let map = |o| packed_position(&layout, o);
+        assert_eq!(scan_words(&bytes, 0, map, |v| r.lookup(v), &mut packed), 28);
+        assert_eq!(packed, r.words);
+
+        // An nvjet GEMM of torch._scaled_mm (fp8), whose parameters came packed: one
+        // struct, 19 address words at their offsets in it.
+        let r = recorded("corpus_kernels_manifest.json", "fp8_scaled_mm", 0);
+        assert!(r.name.starts_with("nvjet_sm90_"), "{}", r.name);
+        let end = r.words.iter().map(|w| w.offset as usize + 8).max().unwrap();
+        let layout = [(0, end + 64)];
+        let mut packed = Vec::new();
+        let map = |o| packed_position(&layout, o);
+        scan_words(&r.bytes(&layout), 0, map, |v| r.lookup(v), &mut packed);
+        assert_eq!(packed.len(), 19);
+        assert_eq!(packed, r.words);
+    }
+
+    fn end(addr: u64, t: driver::MemoryType) -> driver::MemcpyEnd {
+        let memory_type = match t {
+            driver::MemoryType::Host => 1,
+            driver::MemoryType::Device => 2,
+            driver::MemoryType::Unified => 4,
+        };
+        driver::MemcpyEnd {
+            addr: Some((addr, t)),
+            memory_type,
+        }
+    }
+
+    #[test]
+    fn copy_ends_are_the_recorded_parameters_and_names() {
+        use driver::MemoryType::{Device, Host, Unified};
+        // Staging through pinned memory and a copy between unified ends (NCCL's), as the
+        // H200 walk recorded them: parameter 0 the destination, 1 the source; every end
+        // not addressed as device memory is asked as host memory.
+        for (manifest, graph, node, dst, src, bytes) in [
+            (
+                "nodes_memcpy_pinned_manifest.json",
+                "staging",
+                0,
+                Device,
+                Host,
+                8192,
+            ),
+            (
+                "nodes_memcpy_pinned_manifest.json",
+                "staging",
+                2,
+                Host,
+                Device,
+                8192,
+            ),
+            (
+                "nodes_nccl_manifest.json",
+                "collectives",
+                1,
+                Unified,
+                Unified,
+                16384,
+            ),
+            (
+                "nodes_memcpy_d2d_manifest.json",
+                "copy",
+                0,
+                Device,
+                Device,
+                16384,
+            ),
+        ] {
+            let r = recorded(manifest, graph, node);
+            let (d, s) = (r.words[0].addr.0, r.words[1].addr.0);
+            assert_eq!((r.words[0].param, r.words[1].param), (0, 1));
+            let m = driver::MemcpyNode {
+                dst: end(d, dst),
+                src: end(s, src),
+                bytes,
+            };
+            assert_eq!(
+                copy_ends(&m),
+                [(0, d, dst != Device), (1, s, src != Device)],
+                "{}",
+                r.name
+            );
+            assert_eq!(copy_name(&m), r.name);
+        }
+        // A CUDA array's end holds no address: only the other end is read.
+        let array = driver::MemcpyEnd {
+            addr: None,
+            memory_type: 3,
+        };
+        let m = driver::MemcpyNode {
+            dst: array,
+            src: end(0x7f00_0000_0000, Device),
+            bytes: 64,
+        };
+        assert_eq!(copy_ends(&m), [(1, 0x7f00_0000_0000, false)]);
+        assert_eq!(copy_name(&m), "memcpy device->array (64 bytes)");
+    }
 
     #[test]
     fn node_type_names_cover_the_driver_and_beyond() {
