@@ -5,6 +5,7 @@ function with each wrong value in each parameter; the named cases are the issue'
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -29,17 +30,24 @@ class Opaque:
 WRONG = [123, 1.5, True, b"\xff", Opaque(), {"a": 1}, [1, 2], "\ud800", "x\udcff", {1, 2}, ""]
 
 
+#: What a panic turned into an error says (python/src/lib.rs, guarded()): a bug, never an
+#: answer to a wrong argument.
+INTERNAL = "internal error"
+
+
 def only_graphcheck_errors(call):
-    """Runs ``call``; success or a GraphcheckError pass, any other exception fails."""
+    """Runs ``call``; success or a GraphcheckError that is not a bug's pass, any other
+    exception fails."""
     try:
         call()
-    except graphcheck.GraphcheckError:
-        pass
+    except graphcheck.GraphcheckError as e:
+        if INTERNAL in str(e):
+            raise AssertionError(f"a bug, not an answer: {e}") from e
 
 
 def sweep(calls):
     """Runs every ``(label, call)``; fails listing every one that raised anything but
-    GraphcheckError."""
+    GraphcheckError, or a GraphcheckError saying it was an internal error."""
     escaped = []
     for label, call in calls:
         try:
@@ -49,47 +57,97 @@ def sweep(calls):
     assert not escaped, "not a GraphcheckError:\n" + "\n".join(escaped)
 
 
+def outcome(call, names, succeeds):
+    """None when ``call`` did what its case states: success where ``succeeds``, else a
+    GraphcheckError whose message matches ``names`` (the argument, file or JSON path it
+    names) and is not a bug's; otherwise what went wrong."""
+    try:
+        call()
+    except graphcheck.GraphcheckError as e:
+        if INTERNAL in str(e):
+            return f"a bug, not an answer: {e}"
+        if succeeds:
+            return f"refused a value it takes: {e}"
+        if not re.search(names, str(e)):
+            return f"does not name /{names}/: {e}"
+        return None
+    except Exception as e:  # noqa: BLE001 - what the sweep looks for
+        return f"not a GraphcheckError: {type(e).__name__}: {e}"
+    return None if succeeds else "accepted"
+
+
+def checked_sweep(bad, cases):
+    """Runs every ``(label, call, names, succeeds)``; fails listing each case whose
+    outcome is not the one it states."""
+    wrong = []
+    for label, call, names, succeeds in cases:
+        why = outcome(call, names, succeeds)
+        if why is not None:
+            wrong.append(f"{label} with {bad!r}: {why}")
+    assert not wrong, "\n".join(wrong)
+
+
+def document(name, tag):
+    """The error for a wrong document argument names the parameter, the document's tag,
+    or the file it could not read."""
+    return rf"^({re.escape(name)}(\[0\])?[: ]|<{re.escape(tag)}>(:\d+:\d+)?: |failed to read )"
+
+
+def flag(name):
+    return rf"^{re.escape(name)} is True or False, not "
+
+
 # -- graphcheck ---------------------------------------------------------------------------
 
 
 def core_calls(bad):
+    """Each case: (label, call, what the error names, whether the value is one it takes)."""
     g = graphcheck
     entry = {"path": "model.x", "reason": "r"}
+    flag_ok = bad is True
+    unjson = isinstance(bad, (bytes, Opaque, set))
     return [
-        ("verify(manifest)", lambda: g.verify(bad)),
-        ("verify(live)", lambda: g.verify(M, bad)),
-        ("verify(allow)", lambda: g.verify(M, L, bad)),
-        ("verify(allow=[bad])", lambda: g.verify(M, L, [bad])),
-        ("verify(allow kinds)", lambda: g.verify(M, L, [{**entry, "kinds": bad}])),
-        ("verify(allow kernels)", lambda: g.verify(M, L, [{"kernels": bad, "reason": "r"}])),
-        ("verify(allow path)", lambda: g.verify(M, L, [{**entry, "path": bad}])),
-        ("verify(allow reason)", lambda: g.verify(M, L, [{**entry, "reason": bad}])),
-        ("verify(normalized)", lambda: g.verify(M, L, normalized=bad)),
-        ("verify(deny_unused_allow)", lambda: g.verify(M, L, deny_unused_allow=bad)),
-        ("verify(dict holding bad)", lambda: g.verify({"format_version": 1, "x": [bad]})),
-        ("assert_clean(manifest)", lambda: g.assert_clean(bad)),
-        ("assert_clean(allow)", lambda: g.assert_clean(M, L, bad)),
-        ("assert_clean(deny_unused_allow)", lambda: g.assert_clean(M, L, deny_unused_allow=bad)),
-        ("load(doc)", lambda: g.load(bad)),
-        ("load(expect)", lambda: g.load(M, bad)),
-        ("normalized(doc)", lambda: g.normalized(bad)),
-        ("summary(doc)", lambda: g.summary(bad)),
-        ("build_manifest(spec)", lambda: g.build_manifest(bad)),
-        ("build_manifest(dict holding bad)", lambda: g.build_manifest({"x": bad})),
-        ("explain(manifest)", lambda: g.explain(bad, "model")),
-        ("explain(target)", lambda: g.explain(M, bad)),
-        ("explain(kernel)", lambda: g.explain(M, kernel=bad)),
-        ("explain(dot)", lambda: g.explain(M, "0x7f2c25200000", dot=bad)),
-        ("explain(normalized)", lambda: g.explain(M, "0x7f2c25200000", normalized=bad)),
-        ("diff(a)", lambda: g.diff(bad, M)),
-        ("diff(b)", lambda: g.diff(M, bad)),
-        ("diff(format)", lambda: g.diff(M, L, format=bad)),
+        ("verify(manifest)", lambda: g.verify(bad), document("manifest", "manifest"), False),
+        ("verify(live)", lambda: g.verify(M, bad), document("live", "live"), False),
+        ("verify(allow)", lambda: g.verify(M, L, bad), r"^(allow[ :\[]|failed to read allowlist )", False),
+        ("verify(allow=[bad])", lambda: g.verify(M, L, [bad]), r"^(invalid allowlist: )?allow\[0\][ .]", False),
+        ("verify(allow kinds)", lambda: g.verify(M, L, [{**entry, "kinds": bad}]), r"^allow\[0\]\.kinds(\[0\])? is a", False),
+        ("verify(allow kernels)", lambda: g.verify(M, L, [{"kernels": bad, "reason": "r"}]),
+         r"^allow\[0\]\.kernels(\[0\])? is a", False),
+        ("verify(allow path)", lambda: g.verify(M, L, [{**entry, "path": bad}]), r"^(invalid allowlist: )?allow\[0\]\.path: ", False),
+        ("verify(allow reason)", lambda: g.verify(M, L, [{**entry, "reason": bad}]),
+         r"^(invalid allowlist: )?allow\[0\]\.reason: ", False),
+        ("verify(normalized)", lambda: g.verify(M, L, normalized=bad), flag("normalized"), flag_ok),
+        ("verify(deny_unused_allow)", lambda: g.verify(M, L, deny_unused_allow=bad), flag("deny_unused_allow"), flag_ok),
+        ("verify(dict holding bad)", lambda: g.verify({"format_version": 1, "x": [bad]}),
+         r"^manifest\.x\[0\]: cannot be written as JSON" if unjson
+         else r"^<manifest>:1:\d+: invalid document at the top level: missing field `kind`", False),
+        ("assert_clean(manifest)", lambda: g.assert_clean(bad), document("manifest", "manifest"), False),
+        ("assert_clean(allow)", lambda: g.assert_clean(M, L, bad), r"^(allow[ :\[]|failed to read allowlist )", False),
+        # True is taken, and then the fixture's findings are the error.
+        ("assert_clean(deny_unused_allow)", lambda: g.assert_clean(M, L, deny_unused_allow=bad),
+         r"^graphcheck verify: 6 findings " if flag_ok else flag("deny_unused_allow"), False),
+        ("load(doc)", lambda: g.load(bad), document("document", "string"), False),
+        ("load(expect)", lambda: g.load(M, bad), r"^expect is one of 'manifest', 'live', not ", False),
+        ("normalized(doc)", lambda: g.normalized(bad), document("document", "string"), False),
+        ("summary(doc)", lambda: g.summary(bad), document("document", "string"), False),
+        ("build_manifest(spec)", lambda: g.build_manifest(bad), r"^(spec is a dict or JSON text, not |<build spec>: |failed to read )", False),
+        ("build_manifest(dict holding bad)", lambda: g.build_manifest({"x": bad}),
+         r"^spec\.x: cannot be written as JSON" if unjson else r"^<build spec>: invalid spec at `x`: unknown field `x`", False),
+        ("explain(manifest)", lambda: g.explain(bad, "model"), document("manifest", "manifest"), False),
+        ("explain(target)", lambda: g.explain(M, bad), r"^(the )?target is ", False),
+        ("explain(kernel)", lambda: g.explain(M, kernel=bad), r"^(the )?kernel (pattern )?is ", False),
+        ("explain(dot)", lambda: g.explain(M, "0x7f2c25200000", dot=bad), flag("dot"), flag_ok),
+        ("explain(normalized)", lambda: g.explain(M, "0x7f2c25200000", normalized=bad), flag("normalized"), flag_ok),
+        ("diff(a)", lambda: g.diff(bad, M), document("a", "A"), False),
+        ("diff(b)", lambda: g.diff(M, bad), document("b", "B"), False),
+        ("diff(format)", lambda: g.diff(M, L, format=bad), r"^format is one of 'table', 'markdown', 'json', not ", False),
     ]
 
 
 @pytest.mark.parametrize("bad", WRONG, ids=repr)
 def test_every_core_function_answers_a_wrong_argument_with_graphcheck_error(bad):
-    sweep(core_calls(bad))
+    checked_sweep(bad, core_calls(bad))
 
 
 def test_an_unserialisable_dict_document_names_the_json_path():
