@@ -207,25 +207,82 @@ def test_build_manifest_errors(change, message):
 
 
 def test_not_json_is_an_error_not_a_panic():
-    for bad in ["{", "{}", '{"producer": 1}', "[1, 2]"]:
-        with pytest.raises(graphcheck.GraphcheckError):
+    # A string that does not parse as a spec is read as a path (the spec is a path or JSON
+    # text), so the error names the file; one that parses names the JSON path.
+    for bad, message in [
+        ("{", "failed to read {: No such file or directory (os error 2)"),
+        ("{}", "failed to read {}: No such file or directory (os error 2)"),
+        ('{"producer": 1}', "<build spec>: invalid spec at `producer`: invalid type: integer `1`, "
+         "expected struct Producer at line 1 column 14"),
+        ("[1, 2]", "failed to read [1, 2]: No such file or directory (os error 2)"),
+    ]:
+        with pytest.raises(graphcheck.GraphcheckError) as e:
             graphcheck._native.build_manifest(bad)
-    with pytest.raises(graphcheck.GraphcheckError):
+        assert str(e.value) == message
+    with pytest.raises(graphcheck.GraphcheckError) as e:
         graphcheck._native.check_path("model..w")
+    assert str(e.value) == "invalid owner path \"model..w\" at byte 6: expected an attribute name after '.'"
 
 
-def test_verify_runs_beside_other_threads():
-    """The GIL is released during the work: two verifies in two threads both finish."""
-    out = []
-    threads = [
-        threading.Thread(target=lambda: out.append(graphcheck.verify(MARLIN / "manifest.json", MARLIN / "live.json")))
-        for _ in range(2)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(out) == 2 and out[0].findings == out[1].findings
+def big_manifest(path, n=20_000):
+    """A manifest of ``n`` owned tensors, each read by a node of its own: a verify of it
+    takes long enough (about 0.1 s) for another thread to be seen running meanwhile."""
+    base = 0x100000
+    spec = {
+        "producer": producer(),
+        "tensors": [spec_tensor(base + i * 256, 256) for i in range(n)],
+        "owners": [{"path": f"model.w{i}", "tensor": i, "registration": "parameter"} for i in range(n)],
+        "graphs": [{"name": "g", "walked": {"node_counts": {"kernel": n}, "unread": [], "nodes": [
+            {"index": i, "kind": "kernel", "name": "k", "words": [
+                {"param": 0, "offset": 0, "addr": hex(base + i * 256), "allocation": [hex(base + i * 256), 256]}
+            ]} for i in range(n)
+        ]}}],
+    }
+    path.write_text(json.dumps(graphcheck.build_manifest(spec)))
+    return path
+
+
+def test_verify_releases_the_gil(tmp_path):
+    """While a verify runs in one thread, another Python thread makes progress: its count
+    moves between the moment just before the call and the moment just after. With the GIL
+    held through the call the count cannot move (the switch interval is set past the call's
+    length, and the counting thread gives the GIL up at every step, so the verifying thread
+    holds it from its first read to the call)."""
+    import sys
+    import time
+
+    manifest = big_manifest(tmp_path / "big.json")
+    count = [0]
+    stop = threading.Event()
+
+    def counter():
+        while not stop.is_set():
+            count[0] += 1
+            time.sleep(0)  # gives the GIL up, so the verifying thread never waits for it
+
+    seen = {}
+
+    def verifying():
+        before = count[0]
+        report = graphcheck.verify(manifest)
+        seen["moved"] = count[0] - before
+        seen["ok"] = report.ok
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        threads = [threading.Thread(target=counter), threading.Thread(target=verifying)]
+        threads[0].start()
+        while count[0] == 0:
+            time.sleep(0)
+        threads[1].start()
+        threads[1].join()
+    finally:
+        stop.set()
+        threads[0].join()
+        sys.setswitchinterval(interval)
+    assert seen["ok"] is True
+    assert seen["moved"] > 0, "no Python thread ran while verify did: the GIL was held"
 
 
 def test_walked_objects_build_the_same_manifest_as_walked_json():
