@@ -311,7 +311,7 @@ def test_digests(torch):
     # Overflowing words wrap.
     big = torch.full((4,), -1, dtype=torch.int64)
     assert gt.digest(big, "sum64") == f"sum64:{(4 * (2**64 - 1)) % 2**64:016x}"
-    with pytest.raises(graphcheck.GraphcheckError):
+    with pytest.raises(graphcheck.GraphcheckError, match=r"^algorithm is one of 'gc128', 'sha256', 'sum64', not 'md5'$"):
         gt.digest(t, "md5")
 
 
