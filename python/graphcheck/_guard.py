@@ -241,40 +241,75 @@ def tree_node_of(cuda_graph, depth: int = 12):
     return None, None
 
 
+#: Torch attribute names (torch/_inductor/cudagraph_trees.py) already warned missing: each
+#: is said once per process, not at every capture.
+_TREE_WARNED: set = set()
+
+#: Returned by :func:`_tree_attr` for an attribute torch does not have.
+_MISSING = object()
+
+_NO_SHAPES = "tree graphs are named without their batch shapes"
+_NO_NAME = "tree graphs get the default names (capture0, ...) instead of inductor_fn<f>_graph<g>"
+_NO_STATIC = (
+    "the static inputs torch guards are unknown, so a graph torch re-records after a "
+    "rebinding is reported as findings instead of superseded"
+)
+
+
+def _tree_attr(obj, chain: str, lost: str):
+    """``obj``'s attribute ``chain`` (dotted, as torch's CUDA-graph tree names it), or
+    :data:`_MISSING` after warning, once per name, that this torch lacks it and what is
+    lost: a torch that renamed it must not turn graphcheck's guards off in silence."""
+    value = obj
+    for name in chain.split("."):
+        try:
+            value = getattr(value, name)
+        except AttributeError:
+            if chain not in _TREE_WARNED:
+                _TREE_WARNED.add(chain)
+                from ._process import _warn
+
+                _warn(
+                    f"graphcheck: this torch's CUDA-graph tree node has no `{chain}` "
+                    f"(torch/_inductor/cudagraph_trees.py): {lost}"
+                )
+            return _MISSING
+    return value
+
+
 def tree_input_shapes(node, inputs) -> Optional[list]:
     """At ``capture_begin`` of a tree graph: the shapes of the inputs that are not static
     (the batch the graph is recorded for). By ``capture_end`` the tree's boxed call has
     cleared its input list."""
-    try:
-        static = set(node.wrapped_function.static_input_idxs or ())
-        return [
-            "x".join(str(int(d)) for d in t.shape) or "scalar"
-            for i, t in enumerate(inputs or ())
-            if i not in static and hasattr(t, "shape")
-        ]
-    except Exception:  # noqa: BLE001 - a torch without these attributes: no shapes
+    static = _tree_attr(node, "wrapped_function.static_input_idxs", _NO_SHAPES)
+    if static is _MISSING:
         return None
+    static = set(static or ())
+    return [
+        "x".join(str(int(d)) for d in t.shape) or "scalar"
+        for i, t in enumerate(inputs or ())
+        if i not in static and hasattr(t, "shape")
+    ]
 
 
 def tree_graph_name(node, shapes) -> Optional[str]:
     """``inductor_fn<function>_graph<id>`` and the shapes of the inputs that are not
     static (the batch the graph was recorded for), e.g. ``inductor_fn0_graph1[8x256]``."""
-    try:
-        fn = node.wrapped_function.id.id
-        gid = node.id.id
-        shapes = shapes or []
-        suffix = f"[{','.join(shapes[:3])}]" if shapes else ""
-        return f"inductor_fn{fn}_graph{gid}{suffix}"
-    except Exception:  # noqa: BLE001 - a torch without these attributes: the default name
+    fn = _tree_attr(node, "wrapped_function.id.id", _NO_NAME)
+    gid = _tree_attr(node, "id.id", _NO_NAME)
+    if fn is _MISSING or gid is _MISSING:
         return None
+    shapes = shapes or []
+    suffix = f"[{','.join(shapes[:3])}]" if shapes else ""
+    return f"inductor_fn{fn}_graph{gid}{suffix}"
 
 
 def tree_static_ptrs(node) -> tuple:
     """The addresses of the static inputs (parameters, buffers) a tree node recorded."""
-    try:
-        return tuple(p for p in (node.static_input_data_ptrs or ()) if p)
-    except Exception:  # noqa: BLE001
+    ptrs = _tree_attr(node, "static_input_data_ptrs", _NO_STATIC)
+    if ptrs is _MISSING:
         return ()
+    return tuple(p for p in (ptrs or ()) if p)
 
 
 class Checker:
