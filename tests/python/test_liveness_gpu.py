@@ -309,9 +309,34 @@ def test_dead_input_tensor(cuda):
 
 
 def test_multiple_replays_tensor_dies_between(cuda):
-    """test_multiple_replays_tensor_dies_between (older revision): replayed, then the input
-    deleted, then replayed again."""
-    dead_input(cuda)
+    """test_multiple_replays_tensor_dies_between (older revision): replayed twice with the
+    input alive, each replay followed by a check that finds nothing live, then the input
+    deleted between two replays: the next check names it dead, and the replay after it
+    reads what the block holds now. (Not run where this was written: no GPU there.)"""
+    torch = cuda
+    pool = torch.cuda.MemPool()
+    h = holder(torch, x=alone(torch, pool, torch.randn(100, device="cuda")))
+    addr = h.x.data_ptr()
+    g, y, manifest = capture(torch, h, lambda: h.x * 2)
+    for i in (1, 2):
+        replay(torch, g)
+        assert torch.equal(y, h.x * 2)
+        _, report = check(h, manifest, f"replay {i}, x alive")
+        # Replays alone change nothing the graph reads.
+        assert [k for k in found(report) if k[0] in LIVE_KINDS] == [], str(report)
+        assert capture_time(report) == [], str(report)
+    before = y.clone()
+    del h.x
+    collect()
+    _, report = check(h, manifest, "del x, between replays")
+    assert capture_time(report) == []
+    assert_dead(report, "model.x")
+    # Nothing has reused the block yet: the replay between reads the old values there.
+    replay(torch, g)
+    assert torch.equal(y, before)
+    x_new = refill(torch, pool, addr, (100,), 3.0)
+    replay(torch, g)
+    assert torch.equal(y, x_new * 2)
 
 
 def test_dead_intermediate_tensors_ok(cuda):
