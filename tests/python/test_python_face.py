@@ -103,7 +103,8 @@ def write_findings_manifest(path, tensors, touches_per_tensor, graphs=8):
         allocations=[{"id": i, "base": hex(base0 + i * 0x1000), "size": 4096, "pool": 1}
                      for i in range(tensors)],
         tensors=[dict(tensor, id=i, storage_base=hex(base0 + i * 0x1000), storage_nbytes=4096,
-                      offset=0, nbytes=4096, shape=[1024], stride=[1], allocation=i, pool=1)
+                      offset=0, nbytes=4096, shape=[4096 // tensor["itemsize"]], stride=[1],
+                      allocation=i, pool=1)
                  for i in range(tensors)],
         owners=[dict(owner, path=f"model.layers[{i}].w", tensor=i) for i in range(tensors)],
         graphs=[],
