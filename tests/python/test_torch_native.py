@@ -193,11 +193,12 @@ def test_build_manifest_resolves_words():
         (lambda s: s["owners"][0].update(path="model..w"), r"owners\[0\]: invalid owner path"),
         (lambda s: s["pool_ranges"][0].update(pool=5), r"pool_ranges\[0\]: no pool5 was declared"),
         (lambda s: s["graphs"][0].update(pool=9), "no pool has id 9"),
-        (lambda s: s["tensors"][0].update(nbytes=1 << 20), "outside its storage"),
+        (lambda s: s["tensors"][0].update(nbytes=1 << 20), r"tensors\[0\]\.nbytes`: `nbytes` is 1048576, but the view float32\[64\] stride \[1\] of 4 bytes per element spans 256"),
+        (lambda s: s["tensors"][0].update(storage_nbytes=8), r"tensors\[0\]\.nbytes`: the view \(offset 0, 256 bytes\) lies outside its storage of 8 bytes"),
         (lambda s: s["graphs"][0]["walked"]["nodes"][0]["words"][0].update(addr=12), r"graphs\[0\]\.walked\.nodes\[0\]\.words\[0\]\.addr"),
         (lambda s: s.update(surprise=1), "unknown field `surprise`"),
     ],
-    ids=["owner tensor", "duplicate path", "bad path", "pool range", "graph pool", "view", "addr", "unknown key"],
+    ids=["owner tensor", "duplicate path", "bad path", "pool range", "graph pool", "view", "storage", "addr", "unknown key"],
 )
 def test_build_manifest_errors(change, message):
     spec = build_spec()

@@ -235,8 +235,9 @@ def test_documents_round_trip_through_the_core(torch, tmp_path):
         {
             "path": "model.layers[0].embed_scale",
             "change": "layout",
-            "a": "float32[] stride [] offset 0",
-            "b": "float16[3] stride [1] offset 0",
+            # Every field of the view is compared: what else differs is said too.
+            "a": "float32[] stride [] offset 0 itemsize 4 nbytes 4 in a storage of 4 bytes",
+            "b": "float16[3] stride [1] offset 0 itemsize 2 nbytes 6 in a storage of 6 bytes",
         }
     ]
     text = graphcheck.explain(manifest, "model.layers[0].proj.weight")
