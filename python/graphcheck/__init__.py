@@ -45,7 +45,7 @@ from ._api import (
     summary,
     verify,
 )
-from ._native import GraphcheckError
+from ._native import GraphcheckError, InternalError
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -59,6 +59,7 @@ __all__ = [
     "Document",
     "Finding",
     "GraphcheckError",
+    "InternalError",
     "KernelRef",
     "Owner",
     "RankSummary",

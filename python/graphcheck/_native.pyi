@@ -11,6 +11,7 @@ from typing import final
 # What the module exports, in the order python/src/ adds them (PyO3 keeps `__all__`).
 __all__ = [
     "GraphcheckError",
+    "InternalError",
     "FORMAT_VERSION",
     "FORMAT_VERSIONS",
     "EXIT_OK",
@@ -77,6 +78,10 @@ _Source = str | bytes | os.PathLike[str] | Text
 
 class GraphcheckError(Exception):
     """A bad document, allowlist or argument: the message says what and where."""
+
+class InternalError(GraphcheckError):
+    """A bug in graphcheck, not a bad input: a panic caught at the boundary; please report
+    it."""
 
 class SleepError(GraphcheckError):
     """A sleep-allocator call that cannot be done in the allocator's state, or a driver

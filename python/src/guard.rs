@@ -80,7 +80,7 @@ where
 {
     catch_panic(
         || f().map_err(|e| GraphcheckError::new_err(chain(&e.into()))),
-        GraphcheckError::new_err,
+        InternalError::new_err,
     )
 }
 

@@ -44,6 +44,15 @@ create_exception!(
     "A bad document, allowlist or argument: the message says what and where."
 );
 
+create_exception!(
+    graphcheck,
+    InternalError,
+    GraphcheckError,
+    "A bug in graphcheck, not a bad input: a panic caught at the boundary (its message says \
+     where); please report it. A GraphcheckError, so that `except GraphcheckError` still \
+     keeps the host process alive."
+);
+
 /// The version of the core this module was built from.
 #[pyfunction]
 fn version() -> &'static str {
@@ -615,6 +624,7 @@ fn walk_graph(py: Python<'_>, handle: u64) -> PyResult<String> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GraphcheckError", m.py().get_type::<GraphcheckError>())?;
+    m.add("InternalError", m.py().get_type::<InternalError>())?;
     m.add("FORMAT_VERSION", FORMAT_VERSION)?;
     m.add("FORMAT_VERSIONS", FORMAT_VERSIONS.to_vec())?;
     m.add("EXIT_OK", graphcheck::exit::OK)?;
@@ -656,11 +666,21 @@ mod tests {
     fn a_panic_inside_a_native_call_becomes_an_error() {
         // Regression: a panic crossing into Python is PanicException (a BaseException an
         // engine's `except Exception` misses); `guarded` returns an error instead.
-        let r: PyResult<()> =
-            guarded(|| -> Result<(), NativeError> { panic!("index out of bounds") });
-        assert!(r.is_err());
-        let r: PyResult<u32> = guarded(|| Err("bad input".to_string()));
-        assert!(r.is_err());
+        // A bug is told apart from a bad input: `InternalError` (a `GraphcheckError`), not
+        // `PanicException`, and a bad input is a plain `GraphcheckError`.
+        Python::initialize();
+        Python::attach(|py| {
+            let r: PyResult<()> =
+                guarded(|| -> Result<(), NativeError> { panic!("index out of bounds") });
+            let e = r.unwrap_err();
+            assert!(e.is_instance_of::<InternalError>(py), "{e}");
+            assert!(e.is_instance_of::<GraphcheckError>(py), "{e}");
+            assert!(e.to_string().contains("index out of bounds"), "{e}");
+            let r: PyResult<u32> = guarded(|| Err("bad input".to_string()));
+            let e = r.unwrap_err();
+            assert!(e.is_instance_of::<GraphcheckError>(py), "{e}");
+            assert!(!e.is_instance_of::<InternalError>(py), "{e}");
+        });
         assert!(matches!(guarded(|| Ok::<_, NativeError>(7u32)), Ok(7)));
     }
 

@@ -116,7 +116,7 @@ impl TensorViews {
     /// touching a tensor.
     #[staticmethod]
     fn from_metas(metas: &Bound<'_, PyAny>) -> PyResult<TensorViews> {
-        crate::catch_panic(|| views_of_metas(metas), GraphcheckError::new_err)
+        crate::catch_panic(|| views_of_metas(metas), crate::InternalError::new_err)
     }
 }
 
@@ -135,7 +135,10 @@ pub(crate) fn tensor_views(
     tensors: &Bound<'_, PyList>,
     torch: &Bound<'_, PyAny>,
 ) -> PyResult<ViewsOrBad> {
-    crate::catch_panic(|| read_tensors(tensors, torch), GraphcheckError::new_err)
+    crate::catch_panic(
+        || read_tensors(tensors, torch),
+        crate::InternalError::new_err,
+    )
 }
 
 /// The names of the attributes read, interned once per call.
