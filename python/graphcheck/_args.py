@@ -139,7 +139,14 @@ def to_json(name: str, value: Any) -> str:
     """``value`` as JSON text; a value JSON cannot hold (a set, bytes, an object, NaN, a
     tuple key, a cycle) is an error naming its JSON path under ``name``."""
     try:
-        return json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        # A lone surrogate is no Unicode: said here, at its JSON path, rather than as the
+        # core's "unexpected end of hex escape" once escaped.
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        where, why = _surrogate(value, name)
+        raise GraphcheckError(f"{where}: not valid Unicode: {why}") from None
     except (TypeError, ValueError, RecursionError) as e:
         try:
             where, why = _unserialisable(value, name, set())
@@ -157,6 +164,30 @@ def iterable(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _surrogate(value: Any, at: str) -> tuple:
+    """The JSON path of the first string (or key) in ``value`` holding a lone surrogate,
+    and where in it; ``(at, "a lone surrogate")`` when none is found."""
+    def lone(s: str):
+        for i, c in enumerate(s):
+            if 0xD800 <= ord(c) <= 0xDFFF:
+                return f"a lone surrogate (U+{ord(c):04X}) at position {i}"
+        return None
+    stack = [(value, at)]
+    while stack:
+        v, here = stack.pop()
+        if isinstance(v, str):
+            if (why := lone(v)) is not None:
+                return here, why
+        elif isinstance(v, Mapping):
+            for k, x in reversed(list(v.items())):
+                if isinstance(k, str) and (why := lone(k)) is not None:
+                    return here, f"the key {ascii(k)} holds {why}"
+                stack.append((x, f"{here}.{k}" if isinstance(k, str) else f"{here}[{k!r}]"))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{here}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return at, "a lone surrogate"
 
 
 def _unserialisable(value: Any, at: str, seen: set) -> tuple:

@@ -106,6 +106,8 @@ def core_calls(bad):
     entry = {"path": "model.x", "reason": "r"}
     flag_ok = bad is True
     unjson = isinstance(bad, (bytes, Opaque, set))
+    # A lone surrogate is named at its JSON path by the Python side, before the core reads it.
+    surrogate = isinstance(bad, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in bad)
     return [
         ("verify(manifest)", lambda: g.verify(bad), document("manifest", "manifest"), False),
         ("verify(live)", lambda: g.verify(M, bad), document("live", "live"), False),
@@ -121,6 +123,7 @@ def core_calls(bad):
         ("verify(deny_unused_allow)", lambda: g.verify(M, L, deny_unused_allow=bad), flag("deny_unused_allow"), flag_ok),
         ("verify(dict holding bad)", lambda: g.verify({"format_version": 1, "x": [bad]}),
          r"^manifest\.x\[0\]: cannot be written as JSON" if unjson
+         else r"^manifest\.x\[0\]: not valid Unicode: a lone surrogate" if surrogate
          else r"^<manifest>:1:\d+: invalid document at the top level: missing field `kind`", False),
         ("assert_clean(manifest)", lambda: g.assert_clean(bad), document("manifest", "manifest"), False),
         ("assert_clean(allow)", lambda: g.assert_clean(M, L, bad), r"^(allow[ :\[]|failed to read allowlist )", False),
@@ -133,7 +136,9 @@ def core_calls(bad):
         ("summary(doc)", lambda: g.summary(bad), document("document", "string"), False),
         ("build_manifest(spec)", lambda: g.build_manifest(bad), r"^(spec is a dict or JSON text, not |<build spec>: |failed to read )", False),
         ("build_manifest(dict holding bad)", lambda: g.build_manifest({"x": bad}),
-         r"^spec\.x: cannot be written as JSON" if unjson else r"^<build spec>: invalid spec at `x`: unknown field `x`", False),
+         r"^spec\.x: cannot be written as JSON" if unjson
+         else r"^spec\.x: not valid Unicode: a lone surrogate" if surrogate
+         else r"^<build spec>: invalid spec at `x`: unknown field `x`", False),
         ("explain(manifest)", lambda: g.explain(bad, "model"), document("manifest", "manifest"), False),
         ("explain(target)", lambda: g.explain(M, bad), r"^(the )?target is ", False),
         ("explain(kernel)", lambda: g.explain(M, kernel=bad), r"^(the )?kernel (pattern )?is ", False),
@@ -493,3 +498,27 @@ def test_an_empty_path_says_so():
     for empty in ("", b"", "  "):
         with pytest.raises(graphcheck.GraphcheckError, match="manifest: an empty string is neither"):
             graphcheck.verify(empty)
+
+
+def test_a_lone_surrogate_in_data_is_named_at_its_path():
+    """Regression (issue 25, item 11): a lone surrogate in an allowlist entry or a build
+    spec's owner path said "unexpected end of hex escape" (the core reading Python's
+    escaped JSON); it is named at its JSON path, as not valid Unicode."""
+    manifest = REPO / "fixtures/synthetic/clean_reload_inplace/manifest.json"
+    with pytest.raises(
+        graphcheck.GraphcheckError,
+        match=re.escape(
+            "allow[0].path: not valid Unicode: a lone surrogate (U+D800) at position 6"
+        ),
+    ):
+        graphcheck.verify(manifest, allow=[{"path": "model.\ud800", "reason": "x"}])
+    with pytest.raises(
+        graphcheck.GraphcheckError,
+        match=re.escape("spec.owners[0].path: not valid Unicode: a lone surrogate (U+DC80)"),
+    ):
+        graphcheck.build_manifest({"owners": [{"path": "m.\udc80"}]})
+    with pytest.raises(
+        graphcheck.GraphcheckError,
+        match=re.escape("spec: not valid Unicode: the key '\\udc80' holds a lone surrogate"),
+    ):
+        graphcheck.build_manifest({"\udc80": 1})
