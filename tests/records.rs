@@ -418,3 +418,22 @@ fn messages_say_numbers_as_written_and_limits_in_words() {
         "{err}"
     );
 }
+
+/// Regression (issue 25, item 11): a megabyte of text given as a path was echoed whole in
+/// "failed to read …".
+#[test]
+fn a_path_longer_than_any_is_named_by_its_start() {
+    // Below the kernel's 128 KiB limit on one argument.
+    let long = "x".repeat(100_000);
+    let out = graphcheck(&["show", &long]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.len() < 1000, "{} bytes of error", err.len());
+    assert!(
+        err.contains(&format!(
+            "failed to read {}… (99920 more characters: longer than any path)",
+            "x".repeat(80)
+        )),
+        "{err}"
+    );
+}

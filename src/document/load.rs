@@ -25,7 +25,7 @@ use header::{Header, check_version, header, version};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    #[error("failed to read {}", path.display())]
+    #[error("failed to read {}", shown(path))]
     Read {
         path: PathBuf,
         #[source]
@@ -69,6 +69,22 @@ pub enum LoadError {
         live: PathBuf,
         why: PairError,
     },
+}
+
+/// A path as an error names it: whole, unless it is longer than any file system takes
+/// (`PATH_MAX`, 4096 bytes), as a document's text handed over as a path would be: then its
+/// start and a count of the rest, never megabytes of it.
+fn shown(path: &Path) -> String {
+    const LONGEST: usize = 4096;
+    let text = path.display().to_string();
+    match text.char_indices().nth(LONGEST) {
+        Some(_) => {
+            let start: String = text.chars().take(80).collect();
+            let rest = text.chars().count() - 80;
+            format!("{start}… ({rest} more characters: longer than any path)")
+        }
+        None => text,
+    }
 }
 
 impl PairError {
