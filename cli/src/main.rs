@@ -66,15 +66,18 @@ graphcheck read it; run again once nothing writes it\n";
     pub fn answer_faults() {
         let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
             on_bus_error;
+        let mut action = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+        let a = action.as_mut_ptr();
         // SAFETY: installs a handler that only reads atomics and calls async-signal-safe
-        // functions, before any other thread exists; `action` is fully initialized (zeroed,
-        // then an empty mask).
+        // functions, before any other thread exists. `action` is written field by field
+        // through its pointer (zeroed first: every field of `sigaction` is an integer, a
+        // pointer or a bit set, none an enum), its mask emptied by sigemptyset, and only
+        // then handed to sigaction(2), which reads it.
         unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = handler as libc::sighandler_t;
-            action.sa_flags = libc::SA_SIGINFO;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+            std::ptr::addr_of_mut!((*a).sa_sigaction).write(handler as libc::sighandler_t);
+            std::ptr::addr_of_mut!((*a).sa_flags).write(libc::SA_SIGINFO);
+            libc::sigemptyset(std::ptr::addr_of_mut!((*a).sa_mask));
+            libc::sigaction(libc::SIGBUS, a, std::ptr::null_mut());
         }
     }
 }
