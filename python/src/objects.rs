@@ -368,49 +368,29 @@ impl<'py> Seq<'_, 'py> {
     }
 }
 
-impl<'py> ser::SerializeSeq for Seq<'_, 'py> {
-    type Ok = Bound<'py, PyAny>;
-    type Error = Failed;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Failed> {
-        self.push(value)
-    }
-    fn end(self) -> Made<'py> {
-        self.done()
-    }
+/// The four sequence traits serde has (a list, a tuple, a tuple struct, a tuple variant's
+/// fields): each pushes an element and ends the list.
+macro_rules! seq_like {
+    ($($trait:ident :: $element:ident),* $(,)?) => {$(
+        impl<'py> ser::$trait for Seq<'_, 'py> {
+            type Ok = Bound<'py, PyAny>;
+            type Error = Failed;
+            fn $element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Failed> {
+                self.push(value)
+            }
+            fn end(self) -> Made<'py> {
+                self.done()
+            }
+        }
+    )*};
 }
 
-impl<'py> ser::SerializeTuple for Seq<'_, 'py> {
-    type Ok = Bound<'py, PyAny>;
-    type Error = Failed;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Failed> {
-        self.push(value)
-    }
-    fn end(self) -> Made<'py> {
-        self.done()
-    }
-}
-
-impl<'py> ser::SerializeTupleStruct for Seq<'_, 'py> {
-    type Ok = Bound<'py, PyAny>;
-    type Error = Failed;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Failed> {
-        self.push(value)
-    }
-    fn end(self) -> Made<'py> {
-        self.done()
-    }
-}
-
-impl<'py> ser::SerializeTupleVariant for Seq<'_, 'py> {
-    type Ok = Bound<'py, PyAny>;
-    type Error = Failed;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Failed> {
-        self.push(value)
-    }
-    fn end(self) -> Made<'py> {
-        self.done()
-    }
-}
+seq_like!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field,
+);
 
 /// A dict being built (a map, a struct; under `variant`, a struct variant's fields).
 struct Map<'a, 'py> {
