@@ -252,6 +252,61 @@ struct Walker {
     stats: WalkStats,
 }
 
+/// What the walk asks of a graph: its nodes. The driver answers for a captured graph
+/// ([`GraphRef`]); the CPU tests answer from a tree they build, to test the traversal.
+trait Graph<'a>: Copy {
+    type Node: Node<'a, Graph = Self>;
+    fn nodes(self) -> Result<Vec<Self::Node>, DriverError>;
+}
+
+/// What the walk asks of a node: the driver's calls of [`NodeRef`], by the same names.
+trait Node<'a>: Copy {
+    type Graph: Graph<'a, Node = Self>;
+    fn type_number(self) -> Result<u32, DriverError>;
+    fn kernel(self) -> Result<driver::KernelNode<'a>, DriverError>;
+    fn memset(self) -> Result<driver::MemsetNode, DriverError>;
+    fn memcpy(self) -> Result<driver::MemcpyNode, DriverError>;
+    fn mem_alloc(self) -> Result<(u64, u64), DriverError>;
+    fn mem_free(self) -> Result<u64, DriverError>;
+    fn child_graph(self) -> Result<Self::Graph, DriverError>;
+    fn conditional_bodies(self) -> Result<Vec<Self::Graph>, DriverError>;
+}
+
+impl<'a> Graph<'a> for GraphRef<'a> {
+    type Node = NodeRef<'a>;
+    fn nodes(self) -> Result<Vec<NodeRef<'a>>, DriverError> {
+        GraphRef::nodes(self)
+    }
+}
+
+impl<'a> Node<'a> for NodeRef<'a> {
+    type Graph = GraphRef<'a>;
+    fn type_number(self) -> Result<u32, DriverError> {
+        NodeRef::type_number(self)
+    }
+    fn kernel(self) -> Result<driver::KernelNode<'a>, DriverError> {
+        NodeRef::kernel(self)
+    }
+    fn memset(self) -> Result<driver::MemsetNode, DriverError> {
+        NodeRef::memset(self)
+    }
+    fn memcpy(self) -> Result<driver::MemcpyNode, DriverError> {
+        NodeRef::memcpy(self)
+    }
+    fn mem_alloc(self) -> Result<(u64, u64), DriverError> {
+        NodeRef::mem_alloc(self)
+    }
+    fn mem_free(self) -> Result<u64, DriverError> {
+        NodeRef::mem_free(self)
+    }
+    fn child_graph(self) -> Result<GraphRef<'a>, DriverError> {
+        NodeRef::child_graph(self)
+    }
+    fn conditional_bodies(self) -> Result<Vec<GraphRef<'a>>, DriverError> {
+        NodeRef::conditional_bodies(self)
+    }
+}
+
 /// Walks a captured graph. Needs a current CUDA context on this thread (the one the
 /// graph's allocations belong to).
 pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError> {
@@ -259,6 +314,11 @@ pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError
     if !driver::has_current_context()? {
         return Err(CudaError::NoContext);
     }
+    walk_tree(g)
+}
+
+/// The walk proper, over any [`Graph`].
+fn walk_tree<'a, G: Graph<'a>>(g: G) -> Result<(WalkedGraph, WalkStats), CudaError> {
     let mut w = Walker {
         counts: [0; 14],
         cache: RangeCache::default(),
@@ -284,7 +344,7 @@ pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError
 }
 
 impl Walker {
-    fn walk(&mut self, g: GraphRef<'_>, parent: Option<u32>) -> Result<(), CudaError> {
+    fn walk<'a, G: Graph<'a>>(&mut self, g: G, parent: Option<u32>) -> Result<(), CudaError> {
         let nodes = g.nodes()?;
         self.out.nodes.reserve(nodes.len());
         let types: Vec<Result<u32, DriverError>> = nodes.iter().map(|n| n.type_number()).collect();
@@ -380,7 +440,7 @@ impl Walker {
         self.out.nodes.push(node);
     }
 
-    fn kernel(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+    fn kernel<'a>(&mut self, node: impl Node<'a>, index: u32, parent: Option<u32>) {
         let k = match node.kernel() {
             Ok(k) => k,
             Err(e) => {
@@ -492,14 +552,14 @@ impl Walker {
         });
     }
 
-    fn memset(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+    fn memset<'a>(&mut self, node: impl Node<'a>, index: u32, parent: Option<u32>) {
         let read = node
             .memset()
             .map(|m| (self.ends(&[(0, m.dst)], false), "memset".into()));
         self.push_read(index, parent, NodeKind::Memset, read);
     }
 
-    fn memcpy(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+    fn memcpy<'a>(&mut self, node: impl Node<'a>, index: u32, parent: Option<u32>) {
         let read = node.memcpy().map(|m| {
             let mut words = Vec::new();
             for (param, a, host) in copy_ends(&m) {
@@ -510,7 +570,7 @@ impl Walker {
         self.push_read(index, parent, NodeKind::Memcpy, read);
     }
 
-    fn mem_alloc(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+    fn mem_alloc<'a>(&mut self, node: impl Node<'a>, index: u32, parent: Option<u32>) {
         let read = node.mem_alloc().map(|(base, size)| {
             self.stats.words += 1;
             let word = RawWord {
@@ -524,7 +584,7 @@ impl Walker {
         self.push_read(index, parent, NodeKind::MemAlloc, read);
     }
 
-    fn mem_free(&mut self, node: NodeRef<'_>, index: u32, parent: Option<u32>) {
+    fn mem_free<'a>(&mut self, node: impl Node<'a>, index: u32, parent: Option<u32>) {
         let read = node
             .mem_free()
             .map(|dptr| (self.ends(&[(0, dptr)], false), "mem_free".into()));
@@ -859,6 +919,235 @@ mod tests {
         };
         assert_eq!(copy_ends(&m), [(1, 0x7f00_0000_0000, false)]);
         assert_eq!(copy_name(&m), "memcpy device->array (64 bytes)");
+    }
+
+    /// A graph the CPU tests build: the nodes the driver would hand out, each answering
+    /// the walk's questions from what it holds.
+    #[derive(Clone, Copy)]
+    struct Tree(&'static [Fake]);
+
+    #[derive(Clone, Copy)]
+    enum Fake {
+        Alloc(u64, u64),
+        Memset(u64),
+        Free(u64),
+        Event,
+        /// A kernel node whose launch cannot be read (no kernel can be faked).
+        Kernel,
+        Child(Tree),
+        /// A child-graph node whose body the driver does not hand out.
+        LostChild,
+        Conditional(&'static [Tree]),
+        /// Driver 580 does not export the call that hands out the bodies.
+        LostConditional,
+        Type(u32),
+    }
+
+    fn tree(nodes: Vec<Fake>) -> Tree {
+        Tree(Box::leak(nodes.into_boxed_slice()))
+    }
+
+    fn lost(call: &'static str) -> DriverError {
+        DriverError::new(call, 0, "not in this tree")
+    }
+
+    impl Graph<'static> for Tree {
+        type Node = Fake;
+        fn nodes(self) -> Result<Vec<Fake>, DriverError> {
+            Ok(self.0.to_vec())
+        }
+    }
+
+    impl Node<'static> for Fake {
+        type Graph = Tree;
+        fn type_number(self) -> Result<u32, DriverError> {
+            Ok(match self {
+                Fake::Kernel => 0,
+                Fake::Memset(_) => 2,
+                Fake::Child(_) | Fake::LostChild => 4,
+                Fake::Event => 6,
+                Fake::Alloc(..) => 10,
+                Fake::Free(_) => 11,
+                Fake::Conditional(_) | Fake::LostConditional => 13,
+                Fake::Type(t) => t,
+            })
+        }
+        fn kernel(self) -> Result<driver::KernelNode<'static>, DriverError> {
+            Err(lost("cuGraphKernelNodeGetParams"))
+        }
+        fn memset(self) -> Result<driver::MemsetNode, DriverError> {
+            match self {
+                Fake::Memset(dst) => Ok(driver::MemsetNode { dst, bytes: 64 }),
+                _ => Err(lost("cuGraphMemsetNodeGetParams")),
+            }
+        }
+        fn memcpy(self) -> Result<driver::MemcpyNode, DriverError> {
+            Err(lost("cuGraphMemcpyNodeGetParams"))
+        }
+        fn mem_alloc(self) -> Result<(u64, u64), DriverError> {
+            match self {
+                Fake::Alloc(base, size) => Ok((base, size)),
+                _ => Err(lost("cuGraphMemAllocNodeGetParams")),
+            }
+        }
+        fn mem_free(self) -> Result<u64, DriverError> {
+            match self {
+                Fake::Free(dptr) => Ok(dptr),
+                _ => Err(lost("cuGraphMemFreeNodeGetParams")),
+            }
+        }
+        fn child_graph(self) -> Result<Tree, DriverError> {
+            match self {
+                Fake::Child(t) => Ok(t),
+                _ => Err(lost("cuGraphChildGraphNodeGetGraph")),
+            }
+        }
+        fn conditional_bodies(self) -> Result<Vec<Tree>, DriverError> {
+            match self {
+                Fake::Conditional(bodies) => Ok(bodies.to_vec()),
+                _ => Err(lost("cuGraphNodeGetParams")),
+            }
+        }
+    }
+
+    /// (index, kind, parent, words' addresses) of every node read.
+    fn read(w: &WalkedGraph) -> Vec<(u32, String, Option<u32>, Vec<u64>)> {
+        w.nodes
+            .iter()
+            .map(|n| {
+                let words = n.words.iter().map(|w| w.addr.0).collect();
+                (n.index, n.kind.to_string(), n.parent, words)
+            })
+            .collect()
+    }
+
+    const A: u64 = 0x7f00_0000_0000;
+    const B: u64 = 0x7f00_1000_0000;
+
+    #[test]
+    fn child_graph_bodies_are_walked_depth_first_with_their_parent() {
+        // 0 memset, 1 child { 2 alloc B, 3 child { 4 memset B+64 }, 5 free B }, 6 memset A
+        let inner = tree(vec![Fake::Memset(B + 64)]);
+        let body = tree(vec![
+            Fake::Alloc(B, 4096),
+            Fake::Child(inner),
+            Fake::Free(B),
+        ]);
+        let top = tree(vec![
+            Fake::Alloc(A, 1 << 21),
+            Fake::Child(body),
+            Fake::Memset(A + 8),
+            Fake::Event,
+        ]);
+        let (w, stats) = walk_tree(top).unwrap();
+        assert_eq!(
+            read(&w),
+            vec![
+                (0, "mem_alloc".into(), None, vec![A]),
+                (2, "mem_alloc".into(), Some(1), vec![B]),
+                (4, "memset".into(), Some(3), vec![B + 64]),
+                (5, "mem_free".into(), Some(1), vec![B]),
+                (6, "memset".into(), None, vec![A + 8]),
+            ]
+        );
+        assert!(w.unread.is_empty());
+        // Bodies' nodes are counted with the graph's own; the event holds no address.
+        let counts: Vec<(&str, u64)> = w
+            .node_counts
+            .iter()
+            .map(|(k, &v)| (k.as_str(), v))
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                ("child_graph", 2),
+                ("mem_alloc", 2),
+                ("mem_free", 1),
+                ("memset", 2),
+                ("wait_event", 1)
+            ]
+        );
+        assert_eq!(stats.nodes, 8);
+        assert_eq!(
+            w.graph_allocations,
+            vec![(Addr(A), 1 << 21), (Addr(B), 4096)]
+        );
+    }
+
+    #[test]
+    fn every_body_of_a_conditional_node_is_walked_under_it() {
+        let then = tree(vec![Fake::Memset(A)]);
+        let other = tree(vec![Fake::Memset(A + 16), Fake::Memset(A + 32)]);
+        let top = tree(vec![
+            Fake::Alloc(A, 4096),
+            Fake::Conditional(Box::leak(vec![then, other].into_boxed_slice())),
+            Fake::Memset(A + 48),
+        ]);
+        let (w, _) = walk_tree(top).unwrap();
+        assert_eq!(
+            read(&w),
+            vec![
+                (0, "mem_alloc".into(), None, vec![A]),
+                (2, "memset".into(), Some(1), vec![A]),
+                (3, "memset".into(), Some(1), vec![A + 16]),
+                (4, "memset".into(), Some(1), vec![A + 32]),
+                (5, "memset".into(), None, vec![A + 48]),
+            ]
+        );
+        assert_eq!(w.node_counts["conditional"], 1);
+    }
+
+    #[test]
+    fn a_body_or_node_that_cannot_be_read_is_listed_never_dropped() {
+        let top = tree(vec![
+            Fake::LostConditional,
+            Fake::LostChild,
+            Fake::Kernel,
+            Fake::Type(8),
+            Fake::Type(42),
+        ]);
+        let (w, _) = walk_tree(top).unwrap();
+        let unread: Vec<(u32, &str, &str)> = w
+            .unread
+            .iter()
+            .map(|u| (u.index, u.node_type.as_str(), u.reason.as_str()))
+            .collect();
+        assert_eq!(unread.len(), 4, "{unread:?}");
+        assert_eq!((unread[0].0, unread[0].1), (0, "conditional"));
+        assert!(
+            unread[0].2.starts_with("its bodies could not be read: "),
+            "{}",
+            unread[0].2
+        );
+        assert_eq!((unread[1].0, unread[1].1), (1, "child_graph"));
+        assert!(
+            unread[1].2.starts_with("its body could not be read: "),
+            "{}",
+            unread[1].2
+        );
+        assert_eq!((unread[2].0, unread[2].1), (3, "ext_semaphore_signal"));
+        assert!(
+            unread[2].2.contains("does not read this node type"),
+            "{}",
+            unread[2].2
+        );
+        assert_eq!((unread[3].0, unread[3].1), (4, "type_42"));
+        assert!(
+            unread[3].2.contains("unknown to graphcheck"),
+            "{}",
+            unread[3].2
+        );
+        // The kernel whose launch could not be read is a node, opaque, with the reason.
+        let [k] = &w.nodes[..] else {
+            panic!("{:?}", w.nodes)
+        };
+        assert_eq!((k.index, &*k.name), (2, "(unreadable kernel node)"));
+        assert!(
+            k.opaque
+                .as_deref()
+                .unwrap()
+                .starts_with("its launch parameters could not be read")
+        );
     }
 
     #[test]
