@@ -39,7 +39,8 @@ def _pool_key(pool_id) -> tuple:
     """A torch pool id (``(a, b)``, a ``MemPool``, a graph pool handle) as a tuple."""
     pid = getattr(pool_id, "id", pool_id)
     try:
-        if isinstance(pid, (str, bytes)):
+        # A set has no order: (a, b) and (b, a) are different pools.
+        if isinstance(pid, (str, bytes, set, frozenset)):
             raise TypeError
         return tuple(int(x) for x in pid)
     except (TypeError, ValueError):

@@ -104,14 +104,19 @@ def load(doc: Document, expect: Optional[str] = None, *, format_version: int = 1
     (``"manifest"`` or ``"live"``) makes the other kind an error."""
     if expect is not None:
         _args.choice("expect", expect, ("manifest", "live"))
-    version = _version_arg(format_version)
+    return _load_as(doc, "document", None, expect, _version_arg(format_version))
+
+
+def _load_as(doc: Document, name: str, label: Optional[str], expect: Optional[str], version: int) -> dict:
+    """:func:`load` of an argument ``name`` (errors name it), the text tagged ``label``
+    (``<manifest>:1:2: …``; ``None``: ``<string>``)."""
     # The objects are built straight from the core's records (no JSON text). The cyclic
     # collector would walk the growing tree again and again, for nothing: none of it can be
     # garbage yet (json.loads of 126 MiB took 27 s with it, 13 s without).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        _, document = _native.load_objects(_source(doc), expect, None, version)
+        _, document = _native.load_objects(_source(doc, name), expect, label, version)
     finally:
         if collecting:
             gc.enable()

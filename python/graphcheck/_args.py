@@ -125,6 +125,8 @@ def path(name: str, value: Any) -> str:
         raise GraphcheckError(f"{name}: a path the file system cannot encode: {e}") from None
     if not isinstance(p, str):
         raise GraphcheckError(f"{name}: os.fspath gave {show(p)}, not a str path")
+    if p == "":
+        raise GraphcheckError(f"{name} is an empty string, which names no file or folder")
     return p
 
 

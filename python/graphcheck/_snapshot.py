@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 from . import _allocator, _args, _native, _registry
 from . import sleep as _sleep_module
 from ._allocator import _AllocSites, _pool_key, _producer
-from ._api import FORMAT_VERSION, _source, _version_arg, load
+from ._api import FORMAT_VERSION, _load_as, _source, _version_arg
 from ._native import GraphcheckError
 from ._registry import DEFAULT_DIGEST, _digests_choice
 from ._walk import DEFAULT_MAX_DEPTH, _root_pairs, walk, walk_roots
@@ -78,7 +78,7 @@ def snapshot(
             _args.text("reference: an owner path", path)
             _args.text(f"reference[{path!r}]", value)
     m_source = manifest
-    m = load(manifest, expect="manifest")
+    m = _load_as(manifest, "manifest", "<manifest>", "manifest", 1)
     pairs = [] if model is None and roots else [(root, model)]
     pairs.extend(_root_pairs("roots", roots) if roots is not None else [])
     registry = walk_roots(pairs, max_depth=max_depth, runtime_state=runtime_state)
@@ -134,5 +134,11 @@ def _reference_digests(reference, algorithm: str, root: str, max_depth: int) -> 
     if isinstance(reference, Mapping):
         return dict(reference)
     registry = walk(reference, root=root, max_depth=max_depth)
+    if not registry.owners:
+        # Nothing to compare with: every updated tensor would pass unchecked.
+        raise GraphcheckError(
+            "reference is a model loaded fresh (walked as model is) or a mapping of owner "
+            f"path to digest; {_args.show(reference)} holds no tensor"
+        )
     specs = registry.tensor_specs(algorithm)
     return {o.path: specs[o.tensor]["digest"] for o in registry.owners}

@@ -12,6 +12,7 @@ use crate::document::format::{Addr, NodeKind, Unread};
 
 /// One parameter word that held a device address, as a walker found it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawWord {
     pub param: u32,
     pub offset: u32,
@@ -22,6 +23,7 @@ pub struct RawWord {
 
 /// One node as a walker read it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WalkedNode {
     pub index: u32,
     pub kind: NodeKind,
@@ -36,6 +38,7 @@ pub struct WalkedNode {
 
 /// One graph as a walker read it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WalkedGraph {
     pub node_counts: BTreeMap<String, u64>,
     pub unread: Vec<Unread>,
