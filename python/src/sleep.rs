@@ -52,15 +52,16 @@ thread_local! {
 /// The tag of allocations made with no `sleep_pool` active on the thread.
 const UNTAGGED: &str = "untagged";
 
-/// Runs an allocator call with the GIL released; a panic inside it becomes a `SleepError`
-/// (never `PanicException`, which an engine's `except Exception` does not catch).
+/// Runs an allocator call with the GIL released; a panic inside it becomes an
+/// `InternalError` (never `PanicException`, which an engine's `except Exception` does not
+/// catch; never a `SleepError`, which says the call was refused in the allocator's state).
 fn detached_sleep<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> PyResult<T> {
     py.detach(move || caught(|| Ok(f())))
 }
 
-/// Runs an allocator call that holds the GIL; a panic inside it becomes a `SleepError`.
+/// Runs an allocator call that holds the GIL; a panic inside it becomes an `InternalError`.
 fn caught<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-    crate::catch_panic(f, SleepError::new_err)
+    crate::catch_panic(f, crate::InternalError::new_err)
 }
 
 fn allocator() -> Result<MutexGuard<'static, Allocator>, String> {
@@ -297,4 +298,25 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sleep_release_host_cache, m)?)?;
     m.add_function(wrap_pyfunction!(sleep_mem_info, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_an_allocator_call_is_an_internal_error_not_a_sleep_error() {
+        // A SleepError means "refused in the allocator's state": an engine may handle it
+        // (wake first, retry). A bug must not read as one.
+        Python::initialize();
+        Python::attach(|py| {
+            let e = caught(|| -> PyResult<()> { panic!("slot out of range") }).unwrap_err();
+            assert!(e.is_instance_of::<crate::InternalError>(py), "{e}");
+            assert!(!e.is_instance_of::<SleepError>(py), "{e}");
+            assert!(e.to_string().contains("slot out of range"), "{e}");
+            let e = detached_sleep(py, || -> u32 { panic!("in the driver call") }).unwrap_err();
+            assert!(e.is_instance_of::<crate::InternalError>(py), "{e}");
+        });
+        assert!(matches!(caught(|| Ok(3u8)), Ok(3)));
+    }
 }
