@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use graphcheck::document::owner_path::Glob;
+use graphcheck::model::owner_path::Glob;
 
 fn main() {
     let n: usize = std::env::args()

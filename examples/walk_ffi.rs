@@ -45,7 +45,7 @@ pub unsafe extern "C" fn graphcheck_walk(
                 let mut bytes = serde_json::to_vec_pretty(&walked).expect("serializes");
                 bytes.push(b'\n');
                 if let Err(e) =
-                    graphcheck::document::write::write_atomic(std::path::Path::new(&path), &bytes)
+                    graphcheck::app::output::write_atomic(std::path::Path::new(&path), &bytes)
                 {
                     eprintln!("graphcheck_walk: failed to write {path}: {e}");
                     return -1;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::check::finding::Report;
-use crate::document::format::*;
+use crate::model::format::*;
 
 /// (kind, subject) of every finding, in report order.
 pub fn kinds(r: &Report) -> Vec<(crate::check::finding::FindingKind, String)> {
@@ -86,7 +86,7 @@ pub fn alloc(slot: u64, pool: PoolId) -> Allocation {
 
 pub fn owner(path: &str, t: u32, r: Registration) -> Owner {
     Owner {
-        path: crate::document::owner_path::OwnerPath::parse(path).unwrap(),
+        path: crate::model::owner_path::OwnerPath::parse(path).unwrap(),
         tensor: TensorId(t),
         registration: r,
         holder: None,

@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use graphcheck::app::output::{refuse_inputs, write_atomic};
 use graphcheck::check::allow::Allowlist;
-use graphcheck::document::format::{FORMAT_VERSION, FORMAT_VERSIONS};
-use graphcheck::document::load::Source;
-use graphcheck::document::write::{refuse_inputs, write_atomic};
+use graphcheck::codec::load::Source;
 use graphcheck::exit;
+use graphcheck::model::version::{FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::present::explain::{Query, QueryError};
 use graphcheck::present::normalize::normalized;
 use graphcheck::present::text::summary;
@@ -156,8 +156,8 @@ enum Command {
 /// An output refused for being standard input, named so (`the document read from standard
 /// input`), not by the device path it was compared as.
 fn stdin_named(
-    mut e: graphcheck::document::write::OutputIsInput,
-) -> graphcheck::document::write::OutputIsInput {
+    mut e: graphcheck::app::output::OutputIsInput,
+) -> graphcheck::app::output::OutputIsInput {
     if e.input == Path::new(STDIN_FILE) {
         e.role.push_str(" read from");
         e.input = PathBuf::from("standard input");

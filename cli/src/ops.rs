@@ -3,15 +3,16 @@
 
 use std::path::{Path, PathBuf};
 
+use graphcheck::app::ranks::{RankDoc, Ranks, RanksError, group};
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::finding::Report;
 use graphcheck::check::ranks::{RankDocs, verify_ranks};
 use graphcheck::check::verify::LiveIndex;
-use graphcheck::document::format::{DocKind, Document, Live, Manifest};
 #[cfg(unix)]
-use graphcheck::document::load::SharedBytes;
-use graphcheck::document::load::{Checked, LoadError, Source, Tables};
-use graphcheck::document::ranks::{RankDoc, Ranks, RanksError, group};
+use graphcheck::codec::load::SharedBytes;
+use graphcheck::codec::load::{Checked, LoadError, Source};
+use graphcheck::index::refs::Tables;
+use graphcheck::model::format::{DocKind, Document, Live, Manifest};
 use graphcheck::present::explain::{Query, explain};
 use graphcheck::present::fmt::{AddrFmt, RawAddrs};
 use graphcheck::present::normalize::Symbolizer;
@@ -345,7 +346,7 @@ fn opening_byte(path: &Path) -> Option<u8> {
 
 /// Verifies the ranks of one run from their documents (as [`dir_documents`] lists them):
 /// loads each (on a thread of its own), groups them by `producer.rank`
-/// ([`graphcheck::document::ranks::group`]), verifies each rank's manifest against its own
+/// ([`graphcheck::app::ranks::group`]), verifies each rank's manifest against its own
 /// live snapshot, and the manifests against each other, into one report.
 pub fn verify_dir(dir: &Path, paths: &[PathBuf], allow: &Allowlist) -> Result<Verified, DirError> {
     let mut docs = Vec::with_capacity(paths.len());
@@ -636,7 +637,7 @@ pub fn diff_fit(
 
 /// The JSON Schema of format `version` (1 or 2), as `graphcheck schema` prints it.
 pub fn schema_text(version: u32) -> String {
-    json_text(&graphcheck::document::schema::json_schema_of(version))
+    json_text(&graphcheck::codec::schema::json_schema_of(version))
 }
 
 /// A document of either version, rewritten in format `version` (1 or 2): compact JSON with

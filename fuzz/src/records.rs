@@ -7,9 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use graphcheck::document::dtype;
-use graphcheck::document::format::{Addr, Document, Live, Manifest, Probe, Tensor};
-use graphcheck::document::load::Source;
+use graphcheck::codec::load::Source;
+use graphcheck::model::dtype;
+use graphcheck::model::format::{Addr, Document, Live, Manifest, Probe, Tensor};
 use rand::Rng;
 use rand::rngs::SmallRng;
 
@@ -150,7 +150,7 @@ fn duplicate_probe(rng: &mut SmallRng, l: &mut Live) -> Option<&'static str> {
     l.probes.insert(
         at,
         Probe {
-            state: graphcheck::document::format::AllocState::Active,
+            state: graphcheck::model::format::AllocState::Active,
             ..p
         },
     );

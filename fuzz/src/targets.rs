@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::finding::{FindingKind, Report};
-use graphcheck::document::format::{
+use graphcheck::codec::load::Source;
+use graphcheck::model::format::{
     Addr, AllocState, Contents, Document, Event, Live, Manifest, Probe, Producer,
 };
-use graphcheck::document::load::Source;
-use graphcheck::document::owner_path::{self, Glob, OwnerPath};
+use graphcheck::model::owner_path::{self, Glob, OwnerPath};
 use graphcheck::present::explain::Query;
 use graphcheck::present::fmt::RawAddrs;
 use graphcheck::resolve::manifest::ManifestBuilder;
@@ -532,7 +532,7 @@ pub fn signature(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
         unread: vec![],
         nodes: vec![WalkedNode {
             index: 0,
-            kind: graphcheck::document::format::NodeKind::Kernel,
+            kind: graphcheck::model::format::NodeKind::Kernel,
             name: name.as_str().into(),
             grid: None,
             block: None,

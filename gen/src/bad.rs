@@ -1,6 +1,6 @@
 //! Hand-broken inputs for the bad-input tests, each cut from a good document of the
 //! corpus, with the words the error must contain. The words are what
-//! `graphcheck::document::load::parse_manifest` says today (the tests below hold it to that).
+//! `graphcheck::codec::load::parse_manifest` says today (the tests below hold it to that).
 //! Most are format 1 documents (format 1 stays readable, and its errors stay what they
 //! were); those named `v2_*` are format 2's own faults.
 
@@ -436,9 +436,9 @@ mod tests {
     use std::path::Path;
 
     use graphcheck::check::allow::Allowlist;
+    use graphcheck::check::pair::PairError;
     use graphcheck::check::verify::{VerifyError, verify};
-    use graphcheck::document::format::{AllocState, Manifest};
-    use graphcheck::document::pair::PairError;
+    use graphcheck::model::format::{AllocState, Manifest};
 
     use crate::fixtures::corpus;
     use crate::index::Index;
@@ -451,8 +451,7 @@ mod tests {
     /// pairs a bad live snapshot with it.
     fn base_manifest(files: &crate::fixtures::Files, index: &Index) -> (String, Manifest) {
         let file = index.scenarios[0].manifest.clone();
-        let m =
-            graphcheck::document::load::parse_manifest(&files[&file], Path::new(&file)).unwrap();
+        let m = graphcheck::codec::load::parse_manifest(&files[&file], Path::new(&file)).unwrap();
         (file, m)
     }
 
@@ -469,12 +468,12 @@ mod tests {
             let name = Path::new(&bad.file);
             // The CLI names the file as the user spelled it; this is the path under fixtures/.
             let message = match bad.as_.as_str() {
-                "manifest" => graphcheck::document::load::parse_manifest(bytes, name)
+                "manifest" => graphcheck::codec::load::parse_manifest(bytes, name)
                     .expect_err(&bad.file)
                     .to_string(),
-                "live" => match graphcheck::document::load::parse_live(bytes, name) {
+                "live" => match graphcheck::codec::load::parse_live(bytes, name) {
                     Err(e) => e.to_string(),
-                    Ok(live) => graphcheck::document::pair::check_pair(&manifest, &live)
+                    Ok(live) => graphcheck::check::pair::check_pair(&manifest, &live)
                         .expect_err(&bad.file)
                         .in_files(Path::new(&manifest_file), name)
                         .to_string(),
@@ -569,9 +568,9 @@ mod tests {
         for (as_, name, bytes) in &docs {
             let loaded = match as_.as_str() {
                 "manifest" => {
-                    graphcheck::document::load::parse_manifest(bytes, Path::new(name)).map(drop)
+                    graphcheck::codec::load::parse_manifest(bytes, Path::new(name)).map(drop)
                 }
-                _ => graphcheck::document::load::parse_live(bytes, Path::new(name)).map(drop),
+                _ => graphcheck::codec::load::parse_live(bytes, Path::new(name)).map(drop),
             };
             loaded.unwrap_or_else(|e| panic!("{e}"));
             if let Some(e) = schema_error(&schema, bytes) {

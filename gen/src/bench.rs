@@ -10,12 +10,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use graphcheck::document::format::{
+use graphcheck::model::format::{
     Addr, AllocState, Allocation, AllocationId, Contents, Event, Graph, GraphId, Live, Manifest,
     Node, NodeKind, Owner, Pool, PoolId, PoolKind, Probe, Registration, SleepPolicy, Tensor,
     TensorId, Touch,
 };
-use graphcheck::document::owner_path::OwnerPath;
+use graphcheck::model::owner_path::OwnerPath;
 
 use crate::doc::{digest, producer};
 use crate::heap::{BLOCK_ROUND, SEGMENT_ROUND, SMALL_REQUEST, SMALL_SEGMENT, round_up};
@@ -45,7 +45,7 @@ impl Default for BenchOpts {
             graphs: 64,
             seed: 1,
             changes: 1.0,
-            format_version: graphcheck::document::format::FORMAT_VERSION,
+            format_version: graphcheck::model::version::FORMAT_VERSION,
         }
     }
 }
@@ -585,7 +585,7 @@ fn reload(
                     keep.stride = vec![2, 1];
                 }
                 keep.nbytes =
-                    graphcheck::document::refs::view_span(&keep.shape, &keep.stride, keep.itemsize)
+                    graphcheck::index::refs::view_span(&keep.shape, &keep.stride, keep.itemsize)
                         .expect("a view of the tensor's own elements");
                 live.tensors.push(keep);
             }
@@ -773,9 +773,9 @@ mod tests {
         });
         let m = serde_json::to_vec(&b.manifest).unwrap();
         let l = serde_json::to_vec(&b.live).unwrap();
-        let m = graphcheck::document::load::parse_manifest(&m, Path::new("bench/manifest.json"))
-            .unwrap();
-        graphcheck::document::load::parse_live(&l, Path::new("bench/live.json")).unwrap();
+        let m =
+            graphcheck::codec::load::parse_manifest(&m, Path::new("bench/manifest.json")).unwrap();
+        graphcheck::codec::load::parse_live(&l, Path::new("bench/live.json")).unwrap();
         assert_eq!(b.stats.touches, 20_000);
         assert_eq!(m.graphs.len(), 4);
         assert_eq!(m.tensors.len(), 5_000);
@@ -814,9 +814,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.touches, 1_000);
-        let m =
-            graphcheck::document::load::load_manifest(&dir.path().join("manifest.json")).unwrap();
-        graphcheck::document::load::load_live(&dir.path().join("live.json")).unwrap();
+        let m = graphcheck::codec::load::load_manifest(&dir.path().join("manifest.json")).unwrap();
+        graphcheck::codec::load::load_live(&dir.path().join("live.json")).unwrap();
         assert_eq!(m.graphs.len(), 2);
     }
 }

@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use graphcheck::document::format::{
+use graphcheck::model::format::{
     Addr, AllocationId, Contents, Event, Frame, Graph, GraphId, Live, Manifest, Node, NodeKind,
     Owner, Pool, PoolId, PoolKind, Probe, Producer, Registration, SleepPolicy, Tensor, TensorId,
     Touch,
 };
-use graphcheck::document::owner_path::OwnerPath;
+use graphcheck::model::owner_path::OwnerPath;
 
 use crate::heap::Heap;
 
@@ -60,18 +60,18 @@ const REGIONS: [u64; 4] = [
 
 /// The digest a tensor's contents get after `version` rewrites; `sum64` of all-zero bytes is
 /// zero, which is what a discarded page that comes back zeroed reads as.
-pub fn digest(id: TensorId, version: u32) -> graphcheck::document::format::Digest {
+pub fn digest(id: TensorId, version: u32) -> graphcheck::model::format::Digest {
     let mut x = (u64::from(id.0) << 32 | u64::from(version)) ^ 0x9e37_79b9_7f4a_7c15;
     // splitmix64: a fixed, well-mixed function of the pair, identical on every run.
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^= x >> 31;
-    graphcheck::document::format::Digest(format!("sum64:{x:016x}"))
+    graphcheck::model::format::Digest(format!("sum64:{x:016x}"))
 }
 
 /// The digest of a tensor whose pages came back zeroed.
-pub fn zero_digest() -> graphcheck::document::format::Digest {
-    graphcheck::document::format::Digest("sum64:0000000000000000".into())
+pub fn zero_digest() -> graphcheck::model::format::Digest {
+    graphcheck::model::format::Digest("sum64:0000000000000000".into())
 }
 
 /// The producer every synthetic document names.

@@ -227,7 +227,7 @@ pub fn write(out: &Path, files: &Files) -> anyhow::Result<()> {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("failed to create {}", dir.display()))?;
         }
-        graphcheck::document::write::write_atomic(&path, bytes)
+        graphcheck::app::output::write_atomic(&path, bytes)
             .with_context(|| format!("failed to write {}", path.display()))?;
     }
     Ok(())
@@ -286,10 +286,10 @@ mod tests {
         let index = index(&files);
         assert_eq!(index.scenarios.len(), 17);
         for s in &index.scenarios {
-            graphcheck::document::load::parse_manifest(&files[&s.manifest], Path::new(&s.manifest))
+            graphcheck::codec::load::parse_manifest(&files[&s.manifest], Path::new(&s.manifest))
                 .unwrap_or_else(|e| panic!("{e}"));
             if let Some(l) = &s.live {
-                graphcheck::document::load::parse_live(&files[l], Path::new(l))
+                graphcheck::codec::load::parse_live(&files[l], Path::new(l))
                     .unwrap_or_else(|e| panic!("{e}"));
             }
             if let Some(a) = &s.allow {
@@ -398,7 +398,7 @@ mod tests {
                             .filter(|g| {
                                 g.nodes.iter().flat_map(|n| &n.touches).any(|t| {
                                     t.tensor.is_none()
-                                        && graphcheck::document::load::in_range(
+                                        && graphcheck::index::refs::in_range(
                                             t.addr, alloc.base, alloc.size,
                                         )
                                 })
@@ -460,7 +460,7 @@ mod tests {
 
 #[cfg(test)]
 mod consistency {
-    use graphcheck::document::format::PoolKind;
+    use graphcheck::model::format::PoolKind;
 
     use crate::scenarios;
 
@@ -490,7 +490,7 @@ mod consistency {
                 let alloc = m
                     .allocations
                     .iter()
-                    .find(|a| graphcheck::document::load::in_range(touch.addr, a.base, a.size))
+                    .find(|a| graphcheck::index::refs::in_range(touch.addr, a.base, a.size))
                     .unwrap_or_else(|| panic!("{}: {touch:?} in no allocation", s.name));
                 assert_eq!(touch.allocation, Some(alloc.id), "{}", s.name);
                 if touch.tensor.is_none() && !s.name.starts_with("module_global_cache") {

@@ -3,7 +3,7 @@
 //! 20 MiB (large) driver allocations per pool, best-fit reuse of freed blocks, and
 //! `empty_cache()` returning wholly free segments to the driver.
 
-use graphcheck::document::format::{AllocState, Allocation, AllocationId, Pool, PoolId};
+use graphcheck::model::format::{AllocState, Allocation, AllocationId, Pool, PoolId};
 
 /// Blocks are multiples of this many bytes (`kMinBlockSize`).
 pub const BLOCK_ROUND: u64 = 512;
@@ -243,7 +243,7 @@ impl Heap {
             .filter(|s| s.mapped)
             .map(|s| Allocation {
                 id: s.id,
-                base: graphcheck::document::format::Addr(s.base),
+                base: graphcheck::model::format::Addr(s.base),
                 size: s.size,
                 pool: Some(s.pool),
             })
@@ -259,7 +259,7 @@ impl Heap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graphcheck::document::format::{PoolKind, SleepPolicy};
+    use graphcheck::model::format::{PoolKind, SleepPolicy};
 
     fn heap() -> Heap {
         Heap::new(

@@ -51,7 +51,7 @@ enum Command {
         #[arg(long, default_value_t = 1.0, value_parser = positive)]
         changes: f64,
         /// The format version to write (1: one object per record; 2: columns).
-        #[arg(long, default_value_t = graphcheck::document::format::FORMAT_VERSION, value_parser = version)]
+        #[arg(long, default_value_t = graphcheck::model::version::FORMAT_VERSION, value_parser = version)]
         format_version: u32,
     },
     /// Time verify's phases (read, parse, convert, check, verify, render) over a manifest
@@ -70,10 +70,10 @@ enum Command {
 /// A format version this build writes.
 fn version(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
-        Ok(v) if graphcheck::document::format::FORMAT_VERSIONS.contains(&v) => Ok(v),
+        Ok(v) if graphcheck::model::version::FORMAT_VERSIONS.contains(&v) => Ok(v),
         _ => Err(format!(
             "expected one of {:?}, not {s:?}",
-            graphcheck::document::format::FORMAT_VERSIONS
+            graphcheck::model::version::FORMAT_VERSIONS
         )),
     }
 }

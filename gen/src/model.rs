@@ -3,7 +3,7 @@
 //! graph inputs, KV cache and graph-pool intermediates around them. Scenarios swap in the
 //! parts their upstream bug lives in.
 
-use graphcheck::document::format::{Registration, TensorId};
+use graphcheck::model::format::{Registration, TensorId};
 
 use crate::doc::{At, BF16, DEFAULT, Doc, F32, FP8, GRAPH_POOL, I32, I64, KV_CACHE};
 

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::verify::verify_checked;
-use graphcheck::document::format::{Live, Manifest};
-use graphcheck::document::load::{check_live, check_manifest};
-use graphcheck::document::v2::{LiveV2, ManifestV2, RawTouches};
+use graphcheck::codec::v2::{LiveV2, ManifestV2, RawTouches};
+use graphcheck::index::refs::{check_live, check_manifest};
+use graphcheck::model::format::{Live, Manifest};
 
 /// A phase's start: wall clock and this thread's CPU time.
 #[derive(Clone, Copy)]

@@ -6,7 +6,7 @@
 
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::verify::{LiveIndex, verify_checked, verify_indexed};
-use graphcheck::document::load::{Tables, check_live, check_manifest};
+use graphcheck::index::refs::{Tables, check_live, check_manifest};
 use graphcheck_gen::bench::{BenchOpts, generate};
 
 #[test]
@@ -63,7 +63,7 @@ fn every_way_through_verify_gives_one_report() {
     let other_index = LiveIndex::new(&other);
     assert!(matches!(
         verify_indexed(m, &mt, Some((&other, &lt, &other_index)), &allow),
-        Err(graphcheck::document::pair::PairError::Rank { .. })
+        Err(graphcheck::check::pair::PairError::Rank { .. })
     ));
 
     // Alone, the manifest's capture-time findings: the same through both entry points.

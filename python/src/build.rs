@@ -2,8 +2,8 @@
 //! snapshot of a live spec, with the digests of the memory the graphs read that no owner
 //! explains, which a Python callable takes (it reads device memory).
 
-use graphcheck::document::format::{Addr, Digest, RangeDigest};
-use graphcheck::document::load::Source;
+use graphcheck::codec::load::Source;
+use graphcheck::model::format::{Addr, Digest, RangeDigest};
 use graphcheck::resolve::live::LiveSpec;
 use graphcheck::resolve::spec::{self, BuildSpec};
 use graphcheck::resolve::walked::WalkedGraph;
@@ -49,7 +49,7 @@ fn build_manifest(
         let wanted = if blocks.is_empty() {
             Vec::new()
         } else {
-            let mt = graphcheck::document::refs::check_manifest(&m).map_err(|e| {
+            let mt = graphcheck::index::refs::check_manifest(&m).map_err(|e| {
                 format!(
                     "{name}: the built manifest is invalid at `{}`: {}",
                     e.json_path, e.message

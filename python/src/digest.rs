@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use graphcheck::cuda::digest::{self as gpu, GpuDigestError};
-use graphcheck::document::digest::{DigestText, Located, gc128, gc128_located};
+use graphcheck::digest::{DigestText, Located, gc128, gc128_located};
 use pyo3::create_exception;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};

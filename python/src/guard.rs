@@ -90,7 +90,7 @@ where
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum NativeError {
     #[error(transparent)]
-    Load(#[from] graphcheck::document::load::LoadError),
+    Load(#[from] graphcheck::codec::load::LoadError),
     #[error(transparent)]
     Allow(#[from] graphcheck::check::allow::AllowError),
     #[error(transparent)]
@@ -98,7 +98,7 @@ pub(crate) enum NativeError {
     #[error(transparent)]
     Spec(#[from] graphcheck::resolve::spec::SpecError),
     #[error(transparent)]
-    Path(#[from] graphcheck::document::owner_path::PathError),
+    Path(#[from] graphcheck::model::owner_path::PathError),
     #[error(transparent)]
     Cuda(#[from] graphcheck::cuda::CudaError),
     #[error("failed to write JSON")]

@@ -14,9 +14,10 @@ use std::path::PathBuf;
 
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::finding::FindingKind;
-use graphcheck::document::format::{Document, FORMAT_VERSION, FORMAT_VERSIONS};
-use graphcheck::document::load::{SharedBytes, Source};
-use graphcheck::document::owner_path::Glob;
+use graphcheck::codec::load::{SharedBytes, Source};
+use graphcheck::model::format::Document;
+use graphcheck::model::owner_path::Glob;
+use graphcheck::model::version::{FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::present::explain::Query;
 use graphcheck::resolve::walked::WalkedGraph;
 use graphcheck_cli::ops::{self, Format};
@@ -492,8 +493,8 @@ fn glob_match(pattern: &str, paths: Vec<String>) -> PyResult<Vec<bool>> {
 #[pyfunction]
 fn check_path(path: &str) -> PyResult<String> {
     guarded(|| {
-        graphcheck::document::owner_path::parse(path)
-            .map(|segs| graphcheck::document::owner_path::join(&segs))
+        graphcheck::model::owner_path::parse(path)
+            .map(|segs| graphcheck::model::owner_path::join(&segs))
     })
 }
 
@@ -501,7 +502,7 @@ fn check_path(path: &str) -> PyResult<String> {
 #[pyfunction]
 fn write_atomic(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
     detached(py, || {
-        graphcheck::document::write::write_atomic(&path, &data)
+        graphcheck::app::output::write_atomic(&path, &data)
             .map_err(|e| format!("failed to write {}: {e}", path.display()))
     })
 }

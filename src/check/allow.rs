@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::check::finding::{Allowed, Finding, FindingKind, Severity};
-use crate::document::owner_path::Glob;
+use crate::model::owner_path::Glob;
 
 /// Why an allowlist could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +138,7 @@ impl Allowlist {
 
     /// Parses TOML text; the error says where and what.
     pub fn parse(text: &str) -> Result<Allowlist, String> {
-        // As for documents (`document::load`): a file is the same text to every reader.
+        // As for documents (`codec::load`): a file is the same text to every reader.
         if text.starts_with('\u{feff}') {
             return Err(
                 "the file starts with a UTF-8 byte-order mark, which graphcheck does \

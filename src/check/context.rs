@@ -8,10 +8,10 @@ use std::sync::OnceLock;
 use smallvec::SmallVec;
 
 use crate::check::finding::{Finding, FindingKind, KernelRef, OwnerRef, Severity};
-use crate::document::format::{Manifest, Tensor};
-use crate::document::index::IntervalIndex;
-use crate::document::load::Tables;
-use crate::document::owner_path::OwnerPath;
+use crate::index::address::IntervalIndex;
+use crate::index::refs::Tables;
+use crate::model::format::{Manifest, Tensor};
+use crate::model::owner_path::OwnerPath;
 
 /// A touched storage view and where it is touched.
 pub(super) struct Subject<'m> {

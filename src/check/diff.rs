@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::document::format::{Document, Pool, Tensor};
+use crate::model::format::{Document, Pool, Tensor};
 
 /// What differs at one owner path.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -83,7 +83,7 @@ fn layout_against(t: &Tensor, other: &Tensor) -> String {
 
 /// Compares A and B by owner path.
 pub fn diff(a: &Document, b: &Document) -> DiffReport {
-    let index = |d: &Document| -> BTreeMap<String, (crate::document::format::Registration, usize)> {
+    let index = |d: &Document| -> BTreeMap<String, (crate::model::format::Registration, usize)> {
         let ix: HashMap<_, usize> = d
             .tensors()
             .iter()
@@ -251,7 +251,7 @@ fn pool_changes(a: &Document, b: &Document) -> Vec<Difference> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::{Contents, Digest, PoolKind, Registration, SleepPolicy};
+    use crate::model::format::{Contents, Digest, PoolKind, Registration, SleepPolicy};
     use crate::testkit::{live, manifest};
 
     #[test]

@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::document::format::{Addr, Frame, Registration};
+use crate::model::format::{Addr, Frame, Registration};
 
 /// The kinds of finding, in report order.
 #[derive(

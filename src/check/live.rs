@@ -9,11 +9,11 @@ use rustc_hash::FxHashSet;
 
 use super::context::{Ctx, Subject, persistent, same_storage, shift_siblings, shifted};
 use super::finding::{Finding, FindingKind};
-use crate::document::format::{Addr, AllocState, Contents, Live, Tensor};
-use crate::document::index::AddressIndex;
-use crate::document::load::Tables;
-use crate::document::owner_path::OwnerPath;
-use crate::document::pair::probed;
+use crate::check::pair::probed;
+use crate::index::address::AddressIndex;
+use crate::index::refs::Tables;
+use crate::model::format::{Addr, AllocState, Contents, Live, Tensor};
+use crate::model::owner_path::OwnerPath;
 
 /// The lookups verify makes over a live snapshot alone: built where the snapshot is loaded
 /// (on a thread of its own, while the manifest is still parsing), or by verify itself.
@@ -462,7 +462,7 @@ fn drifted_through(
 }
 
 fn stale_reason(contents: Contents, captured: &Tensor, live: &Tensor) -> Option<&'static str> {
-    let same_alg = |a: &crate::document::format::Digest, b: &crate::document::format::Digest| {
+    let same_alg = |a: &crate::model::format::Digest, b: &crate::model::format::Digest| {
         a.algorithm() == b.algorithm()
     };
     if let (Some(r), Some(d)) = (&live.reference_digest, &live.digest)

@@ -9,10 +9,10 @@ use crate::check::allow::Allowlist;
 use crate::check::finding::{
     Finding, FindingKind, OwnerRef, REPORT_VERSION, RankSummary, Report, Severity,
 };
+use crate::check::pair::PairError;
 use crate::check::verify::verify_checked;
-use crate::document::format::{Live, Manifest, Registration};
-use crate::document::load::Tables;
-use crate::document::pair::PairError;
+use crate::index::refs::Tables;
+use crate::model::format::{Live, Manifest, Registration};
 
 /// One rank's documents, checked.
 #[derive(Clone, Copy)]
@@ -232,8 +232,8 @@ pub fn rank_list(ranks: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::Contents;
-    use crate::document::load::{check_live, check_manifest};
+    use crate::index::refs::{check_live, check_manifest};
+    use crate::model::format::Contents;
     use crate::testkit::{live, manifest};
 
     fn on_rank(rank: u32, world_size: u32, mut m: Manifest) -> Manifest {

@@ -8,7 +8,7 @@
 use rustc_hash::FxHashMap;
 
 use super::finding::Finding;
-use crate::document::format::{Addr, Guard, Live, Manifest};
+use crate::model::format::{Addr, Guard, Live, Manifest};
 
 /// The names of `m`'s superseded graphs against `l`, in document order. A guard's paths
 /// are those the capture learned (a parameter replaced before the manifest was built is no
@@ -81,7 +81,7 @@ mod tests {
     use crate::check::allow::Allowlist;
     use crate::check::finding::FindingKind;
     use crate::check::verify::verify;
-    use crate::document::format::Contents;
+    use crate::model::format::Contents;
     use crate::testkit::*;
 
     /// The testkit's manifest with bs1 guarding `model.w`'s tensor (tensor 0) as a tree
@@ -113,12 +113,12 @@ mod tests {
         let mut l = live(&m, Contents::Preserved);
         let ti = l.tensors.iter().position(|t| t.data_ptr() == t0).unwrap();
         let mut moved = l.tensors[ti].clone();
-        moved.id = crate::document::format::TensorId(900);
+        moved.id = crate::model::format::TensorId(900);
         moved.storage_base = Addr(moved.storage_base.0 + 0x10_0000);
         moved.allocation = None;
         l.tensors.push(moved);
         for o in l.owners.iter_mut().filter(|o| o.path == path) {
-            o.tensor = crate::document::format::TensorId(900);
+            o.tensor = crate::model::format::TensorId(900);
         }
         let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
         Report2 {

@@ -10,12 +10,12 @@ use rustc_hash::FxHashSet;
 use super::context::{Ctx, Subject, TouchRef, kernel_refs};
 use super::finding::{Finding, FindingKind, Severity};
 use super::live::ProbeIndex;
-use crate::document::format::{
+use crate::index::address::AddressIndex;
+use crate::index::refs::Tables;
+use crate::index::refs::in_range;
+use crate::model::format::{
     Addr, AllocState, Allocation, Contents, Digest, Live, PoolKind, Probe, RangeDigest, Tensor,
 };
-use crate::document::index::AddressIndex;
-use crate::document::load::Tables;
-use crate::document::refs::in_range;
 
 /// The touches no owner explains that share one subject.
 pub(super) struct Group<'m> {
@@ -32,14 +32,14 @@ impl Group<'_> {
     /// Whether the allocation the group's address lay in at capture belongs to a pool the
     /// manifest declares (not a graph's: those groups are left out): memory a sleep or an
     /// engine allocator may release and map again, losing what it held.
-    pub(super) fn in_declared_pool(&self, m: &crate::document::format::Manifest) -> bool {
+    pub(super) fn in_declared_pool(&self, m: &crate::model::format::Manifest) -> bool {
         self.alloc.is_some_and(|a| m.allocations[a].pool.is_some())
     }
 
     /// The group's touches whose captured address `keep` accepts.
     fn refs_at(
         &self,
-        m: &crate::document::format::Manifest,
+        m: &crate::model::format::Manifest,
         keep: impl Fn(Addr) -> bool,
     ) -> Vec<TouchRef> {
         self.refs
@@ -52,7 +52,7 @@ impl Group<'_> {
     }
 
     /// The group's captured addresses, sorted, each once.
-    pub(super) fn addresses(&self, m: &crate::document::format::Manifest) -> Vec<Addr> {
+    pub(super) fn addresses(&self, m: &crate::model::format::Manifest) -> Vec<Addr> {
         let mut addrs: Vec<Addr> = self
             .refs
             .iter()

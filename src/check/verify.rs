@@ -13,9 +13,9 @@ use super::live::live_checks;
 use super::{superseded, unowned};
 use crate::check::allow::Allowlist;
 use crate::check::finding::{Finding, FindingKind, REPORT_VERSION, Report, Severity};
-use crate::document::format::{Addr, Contents, Live, Manifest, SleepPolicy, TensorId, ViewKey};
-use crate::document::load::{Tables, check_live, check_manifest};
-use crate::document::pair::{PairError, check_pair_probed};
+use crate::check::pair::{PairError, check_pair_probed};
+use crate::index::refs::{Tables, check_live, check_manifest};
+use crate::model::format::{Addr, Contents, Live, Manifest, SleepPolicy, TensorId, ViewKey};
 
 /// Why verify could not run: an inconsistent document handed in memory, or two documents
 /// that do not belong together.
@@ -23,9 +23,9 @@ use crate::document::pair::{PairError, check_pair_probed};
 #[non_exhaustive]
 pub enum VerifyError {
     #[error("invalid manifest at `{}`: {}", .0.json_path, .0.message)]
-    Manifest(crate::document::load::Invalid),
+    Manifest(crate::index::refs::Invalid),
     #[error("invalid live snapshot at `{}`: {}", .0.json_path, .0.message)]
-    Live(crate::document::load::Invalid),
+    Live(crate::index::refs::Invalid),
     #[error("the live snapshot cannot be verified against the manifest: {0}")]
     Pair(PairError),
 }
@@ -43,7 +43,7 @@ pub fn verify(m: &Manifest, live: Option<&Live>, allow: &Allowlist) -> Result<Re
 /// Every captured address of the touches no owner explains (the `unowned` findings' touches)
 /// that lay in an allocation of a pool the manifest declares, sorted, each once: where the
 /// memory graphs read without an owner is, for digesting it
-/// ([`crate::document::format::RangeDigest`]). Memory of no declared pool is left out:
+/// ([`crate::model::format::RangeDigest`]). Memory of no declared pool is left out:
 /// torch's default pool holds scratch the graphs write at every replay (cuBLAS's
 /// workspace), whose contents change without anything being wrong, and no sleep releases it.
 pub fn unexplained_addresses(m: &Manifest, mt: &Tables) -> Vec<Addr> {
@@ -158,9 +158,9 @@ fn subjects_of<'m>(m: &'m Manifest, mt: &Tables, counts: &[u32]) -> Vec<Subject<
     subjects
 }
 
-/// [`verify`] for documents already checked (the loaders in [`crate::document::load`] return their
+/// [`verify`] for documents already checked (the loaders in [`crate::codec::load`] return their
 /// [`Tables`]); the tables must be those of these documents. A live snapshot that does not
-/// belong with the manifest ([`crate::document::pair::check_pair`]) is an error: verified,
+/// belong with the manifest ([`crate::check::pair::check_pair`]) is an error: verified,
 /// it would lose findings.
 pub fn verify_checked(
     m: &Manifest,

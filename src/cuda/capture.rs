@@ -9,7 +9,7 @@ use cudarc::driver::{CudaGraph, CudaStream, sys};
 use super::CudaError;
 use super::driver::{DriverError, GraphRef};
 use super::walk::{WalkStats, driver_version, walk_graph};
-use crate::document::format::{Addr, Manifest, PoolKind, Producer, Registration, SleepPolicy};
+use crate::model::format::{Addr, Manifest, PoolKind, Producer, Registration, SleepPolicy};
 use crate::resolve::manifest::{ManifestBuilder, TensorSpec};
 
 /// Captures what `work` enqueues on `stream` into an instantiated graph.

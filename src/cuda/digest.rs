@@ -1,6 +1,6 @@
 //! `gc128` digests of device tensors: views planned here (merged layouts, checked), their
 //! lane sums computed by the driver layer's kernel in one launch per call, finalized with
-//! the CPU twin's code ([`crate::document::digest`]), so a digest is the same wherever it
+//! the CPU twin's code ([`crate::digest`]), so a digest is the same wherever it
 //! was computed.
 //!
 //! NVRTC is loaded once per process (from the path the caller found, else by name), the
@@ -17,8 +17,8 @@ use graphcheck_driver::digest::{
 };
 use graphcheck_driver::nvrtc::{Nvrtc, NvrtcError};
 
-use crate::document::digest::{self as gc, DigestText, Lanes, Located, View, ViewError};
-use crate::document::format::Digest;
+use crate::digest::{self as gc, DigestText, Lanes, Located, View, ViewError};
+use crate::model::format::Digest;
 
 /// Why device views could not be digested.
 #[derive(Debug, thiserror::Error)]

@@ -10,7 +10,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::CudaError;
 use super::driver::{self, DriverError, GraphRef, NodeRef};
-use crate::document::format::{Addr, NodeKind, Unread};
+use crate::model::format::{Addr, NodeKind, Unread};
 use crate::resolve::demangle::demangle;
 use crate::resolve::walked::{RawWord, WalkedGraph, WalkedNode};
 

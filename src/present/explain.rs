@@ -4,9 +4,9 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::document::format::{Addr, Manifest};
-use crate::document::index::AddressIndex;
-use crate::document::ownership::{NodeW, OwnershipGraph};
+use crate::index::address::AddressIndex;
+use crate::index::ownership::{NodeW, OwnershipGraph};
+use crate::model::format::{Addr, Manifest};
 use crate::present::fmt::{AddrFmt, escape_lines};
 
 /// What to explain.
@@ -41,7 +41,7 @@ impl Query {
         }
         let Some(hex) = t.strip_prefix("0x") else {
             // A malformed owner path could only match nothing: it is the caller's mistake.
-            return match crate::document::owner_path::OwnerPath::parse(s) {
+            return match crate::model::owner_path::OwnerPath::parse(s) {
                 Ok(_) => Ok(Query::Owner(s.to_string())),
                 Err(e) => Err(QueryError::OwnerPath {
                     target: s.to_string(),
@@ -265,17 +265,13 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
     Explanation { found, text, dot }
 }
 
-fn pool_suffix(m: &Manifest, pool: Option<crate::document::format::PoolId>) -> String {
+fn pool_suffix(m: &Manifest, pool: Option<crate::model::format::PoolId>) -> String {
     pool.and_then(|p| m.pools.iter().find(|x| x.id == p))
         .map(|p| format!(", pool {}", p.name))
         .unwrap_or_default()
 }
 
-fn touch_target(
-    m: &Manifest,
-    og: &OwnershipGraph<'_>,
-    t: &crate::document::format::Touch,
-) -> String {
+fn touch_target(m: &Manifest, og: &OwnershipGraph<'_>, t: &crate::model::format::Touch) -> String {
     if let Some(ti) = t.tensor.and_then(|id| og.tensor_index(id)) {
         let chains = og.owner_chains(ti);
         if chains.is_empty() {
@@ -295,7 +291,7 @@ fn touch_target(
         Some(a) => {
             let pool = a.pool.and_then(|p| m.pools.iter().find(|x| x.id == p));
             match pool {
-                Some(p) if p.kind == crate::document::format::PoolKind::Graph => {
+                Some(p) if p.kind == crate::model::format::PoolKind::Graph => {
                     format!("graph-pool intermediate (pool {})", p.name)
                 }
                 Some(p) => format!("no tensor; allocation in pool {}", p.name),
@@ -386,7 +382,7 @@ fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut 
 fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
     let t = &m.tensors[ti];
     let (start, end) = (t.data_ptr().0, t.data_ptr().0.saturating_add(t.nbytes));
-    let holders: BTreeSet<crate::document::format::TensorId> = m
+    let holders: BTreeSet<crate::model::format::TensorId> = m
         .tensors
         .iter()
         .enumerate()
@@ -397,7 +393,7 @@ fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
         })
         .map(|(_, s)| s.id)
         .collect();
-    let mut paths: Vec<(&str, crate::document::format::Registration)> = m
+    let mut paths: Vec<(&str, crate::model::format::Registration)> = m
         .owners
         .iter()
         .filter(|o| holders.contains(&o.tensor))
@@ -407,7 +403,7 @@ fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
         return;
     }
     paths.sort();
-    let list = |paths: &[&(&str, crate::document::format::Registration)]| {
+    let list = |paths: &[&(&str, crate::model::format::Registration)]| {
         paths
             .iter()
             .map(|(p, r)| format!("{p} ({r})"))
@@ -531,8 +527,7 @@ mod tests {
         // explain's text and DOT escaped, never raw.
         let mut m = manifest();
         let w = m.owners.iter().position(|o| o.path == "model.w").unwrap();
-        m.owners[w].path =
-            crate::document::owner_path::OwnerPath::parse("model.w\r\u{1b}2J").unwrap();
+        m.owners[w].path = crate::model::owner_path::OwnerPath::parse("model.w\r\u{1b}2J").unwrap();
         for g in &mut m.graphs {
             g.name.push('\0');
             for n in &mut g.nodes {

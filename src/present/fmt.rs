@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-use crate::document::format::Addr;
+use crate::model::format::Addr;
 
 /// Formats an address for display: raw hex, or a symbolic id (see [`crate::present::normalize`]).
 pub trait AddrFmt {

@@ -3,14 +3,14 @@
 //! to its symbolic id, for users who snapshot graphcheck's output themselves. Text from
 //! documents goes through [`escape`], as everywhere text meets the terminal.
 
-use crate::document::ids::IdIndex;
+use crate::model::ids::IdIndex;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use crate::document::format::{
+use crate::index::address::IntervalIndex;
+use crate::model::format::{
     Addr, Document, Live, Manifest, Owner, Pool, PoolId, RangeDigest, Tensor,
 };
-use crate::document::index::IntervalIndex;
 use crate::present::fmt::{AddrFmt, escape};
 
 /// Maps addresses to symbolic ids: `A3+0x200` is 0x200 bytes into the fourth allocation in
@@ -55,7 +55,7 @@ impl Symbolizer {
     }
 
     fn build(
-        allocations: &[crate::document::format::Allocation],
+        allocations: &[crate::model::format::Allocation],
         tensors: &[Tensor],
         owners: &[Owner],
         touch_order: Vec<Addr>,
@@ -215,7 +215,7 @@ fn dims<T: ToString>(v: &[T]) -> String {
     v.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
 }
 
-fn short_digest(d: &crate::document::format::Digest) -> String {
+fn short_digest(d: &crate::model::format::Digest) -> String {
     let (alg, hex) = d.0.split_once(':').unwrap_or(("", &d.0));
     let cut = hex.char_indices().nth(16).map_or(hex.len(), |(i, _)| i);
     format!("{}:{}", escape(alg), escape(&hex[..cut]))
@@ -417,10 +417,10 @@ pub fn normalized_manifest(m: &Manifest) -> String {
             // Stale words: where they were and why, not what they held (garbage).
             for w in &n.ignored {
                 let reason = match w.reason {
-                    crate::document::format::IgnoredReason::IndexSlot => "index slot",
-                    crate::document::format::IgnoredReason::FreeMemory => "into free memory",
-                    crate::document::format::IgnoredReason::RngState => "torch's RNG state",
-                    crate::document::format::IgnoredReason::NcclComm => "NCCL's communicator",
+                    crate::model::format::IgnoredReason::IndexSlot => "index slot",
+                    crate::model::format::IgnoredReason::FreeMemory => "into free memory",
+                    crate::model::format::IgnoredReason::RngState => "torch's RNG state",
+                    crate::model::format::IgnoredReason::NcclComm => "NCCL's communicator",
                 };
                 let _ = writeln!(
                     out,
@@ -519,7 +519,7 @@ pub fn normalized(d: &Document) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::{Allocation, AllocationId};
+    use crate::model::format::{Allocation, AllocationId};
 
     #[test]
     fn symbols_follow_canonical_order_and_redact_only_addresses() {
@@ -552,7 +552,7 @@ mod tests {
 #[cfg(test)]
 mod escape_tests {
     use super::*;
-    use crate::document::owner_path::OwnerPath;
+    use crate::model::owner_path::OwnerPath;
 
     #[test]
     fn normalized_text_escapes_control_characters() {

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::check::finding::{Finding, Report};
-use crate::document::format::Addr;
+use crate::model::format::Addr;
 use crate::present::fmt::AddrFmt;
 use crate::present::normalize::{Symbolizer, redact_words};
 
@@ -131,7 +131,7 @@ mod tests {
     use super::*;
     use crate::check::allow::Allowlist;
     use crate::check::verify::verify;
-    use crate::document::format::Contents;
+    use crate::model::format::Contents;
     use crate::present::report::{render_json, render_table};
     use crate::testkit::{live, manifest};
 

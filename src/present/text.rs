@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::check::diff::DiffReport;
-use crate::document::format::Document;
+use crate::model::format::Document;
 use crate::present::fmt::{MIN_WIDTH, escape, wrap};
 use crate::present::report::plural;
 
@@ -252,7 +252,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::document::owner_path::OwnerPath;
+    use crate::model::owner_path::OwnerPath;
     use crate::testkit::manifest;
 
     fn assert_printable(what: &str, text: &str) {
@@ -262,7 +262,7 @@ mod tests {
     }
 
     /// The test manifest with control characters where documents carry free text.
-    fn hostile() -> crate::document::format::Manifest {
+    fn hostile() -> crate::model::format::Manifest {
         let mut m = manifest();
         m.owners[1].path = OwnerPath::parse("model.sc\rale\0x").unwrap();
         m.graphs[0].name = "bs1\u{1b}[31m".into();

@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::document::format::{Addr, PoolId, Registration};
-use crate::document::index::IntervalIndex;
+use crate::index::address::IntervalIndex;
+use crate::model::format::{Addr, PoolId, Registration};
 
 /// A pool as the allocator names it (torch's `(a, b)` pool id).
 pub type PoolKey = [i64; 2];

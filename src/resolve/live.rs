@@ -9,12 +9,12 @@ use serde::Deserialize;
 
 use super::facts::{OwnerSpec, PoolBinding, Segment, SegmentMap};
 use super::manifest::{BuildError, TensorSpec};
-use crate::document::format::{
+use crate::index::refs::check_live;
+use crate::model::format::{
     Addr, AllocState, Allocation, AllocationId, Digest, Event, Live, Manifest, Owner, Probe,
     Producer, TensorId,
 };
-use crate::document::load::check_live;
-use crate::document::owner_path::OwnerPath;
+use crate::model::owner_path::OwnerPath;
 
 /// Everything [`build_live`] takes besides the manifest.
 #[derive(Clone, Debug, Deserialize)]
@@ -170,7 +170,7 @@ impl Allocations {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::{Contents, PoolId, Registration};
+    use crate::model::format::{Contents, PoolId, Registration};
     use crate::resolve::facts::{Block, BlockState};
     use crate::testkit::{BASE, manifest, producer};
 

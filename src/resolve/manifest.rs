@@ -12,14 +12,14 @@ use serde::{Deserialize, Serialize};
 
 use super::signature::{NodeSignature, ParamLayout, WordRole, param_layouts};
 use super::walked::{RangeSet, WalkedGraph, WalkedNode, slots};
-use crate::document::format::{
+use crate::index::address::{AddressIndex, IntervalIndex};
+use crate::index::refs::{Invalid, check_manifest};
+use crate::model::format::{
     Addr, Allocation, AllocationId, Digest, Frame, Graph, GraphId, Guard, IgnoredReason,
     IgnoredWord, Manifest, Node, Owner, Pool, PoolId, PoolKind, Producer, Registration,
     SleepPolicy, Tensor, TensorId, Touch,
 };
-use crate::document::index::{AddressIndex, IntervalIndex};
-use crate::document::load::{Invalid, check_manifest};
-use crate::document::owner_path::OwnerPath;
+use crate::model::owner_path::OwnerPath;
 
 /// A tensor view as the framework describes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,7 +75,7 @@ pub enum BuildError {
         second: TensorId,
     },
     #[error(transparent)]
-    Path(#[from] crate::document::owner_path::PathError),
+    Path(#[from] crate::model::owner_path::PathError),
     #[error("no {0} was added")]
     UnknownTensor(TensorId),
     #[error("no {0} was declared")]

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::document::format::IgnoredReason;
+use crate::model::format::IgnoredReason;
 
 /// What the kernel signature says about a parameter's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::facts::{BlockState, OwnerSpec, PoolBinding, Segment};
 use super::manifest::{BuildError, ManifestBuilder, TensorSpec};
 use super::walked::WalkedGraph;
-use crate::document::format::{
+use crate::model::format::{
     Addr, Guard, Manifest, PoolId, PoolKind, Producer, SleepPolicy, TensorId,
 };
 

@@ -3,7 +3,7 @@
 use super::manifest::*;
 use super::signature::*;
 use super::walked::*;
-use crate::document::format::*;
+use crate::model::format::*;
 use crate::testkit::producer;
 use std::collections::BTreeMap;
 

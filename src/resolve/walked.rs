@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::signature::{NodeSignature, ParamLayout, WordRole, param_layouts};
-use crate::document::format::{Addr, NodeKind, Unread};
+use crate::model::format::{Addr, NodeKind, Unread};
 
 /// One parameter word that held a device address, as a walker found it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -361,8 +361,8 @@ mod tests {
 
     #[test]
     fn the_allowlist_globs_match_what_the_expectations_say() {
-        let used = graphcheck::document::owner_path::Glob::new(ALLOW_WORKSPACE_GLOB).unwrap();
-        let unused = graphcheck::document::owner_path::Glob::new(ALLOW_UNUSED_GLOB).unwrap();
+        let used = graphcheck::model::owner_path::Glob::new(ALLOW_WORKSPACE_GLOB).unwrap();
+        let unused = graphcheck::model::owner_path::Glob::new(ALLOW_UNUSED_GLOB).unwrap();
         let text = allow_toml();
         assert!(text.contains(ALLOW_WORKSPACE_GLOB) && text.contains(ALLOW_UNUSED_GLOB));
         let s = allowlisted_workspace();

@@ -3,7 +3,7 @@
 //! next to its data, every finding `docs/findings.md` gives for it: derived by hand from
 //! those rules, never by running a verifier.
 
-use graphcheck::document::format::{Contents, Live, Manifest, Registration, TensorId};
+use graphcheck::model::format::{Contents, Live, Manifest, Registration, TensorId};
 
 use crate::doc::{At, BF16, Doc, F32, FP8, GRAPH_POOL, I32, I64, WEIGHTS, zero_digest};
 use crate::index::{Expect, ExpectedFinding, Kind, Severity};

@@ -36,7 +36,7 @@ fn on_rank<T>(
     rank: u32,
     world_size: u32,
     doc: &mut T,
-    producer: impl Fn(&mut T) -> &mut graphcheck::document::format::Producer,
+    producer: impl Fn(&mut T) -> &mut graphcheck::model::format::Producer,
 ) {
     let p = producer(doc);
     p.rank = rank;

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use graphcheck::document::digest::{Located, View};
+use graphcheck::digest::{Located, View};
 use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -265,11 +265,7 @@ impl Dims {
         ints(stride, &mut self.stride)
     }
 
-    fn locate(
-        &self,
-        addr: u64,
-        itemsize: u32,
-    ) -> Result<Located, graphcheck::document::digest::ViewError> {
+    fn locate(&self, addr: u64, itemsize: u32) -> Result<Located, graphcheck::digest::ViewError> {
         Located::of(
             addr,
             View {

@@ -4,7 +4,7 @@
 use crate::check::allow::Allowlist;
 use crate::check::finding::{Finding, FindingKind, Report, Severity};
 use crate::check::verify::verify;
-use crate::document::format::{
+use crate::model::format::{
     Addr, AllocState, Allocation, AllocationId, Contents, Digest, Live, Manifest, RangeDigest,
 };
 use crate::testkit::*;

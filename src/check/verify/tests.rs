@@ -1,8 +1,8 @@
 //! Tests of verify: every finding kind, alone and against live snapshots.
 
 use super::*;
-use crate::document::format::{Addr, AllocState, Contents, Digest, Probe, Registration, Tensor};
-use crate::document::owner_path::OwnerPath;
+use crate::model::format::{Addr, AllocState, Contents, Digest, Probe, Registration, Tensor};
+use crate::model::owner_path::OwnerPath;
 use crate::testkit::*;
 
 fn path(p: &str) -> OwnerPath {

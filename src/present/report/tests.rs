@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use super::*;
 use crate::check::allow::Allowlist;
 use crate::check::finding::OwnerRef;
-use crate::document::format::{Addr, Registration};
+use crate::model::format::{Addr, Registration};
 use crate::present::fmt::RawAddrs;
 
 /// Every scenario of the synthetic and the GPU-recorded corpus, verified as the CLI
@@ -18,8 +18,8 @@ fn corpus_reports() -> Vec<(String, Report)> {
         let index: serde_json::Value = serde_json::from_str(&text).unwrap();
         for s in index["scenarios"].as_array().unwrap() {
             let path = |key: &str| s[key].as_str().map(|p| fixtures.join(p));
-            let m = crate::document::load::load_manifest(&path("manifest").unwrap()).unwrap();
-            let l = path("live").map(|p| crate::document::load::load_live(&p).unwrap());
+            let m = crate::codec::load::load_manifest(&path("manifest").unwrap()).unwrap();
+            let l = path("live").map(|p| crate::codec::load::load_live(&p).unwrap());
             let allow = path("allow").map_or_else(Allowlist::default, |p| {
                 Allowlist::load(Path::new(&p)).unwrap()
             });
@@ -123,9 +123,9 @@ fn control_characters_from_documents_are_escaped_in_every_text_format() {
     // escape is printed escaped (`\r`, `\u{0}`, `\u{1b}`), never raw, in the table (fixed
     // and fitted) and in Markdown.
     let mut m = crate::testkit::manifest();
-    m.owners[1].path = crate::document::owner_path::OwnerPath::parse("model.sc\rale\0x").unwrap();
+    m.owners[1].path = crate::model::owner_path::OwnerPath::parse("model.sc\rale\0x").unwrap();
     m.owners[2].path =
-        crate::document::owner_path::OwnerPath::parse("model.cache[\"\u{1b}[2Jk\"]").unwrap();
+        crate::model::owner_path::OwnerPath::parse("model.cache[\"\u{1b}[2Jk\"]").unwrap();
     m.graphs[1].name = "bs8\r".into();
     m.graphs[1].nodes[0].name = "k\u{9b}0".into();
     let r = crate::check::verify::verify(&m, None, &Allowlist::default()).unwrap();

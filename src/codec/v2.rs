@@ -1,5 +1,5 @@
 //! Format version 2: the compact layout of both documents, and reading it into the model of
-//! [`crate::document::format`].
+//! [`crate::model::format`].
 //!
 //! What is big is stored compactly. `allocations`, `tensors` and `owners` (and a live
 //! snapshot's `probes`) are column tables: objects of arrays, one value per record in each,
@@ -22,14 +22,14 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer};
 
-use crate::document::format::{
+use crate::index::refs::Invalid;
+use crate::model::format::{
     Addr, AllocState, Allocation, AllocationId, Digest, DocKind, Event, Frame, Graph, GraphId,
     Guard, Live, Manifest, Node, NodeKind, Owner, Pool, PoolId, Probe, Producer, RangeDigest,
     Registration, Tensor, TensorId, Touch, Unread,
 };
-use crate::document::ids::IdIndex;
-use crate::document::owner_path::OwnerPath;
-use crate::document::refs::Invalid;
+use crate::model::ids::IdIndex;
+use crate::model::owner_path::OwnerPath;
 
 /// A manifest in format 2.
 // (Doc comments here are the schema's descriptions.) `T` holds each graph's `touches`
@@ -596,7 +596,7 @@ fn resolve(list: TouchList, bases: &Bases, table: &str, n: usize) -> Result<Vec<
 
 impl<T: TouchColumn + Send> ManifestV2<T> {
     /// The manifest in the model's terms. Errors name the column and element; references
-    /// are checked afterwards, as for format 1 ([`crate::document::refs::check_manifest`]).
+    /// are checked afterwards, as for format 1 ([`crate::index::refs::check_manifest`]).
     pub fn into_model(self) -> Result<Manifest, Invalid> {
         let allocations = allocations(self.allocations)?;
         let tensors = tensors(self.tensors)?;

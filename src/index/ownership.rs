@@ -6,12 +6,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use crate::document::ids::IdIndex;
+use crate::model::ids::IdIndex;
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 
-use crate::document::format::{Manifest, Registration};
+use crate::model::format::{Manifest, Registration};
 
 /// A node: small, with details in the manifest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,12 +58,12 @@ pub struct OwnershipGraph<'m> {
     kernel_nodes: Vec<Vec<NodeIndex>>,
     graph_nodes: Vec<NodeIndex>,
     alloc_nodes: Vec<NodeIndex>,
-    tensor_ix: IdIndex<crate::document::format::TensorId>,
-    alloc_ix: IdIndex<crate::document::format::AllocationId>,
+    tensor_ix: IdIndex<crate::model::format::TensorId>,
+    alloc_ix: IdIndex<crate::model::format::AllocationId>,
 }
 
 impl<'m> OwnershipGraph<'m> {
-    /// Builds the graph of a checked manifest (see [`crate::document::load::check_manifest`]).
+    /// Builds the graph of a checked manifest (see [`crate::index::refs::check_manifest`]).
     pub fn new(m: &'m Manifest) -> OwnershipGraph<'m> {
         let mut g = StableDiGraph::new();
         let root = g.add_node(NodeW::Root);
@@ -150,12 +150,12 @@ impl<'m> OwnershipGraph<'m> {
     }
 
     /// The index (into the manifest's `tensors`) of a tensor id.
-    pub fn tensor_index(&self, id: crate::document::format::TensorId) -> Option<usize> {
+    pub fn tensor_index(&self, id: crate::model::format::TensorId) -> Option<usize> {
         self.tensor_ix.get(&id)
     }
 
     /// The index (into the manifest's `allocations`) of an allocation id.
-    pub fn allocation_index(&self, id: crate::document::format::AllocationId) -> Option<usize> {
+    pub fn allocation_index(&self, id: crate::model::format::AllocationId) -> Option<usize> {
         self.alloc_ix.get(&id)
     }
 

@@ -8,9 +8,10 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::{LoadError, json_error};
-use crate::document::format::{DocKind, FORMAT_VERSIONS};
-use crate::document::objects::Objects;
-use crate::document::wording::describe;
+use crate::codec::objects::Objects;
+use crate::codec::wording::describe;
+use crate::model::format::DocKind;
+use crate::model::version::FORMAT_VERSIONS;
 
 #[derive(Deserialize)]
 pub(super) struct Header {
@@ -205,8 +206,8 @@ fn version_as_written(bytes: &[u8], value: f64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::load::Source;
-    use crate::document::load::tests::err;
+    use crate::codec::load::Source;
+    use crate::codec::load::tests::err;
 
     /// Regression: serde's and Rust's words reached the user: "invalid type: sequence,
     /// expected struct Header" for `[]`, "not 1.8446744073709552e+19" for a version past 64

@@ -1,7 +1,7 @@
 //! Writing documents: a [`Manifest`] or [`Live`] serializes in the layout of its
 //! `format_version`, format 1 (one object per record, as the model's types derive) or
-//! format 2 (columns, [`crate::document::v2`]). New documents carry
-//! [`crate::document::format::FORMAT_VERSION`], so every writer writes format 2 unless a
+//! format 2 (columns, [`crate::codec::v2`]). New documents carry
+//! [`crate::model::version::FORMAT_VERSION`], so every writer writes format 2 unless a
 //! caller sets `format_version` to 1 ([`Manifest::in_version`]).
 //!
 //! Format 2 is written straight from the model, column by column, without building the
@@ -13,11 +13,12 @@ use rustc_hash::FxHashMap;
 use serde::ser::{Error as _, SerializeMap, SerializeStruct};
 use serde::{Serialize, Serializer};
 
-use crate::document::format::{
-    Addr, Allocation, AllocationId, DocKind, Event, FORMAT_VERSIONS, Graph, Live, Manifest, Owner,
-    Pool, Probe, Producer, RangeDigest, Tensor, TensorId,
+use crate::model::format::{
+    Addr, Allocation, AllocationId, DocKind, Event, Graph, Live, Manifest, Owner, Pool, Probe,
+    Producer, RangeDigest, Tensor, TensorId,
 };
-use crate::document::ids::IdIndex;
+use crate::model::ids::IdIndex;
+use crate::model::version::FORMAT_VERSIONS;
 
 impl Manifest {
     /// This manifest, to be written in format `version` (1 or 2).

@@ -105,7 +105,7 @@ impl<K: RawId + std::fmt::Debug> std::ops::Index<&K> for IdIndex<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::TensorId;
+    use crate::model::format::TensorId;
 
     #[test]
     fn dense_and_sparse_ids_both_map() {

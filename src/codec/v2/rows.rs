@@ -7,7 +7,7 @@ use serde::de::{DeserializeSeed, IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use super::TouchAddr;
-use crate::document::format::{Addr, AllocationId, IgnoredReason, IgnoredWord, TensorId, Touch};
+use crate::model::format::{Addr, AllocationId, IgnoredReason, IgnoredWord, TensorId, Touch};
 
 /// One node's touches, read straight into the model's records: `[param, offset, addr,
 /// tensor, allocation]` each. Until [`ManifestV2::into_model`] resolves them, an `addr`

@@ -7,16 +7,16 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{fast_manifest, touch_column};
-use crate::document::format::Manifest;
-use crate::document::v2::{ManifestV2, TouchList};
+use crate::codec::v2::{ManifestV2, TouchList};
+use crate::model::format::Manifest;
 
 /// serde's reading of a column, as (touches, positions of addresses) per node.
-fn by_serde(text: &[u8]) -> Option<Vec<(Vec<crate::document::format::Touch>, Vec<u32>)>> {
+fn by_serde(text: &[u8]) -> Option<Vec<(Vec<crate::model::format::Touch>, Vec<u32>)>> {
     let lists: Vec<TouchList> = serde_json::from_slice(text).ok()?;
     Some(lists.into_iter().map(|l| (l.touches, l.absolute)).collect())
 }
 
-fn by_scan(text: &[u8]) -> Option<Vec<(Vec<crate::document::format::Touch>, Vec<u32>)>> {
+fn by_scan(text: &[u8]) -> Option<Vec<(Vec<crate::model::format::Touch>, Vec<u32>)>> {
     let lists = touch_column(text)?;
     Some(lists.into_iter().map(|l| (l.touches, l.absolute)).collect())
 }
@@ -123,7 +123,7 @@ fn the_fixtures_take_the_fast_path() {
             let Some(fast) = fast_manifest(&bytes, 2) else {
                 // A fixture the reference checks refuse may still parse; only a valid one
                 // has to take the fast path.
-                if crate::document::load::parse_manifest(&bytes, &path).is_ok() {
+                if crate::codec::load::parse_manifest(&bytes, &path).is_ok() {
                     panic!("{} declined", path.display());
                 }
                 continue;

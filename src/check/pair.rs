@@ -5,7 +5,10 @@ use std::collections::BTreeSet;
 
 use rustc_hash::FxHashSet;
 
-use crate::document::format::{Addr, Live, Manifest};
+use std::path::Path;
+
+use crate::codec::load::LoadError;
+use crate::model::format::{Addr, Live, Manifest};
 
 /// Why a live snapshot cannot be verified against a manifest although each is valid: it
 /// was not taken of the process, or against the manifest, that the manifest records.
@@ -94,10 +97,21 @@ pub fn check_pair_probed(
     })
 }
 
+impl PairError {
+    /// The error naming both files.
+    pub fn in_files(self, manifest: &Path, live: &Path) -> LoadError {
+        LoadError::Pair {
+            manifest: manifest.to_path_buf(),
+            live: live.to_path_buf(),
+            why: Box::new(self),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::Contents;
+    use crate::model::format::Contents;
     use crate::testkit::{BASE, live, manifest};
 
     /// Regression: a snapshot of rank 3 of 8 was verified against a manifest of rank 0 of 1.

@@ -1,5 +1,5 @@
 //! Reading manifests and live snapshots of either format version: read the version, parse
-//! the body of that version into the model, and check every reference ([`crate::document::refs`]),
+//! the body of that version into the model, and check every reference ([`crate::index::refs`]),
 //! so that later stages can index without failing. Errors name the file and the JSON path
 //! of the bad value in the file's own layout.
 
@@ -7,16 +7,15 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::document::format::{DocKind, Document, Live, Manifest};
-use crate::document::objects::Objects;
-use crate::document::pair::PairError;
-use crate::document::schema;
-use crate::document::v2::{self, LiveV2, ManifestV2};
-use crate::document::wording::{describe, shorten_quoted};
+use crate::codec::objects::Objects;
+use crate::codec::schema;
+use crate::codec::v2::{self, LiveV2, ManifestV2};
+use crate::codec::wording::{describe, shorten, shorten_quoted};
+use crate::index::refs::{Invalid, Tables, check_live, check_manifest};
+use crate::model::format::{DocKind, Document, Live, Manifest};
+use crate::model::version::version_message;
 
 // The reference checks live in `refs`; they are part of loading, and named from here too.
-use crate::document::refs::version_message;
-pub use crate::document::refs::{Invalid, Tables, check_live, check_manifest, in_range};
 
 mod header;
 use header::{Header, check_version, header, version};
@@ -40,7 +39,7 @@ pub enum LoadError {
         message: String,
     },
     /// `found` is the value as JSON text: `2`, `"1"`, `null`.
-    #[error("{}: {}", path.display(), version_message(found))]
+    #[error("{}: {}", path.display(), version_message(&shorten(found)))]
     Version { path: PathBuf, found: String },
     /// JSON that is no graphcheck document at all: not an object, or without the header
     /// (`format_version` and `kind`), as a report or another tool's file is.
@@ -62,12 +61,13 @@ pub enum LoadError {
         json_path: String,
         message: String,
     },
-    /// Two documents, each valid, that do not belong together.
+    /// Two documents, each valid, that do not belong together: `why` is the check's
+    /// error ([`crate::check::pair::PairError`]), which this layer does not know.
     #[error("{} cannot be verified against {}: {why}", live.display(), manifest.display())]
     Pair {
         manifest: PathBuf,
         live: PathBuf,
-        why: PairError,
+        why: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -84,17 +84,6 @@ fn shown(path: &Path) -> String {
             format!("{start}… ({rest} more characters: longer than any path)")
         }
         None => text,
-    }
-}
-
-impl PairError {
-    /// The error naming both files.
-    pub fn in_files(self, manifest: &Path, live: &Path) -> LoadError {
-        LoadError::Pair {
-            manifest: manifest.to_path_buf(),
-            live: live.to_path_buf(),
-            why: self,
-        }
     }
 }
 
@@ -497,13 +486,13 @@ mod tests {
     }
 
     /// The test manifest, written in format 1's layout (format 2's errors: `v2/tests.rs`).
-    fn manifest() -> crate::document::format::Manifest {
+    fn manifest() -> crate::model::format::Manifest {
         crate::testkit::manifest().in_version(1)
     }
 
     #[test]
     fn ranges_round_trip_and_a_bad_one_is_named() {
-        use crate::document::format::{Addr, Digest, RangeDigest};
+        use crate::model::format::{Addr, Digest, RangeDigest};
         for version in [1, 2] {
             let mut m = manifest().in_version(version);
             m.ranges.push(RangeDigest {
@@ -570,7 +559,7 @@ mod tests {
         );
         let l = serde_json::to_vec(&crate::testkit::live(
             &m,
-            crate::document::format::Contents::Preserved,
+            crate::model::format::Contents::Preserved,
         ))
         .unwrap();
         let e = err(&l);
@@ -596,8 +585,8 @@ mod tests {
         }
     }
 
-    fn refused_under_other_versions(m: crate::document::format::Manifest) {
-        let l = crate::testkit::live(&m, crate::document::format::Contents::Preserved)
+    fn refused_under_other_versions(m: crate::model::format::Manifest) {
+        let l = crate::testkit::live(&m, crate::model::format::Contents::Preserved)
             .in_version(m.format_version);
         let name = Path::new("doc.json");
         for version in [3, 0, 99] {

@@ -6,7 +6,7 @@
 //! level of its trailing one bits, each node augmented with the largest end below it. It
 //! costs one sorted array and one `u64` per interval, no pointers.
 
-use crate::document::format::{Addr, Allocation, Tensor};
+use crate::model::format::{Addr, Allocation, Tensor};
 
 /// Half-open intervals `[start, end)` with a payload each, queried by point.
 #[derive(Clone, Debug, Default)]

@@ -1,11 +1,11 @@
 //! The JSON Schemas of the format, generated from the types: format 1's from the model of
-//! [`super::format`], format 2's from the column types of [`super::v2`]; committed as
+//! [`crate::model::format`], format 2's from the column types of [`super::v2`]; committed as
 //! `schema/graphcheck-v1.schema.json` and `schema/graphcheck-v2.schema.json`, which a test
 //! keeps equal to these. The loader asks them what a value of the wrong type should have
 //! been.
 
-use super::format::{DocKind, Live, Manifest};
 use super::v2::{LiveV2, ManifestV2};
+use crate::model::format::{DocKind, Live, Manifest};
 
 /// The JSON Schema of both documents in format `version` (1 or 2; any other: 2's), as
 /// `graphcheck schema` prints it.

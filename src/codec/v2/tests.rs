@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::document::format::*;
-use crate::document::load::{parse_live, parse_manifest};
+use crate::codec::load::{parse_live, parse_manifest};
+use crate::model::format::*;
 use crate::testkit::{live, manifest};
 
 /// The test manifest with every optional field used somewhere: grid and block, a parent,
@@ -426,7 +426,7 @@ fn the_version_may_come_anywhere() {
 #[test]
 fn locate_maps_model_paths_to_columns() {
     let at = |p: &str| {
-        let e = super::locate(crate::document::refs::Invalid::at(p, "bad"));
+        let e = super::locate(crate::index::refs::Invalid::at(p, "bad"));
         format!("{} | {}", e.json_path, e.message)
     };
     assert_eq!(at("tensors[4].nbytes"), "tensors.nbytes[4] | bad");

@@ -65,7 +65,7 @@
 //! multi-word changes (swaps, paired bit flips, zeroed runs) and find no miss, which shows
 //! that the structure is not grossly broken, nothing more.
 
-use super::format::Digest;
+use crate::model::format::Digest;
 
 /// The algorithm's name, the prefix of its digests.
 pub const GC128: &str = "gc128";

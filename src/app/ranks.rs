@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::document::format::DocKind;
+use crate::model::format::DocKind;
 
 /// What grouping needs to know of one document.
 #[derive(Clone, Copy, Debug)]

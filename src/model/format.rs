@@ -1,6 +1,6 @@
 //! The in-memory model of manifests and live snapshots, the same whatever format version a
 //! document was read in, and format version 1 of the on-disk contract: every record here
-//! serializes as format 1 writes it. Format 2 ([`crate::document::v2`]) stores the big
+//! serializes as format 1 writes it. Format 2 ([`crate::codec::v2`]) stores the big
 //! tables as columns; check and present see only these types.
 //!
 //! A *manifest* is written at capture: what every node of every captured graph holds,
@@ -12,7 +12,7 @@
 //! Rules of the contract (see `README.md`, "Format"):
 //! - `format_version` changes on any change a reader of the previous version would
 //!   misread; adding an optional field does not change it, and readers ignore fields they
-//!   do not know. This build reads [`FORMAT_VERSIONS`] and writes [`FORMAT_VERSION`] unless
+//!   do not know. This build reads [`crate::model::version::FORMAT_VERSIONS`] and writes [`FORMAT_VERSION`] unless
 //!   asked for another.
 //! - Every enum is `snake_case`, every key is `snake_case`.
 //! - Device addresses are strings of hexadecimal digits with a `0x` prefix, because JSON
@@ -22,16 +22,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::document::owner_path::OwnerPath;
+use crate::model::owner_path::OwnerPath;
+use crate::model::version::FORMAT_VERSION;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-/// The format version this build writes unless asked for another: 2, the compact layout
-/// ([`crate::document::v2`]).
-pub const FORMAT_VERSION: u32 = 2;
-
-/// Every format version this build reads, and writes when asked.
-pub const FORMAT_VERSIONS: [u32; 2] = [1, 2];
 
 /// A device virtual address, written as `"0x7f3a00000000"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -146,7 +140,7 @@ macro_rules! id_type {
         #[serde(transparent)]
         pub struct $name(pub u32);
 
-        impl crate::document::ids::RawId for $name {
+        impl crate::model::ids::RawId for $name {
             fn raw(self) -> u32 {
                 self.0
             }
@@ -486,7 +480,7 @@ impl fmt::Display for Registration {
 }
 
 /// One path through which the model reaches a tensor, e.g.
-/// `model.layers[3].mlp.quant_method.kernel.workspace` (grammar: [`crate::document::owner_path`], in the `graphcheck` crate).
+/// `model.layers[3].mlp.quant_method.kernel.workspace` (grammar: [`crate::model::owner_path`], in the `graphcheck` crate).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Owner {
     #[schemars(with = "String")]
@@ -692,9 +686,9 @@ pub struct Event {
 }
 
 /// The document written at capture.
-// Serializing writes the layout of its `format_version` (`crate::document::encode`);
+// Serializing writes the layout of its `format_version` (`crate::codec::encode`);
 // `Deserialize` and the `JsonSchema` read and describe format 1's layout, which is these
-// types record for record. `crate::document::load` reads either version. (Plain comments:
+// types record for record. `crate::codec::load` reads either version. (Plain comments:
 // doc comments here are the schema's descriptions.)
 #[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[non_exhaustive]

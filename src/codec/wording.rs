@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use crate::document::format::DocKind;
-use crate::document::schema;
+use crate::codec::schema;
+use crate::model::format::DocKind;
 
 /// serde_json's error in words for a person: whether the text is not JSON at all, cut
 /// short, or JSON with a value of the wrong type or size at `at` (what the schema of an

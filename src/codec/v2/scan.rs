@@ -14,9 +14,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{ManifestV2, TouchList};
-use crate::document::format::{Addr, DocKind, Manifest, Touch};
-use crate::document::objects::Objects;
-use crate::document::refs::Invalid;
+use crate::codec::objects::Objects;
+use crate::index::refs::Invalid;
+use crate::model::format::{Addr, DocKind, Manifest, Touch};
 
 /// How a graph's `touches` column is held between the parse and the conversion.
 pub trait TouchColumn: Sized {
@@ -172,9 +172,9 @@ impl Cursor<'_> {
         self.expect(b',')?;
         let (addr, absolute) = self.addr()?;
         self.expect(b',')?;
-        let tensor = self.opt_u32()?.map(crate::document::format::TensorId);
+        let tensor = self.opt_u32()?.map(crate::model::format::TensorId);
         self.expect(b',')?;
-        let allocation = self.opt_u32()?.map(crate::document::format::AllocationId);
+        let allocation = self.opt_u32()?.map(crate::model::format::AllocationId);
         self.expect(b']')?;
         let touch = Touch {
             param,

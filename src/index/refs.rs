@@ -7,44 +7,13 @@
 use rustc_hash::FxHashMap;
 use std::fmt::Write as _;
 
-use crate::document::dtype;
-use crate::document::format::{
-    Addr, Allocation, AllocationId, DocKind, FORMAT_VERSIONS, Graph, Live, Manifest, Owner, Pool,
-    PoolId, RangeDigest, Tensor, TensorId,
+use crate::model::dtype;
+use crate::model::format::{
+    Addr, Allocation, AllocationId, DocKind, Graph, Live, Manifest, Owner, Pool, PoolId,
+    RangeDigest, Tensor, TensorId,
 };
-use crate::document::ids::IdIndex;
-use crate::document::wording::shorten;
-
-/// What a `format_version` this build does not read is told: a number names the versions
-/// this build reads; anything else is not a version at all.
-pub(crate) fn version_message(found: &str) -> String {
-    let found = &*shorten(found);
-    let integer = found.strip_prefix('-').unwrap_or(found);
-    if !integer.is_empty() && integer.bytes().all(|b| b.is_ascii_digit()) {
-        format!(
-            "`format_version` is {found}, but this graphcheck reads versions {} \
-             (re-record it, or use a graphcheck of that version)",
-            versions_in_words("and")
-        )
-    } else if found.starts_with('"') {
-        let versions = versions_in_words("or");
-        format!("`format_version` must be the number {versions}, not the string {found}")
-    } else {
-        let versions = versions_in_words("or");
-        format!("`format_version` must be the number {versions}, not {found}")
-    }
-}
-
-/// The versions this build reads, in words: `1 and 2`, or `1 or 2` with `or`.
-fn versions_in_words(conjunction: &str) -> String {
-    let v: Vec<String> = FORMAT_VERSIONS.iter().map(u32::to_string).collect();
-    match v.split_last() {
-        Some((last, rest)) if !rest.is_empty() => {
-            format!("{} {conjunction} {last}", rest.join(", "))
-        }
-        _ => v.join(""),
-    }
-}
+use crate::model::ids::IdIndex;
+use crate::model::version::{FORMAT_VERSIONS, version_message};
 
 /// A semantic error found after parsing: where, and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -685,8 +654,8 @@ pub fn in_range(addr: Addr, base: Addr, size: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::{Registration, TensorId};
-    use crate::document::owner_path::OwnerPath;
+    use crate::model::format::{Registration, TensorId};
+    use crate::model::owner_path::OwnerPath;
 
     fn owner(path: &str) -> Owner {
         Owner {

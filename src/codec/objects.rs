@@ -226,7 +226,7 @@ impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Wrap<A> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::format::{Pool, PoolId, PoolKind, SleepPolicy};
+    use crate::model::format::{Pool, PoolId, PoolKind, SleepPolicy};
     use serde::Deserialize;
 
     fn read<T: for<'de> Deserialize<'de>>(json: &str) -> Result<T, serde_json::Error> {
