@@ -18,7 +18,7 @@ use graphcheck::cuda::capture::{NamedAllocation, capture, manifest_of};
 use graphcheck::cuda::driver::DriverError;
 use graphcheck::cuda::driver::owned::{self, OwnedGraph, StreamAllocation};
 use graphcheck::cuda::{CudaError, GraphRef, walk_graph};
-use graphcheck::document::format::{Addr, Manifest, NodeKind, TensorId};
+use graphcheck::model::format::{Addr, Manifest, NodeKind, TensorId};
 
 mod gpu_kernels;
 use gpu_kernels::{Pair, launch_add_pair, launch_gather, launch_scale, ptr};
@@ -87,7 +87,7 @@ fn save(name: &str, m: &Manifest) {
         let mut bytes = serde_json::to_vec_pretty(m).unwrap();
         bytes.push(b'\n');
         let path = std::path::Path::new(&dir).join(format!("{name}.json"));
-        graphcheck::document::write::write_atomic(&path, &bytes).unwrap();
+        graphcheck::app::output::write_atomic(&path, &bytes).unwrap();
         eprintln!("wrote {}", path.display());
     }
 }

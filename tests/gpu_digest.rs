@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use graphcheck::cuda::digest::{DeviceView, digests};
-use graphcheck::document::digest::{View, gc128_view};
+use graphcheck::digest::{View, gc128_view};
 
 fn require_gpu() {
     assert!(

@@ -14,7 +14,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use graphcheck::document::load::Source;
+use graphcheck::codec::load::Source;
 use graphcheck_cli::ops::{MAP_FROM, mapped_source};
 use support::root;
 
