@@ -1,6 +1,6 @@
 //! Integration tests of the binary's mapped inputs: a document file of 1 MiB or more named
 //! on the command line (not a folder's, not the pair form's) is mapped into memory rather
-//! than read (`ops::mapped_source`; that the binary maps and the console entry point reads
+//! than read (`mapped::mapped_source`; that the binary maps and the console entry point reads
 //! is a unit test of `cli/src/lib.rs`), and everything the user sees is as for a file
 //! read: the report, the exit code, and the error that names the file and the JSON path of
 //! a bad value. Small files, folders, missing paths and FIFOs are left to the loader's read,
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use graphcheck::codec::load::Source;
-use graphcheck_cli::ops::{MAP_FROM, mapped_source};
+use graphcheck_cli::mapped::{MAP_FROM, mapped_source};
 use support::root;
 
 const SCENARIO: &str = "fixtures/synthetic/freed_then_reused";

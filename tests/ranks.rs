@@ -378,7 +378,7 @@ fn a_json_entry_that_is_not_a_readable_file_refuses_the_run_naming_it() {
         )),
         "{err}"
     );
-    // The Python API decides in the same place (`ops::dir_documents`); a subfolder named
+    // The Python API decides in the same place (`app::folder::dir_documents`); a subfolder named
     // `*.json` is still not read.
     std::fs::remove_file(&fifo).unwrap();
     std::fs::create_dir(dir.join("sub.json")).unwrap();

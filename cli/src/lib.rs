@@ -3,7 +3,7 @@
 //! script (through `graphcheck._native.main`) — so the two faces print the same bytes and
 //! exit with the same codes by construction.
 
-pub mod ops;
+pub mod mapped;
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read, Write};
@@ -21,7 +21,29 @@ use graphcheck::present::explain::{Query, QueryError};
 use graphcheck::present::normalize::normalized;
 use graphcheck::present::text::summary;
 
-pub use ops::Format;
+use graphcheck::app::commands::{self, Format};
+use graphcheck::app::{folder, verify};
+
+/// How a report or diff is printed: the command line's names for [`Format`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormatArg {
+    /// A table for terminals and CI logs.
+    Table,
+    /// The report as JSON (versioned: `format_version`).
+    Json,
+    /// Markdown for a CI step summary (`>> $GITHUB_STEP_SUMMARY`).
+    Markdown,
+}
+
+impl From<FormatArg> for Format {
+    fn from(f: FormatArg) -> Format {
+        match f {
+            FormatArg::Table => Format::Table,
+            FormatArg::Json => Format::Json,
+            FormatArg::Markdown => Format::Markdown,
+        }
+    }
+}
 
 /// The exit codes, as `--help` lists them (the constants are [`graphcheck::exit`]).
 pub const EXIT_CODES: &str = "\
@@ -75,7 +97,7 @@ enum Command {
         /// How the report is printed: a table for people, JSON for tools, Markdown for a
         /// pull request or CI summary.
         #[arg(long, value_enum, default_value = "table")]
-        format: Format,
+        format: FormatArg,
         /// Write the report to FILE instead of stdout: a regular file is replaced
         /// atomically (through a symlink, its target), a device or FIFO written in place;
         /// an input, or a file this user may not write, is refused; `-` is stdout.
@@ -128,7 +150,7 @@ enum Command {
         /// How the report is printed: a table for people, JSON for tools, Markdown for a
         /// pull request or CI summary.
         #[arg(long, value_enum, default_value = "table")]
-        format: Format,
+        format: FormatArg,
     },
     /// Print the JSON Schema of the format (manifest and live snapshot).
     #[command(after_help = EXIT_CODES)]
@@ -202,7 +224,7 @@ pub enum Inputs {
     /// Read into memory: what any process that is not the command itself gets (the Python
     /// console entry runs [`main_impl`] inside a Python process, maybe an engine's).
     Read,
-    /// Files of [`ops::MAP_FROM`] bytes or more mapped into memory ([`ops::mapped_source`]):
+    /// Files of [`mapped::MAP_FROM`] bytes or more mapped into memory ([`mapped::mapped_source`]):
     /// the binary only, which answers a fault on a mapped page (another process truncated
     /// the file) with a message and exit code 2.
     Map,
@@ -278,7 +300,7 @@ fn loading_line(manifest: &Path, live: Option<&Path>) -> String {
 }
 
 /// The documents named on the command line, as the loaders take them: with
-/// [`Inputs::Map`] a file of 1 MiB or more mapped into memory ([`ops::mapped_source`]);
+/// [`Inputs::Map`] a file of 1 MiB or more mapped into memory ([`mapped::mapped_source`]);
 /// `-` standard input, read here. Standard input can be read once, so two `-` are a usage error, found
 /// before anything is read.
 fn sources<const N: usize>(paths: [&Path; N], inputs: Inputs) -> Result<[Source; N]> {
@@ -302,8 +324,8 @@ fn sources<const N: usize>(paths: [&Path; N], inputs: Inputs) -> Result<[Source;
             bytes,
             name: PathBuf::from(STDIN_NAME),
         },
-        None if inputs == Inputs::Map => ops::mapped_source(p),
-        None => ops::source(p),
+        None if inputs == Inputs::Map => mapped::mapped_source(p),
+        None => commands::source(p),
     }))
 }
 
@@ -344,7 +366,7 @@ enum VerifyRun<'a> {
 }
 
 /// Decides what `verify`'s documents are, before any is read: one to two name a manifest
-/// (or a folder) and its live snapshot, more are pairs ([`ops::pairs`]). Standard input
+/// (or a folder) and its live snapshot, more are pairs ([`folder::pairs`]). Standard input
 /// holds one document, so `-` among pairs is refused.
 fn verify_run(documents: &[PathBuf]) -> Result<VerifyRun<'_>> {
     let (manifest, live) = match documents {
@@ -357,10 +379,10 @@ fn verify_run(documents: &[PathBuf]) -> Result<VerifyRun<'_>> {
                      MANIFEST -`, not one among several pairs: give the pairs as files"
                 );
             }
-            return Ok(VerifyRun::Pairs(ops::pairs(documents)?));
+            return Ok(VerifyRun::Pairs(folder::pairs(documents)?));
         }
     };
-    Ok(match ops::folder_documents(manifest, live)? {
+    Ok(match folder::folder_documents(manifest, live)? {
         Some(documents) => VerifyRun::Folder {
             dir: manifest,
             documents,
@@ -411,7 +433,7 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
                     .or_else(|e| {
                         // A folder's JSON file that is no document (a report written there
                         // by an earlier run) is skipped when read, so it may be the output.
-                        if e.role == "document" && !ops::is_document(&e.input) {
+                        if e.role == "document" && !folder::is_document(&e.input) {
                             Ok(())
                         } else {
                             Err(e)
@@ -428,18 +450,18 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
             }
             .deny_unused(deny_unused_allow);
             let v = match &run {
-                VerifyRun::Folder { dir, documents } => ops::verify_dir(dir, documents, &allow)?,
-                VerifyRun::Pairs(pairs) => ops::verify_pairs(pairs, &allow)?,
+                VerifyRun::Folder { dir, documents } => verify::verify_dir(dir, documents, &allow)?,
+                VerifyRun::Pairs(pairs) => verify::verify_pairs(pairs, &allow)?,
                 VerifyRun::One { manifest, live } => {
                     let t = progress(manifest, *live);
                     let v = match live {
                         Some(l) => {
                             let [m, l] = sources([manifest, l], inputs)?;
-                            ops::verify(&m, Some(&l), &allow)?
+                            verify::verify(&m, Some(&l), &allow)?
                         }
                         None => {
                             let [m] = sources([manifest], inputs)?;
-                            ops::verify(&m, None, &allow)?
+                            verify::verify(&m, None, &allow)?
                         }
                     };
                     done(t);
@@ -454,7 +476,7 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
                 .is_none()
                 .then(graphcheck::present::fmt::terminal_width)
                 .flatten();
-            let text = v.render_fit(format, normalized, width);
+            let text = v.render_fit(format.into(), normalized, width);
             match output {
                 Some(p) => write_atomic(&p, text.as_bytes())
                     .with_context(|| format!("failed to write {}", p.display()))?,
@@ -482,7 +504,7 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
             let query = kernel
                 .or(target)
                 .expect("clap requires a target or --kernel");
-            let (found, text) = ops::explain_text(&m, &query, dot, normalized);
+            let (found, text) = commands::explain_text(&m, &query, dot, normalized);
             emit(&text)?;
             Ok(if found { exit::OK } else { exit::FINDINGS })
         }
@@ -498,12 +520,12 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
         Command::Diff { a, b, format } => {
             let [a, b] = sources([&a, &b], inputs)?;
             let width = graphcheck::present::fmt::terminal_width();
-            let (same, text) = ops::diff_fit(&a, &b, format, width)?;
+            let (same, text) = commands::diff_fit(&a, &b, format.into(), width)?;
             emit(&text)?;
             Ok(if same { exit::OK } else { exit::FINDINGS })
         }
         Command::Schema { format_version } => {
-            emit(&ops::schema_text(format_version))?;
+            emit(&commands::schema_text(format_version))?;
             Ok(exit::OK)
         }
         Command::Convert {
@@ -516,7 +538,7 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
                 refuse_inputs(out, &[("document", input_file(&document))]).map_err(stdin_named)?;
             }
             let [d] = sources([&document], inputs)?;
-            let bytes = ops::convert(&d, format_version)?;
+            let bytes = commands::convert(&d, format_version)?;
             match output {
                 Some(p) => write_atomic(&p, &bytes)
                     .with_context(|| format!("failed to write {}", p.display()))?,
@@ -587,7 +609,7 @@ mod input_tests {
     fn only_the_binary_maps_its_inputs() {
         let dir = tempfile::tempdir().unwrap();
         let big = dir.path().join("big.json");
-        std::fs::write(&big, vec![b' '; ops::MAP_FROM as usize]).unwrap();
+        std::fs::write(&big, vec![b' '; mapped::MAP_FROM as usize]).unwrap();
         let small = dir.path().join("small.json");
         std::fs::write(&small, b"{}").unwrap();
         let [b, s] = sources([&big, &small], Inputs::Map).unwrap();

@@ -94,7 +94,7 @@ pub(crate) enum NativeError {
     #[error(transparent)]
     Allow(#[from] graphcheck::check::allow::AllowError),
     #[error(transparent)]
-    Folder(#[from] ops::DirError),
+    Folder(#[from] graphcheck::app::folder::DirError),
     #[error(transparent)]
     Spec(#[from] graphcheck::resolve::spec::SpecError),
     #[error(transparent)]

@@ -12,6 +12,9 @@
 
 use std::path::PathBuf;
 
+use graphcheck::app::commands::{self, Format};
+use graphcheck::app::folder;
+use graphcheck::app::verify as app_verify;
 use graphcheck::check::allow::Allowlist;
 use graphcheck::check::finding::FindingKind;
 use graphcheck::codec::load::{SharedBytes, Source};
@@ -20,7 +23,6 @@ use graphcheck::model::owner_path::Glob;
 use graphcheck::model::version::{FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::present::explain::Query;
 use graphcheck::resolve::walked::WalkedGraph;
-use graphcheck_cli::ops::{self, Format};
 // The sleep allocator's functions, and its malloc/free symbols for torch.
 mod args;
 mod build;
@@ -147,7 +149,7 @@ fn loaded(src: &Source, expect: Option<&str>) -> Result<Document, NativeError> {
 /// Runs verify; returns a [`Verified`] handle, which renders the report in the format asked
 /// for when asked. `manifest` is a manifest, or a path naming a folder of one run's
 /// documents (every rank's, `live` omitted), decided and verified as `graphcheck verify`
-/// does ([`ops::folder_documents`], [`ops::verify_dir`]). `allow` is an allowlist file,
+/// does ([`folder::folder_documents`], [`app_verify::verify_dir`]). `allow` is an allowlist file,
 /// `allow_entries` its entries as data (a JSON array of objects with the keys of a TOML
 /// entry); one of them at most. `normalized` prints addresses as symbolic ids, as
 /// `graphcheck verify --normalized` does. `deny_unused_allow` makes an allowlist entry that
@@ -169,13 +171,13 @@ fn verify(
     let verified = interruptible(py, move || -> Result<_, NativeError> {
         let allow = allowlist(allow, allow_entries, deny_unused_allow)?;
         let folder = match &m_src {
-            Source::Path(dir) => ops::folder_documents(dir, l_src.as_ref().map(Source::name))?
+            Source::Path(dir) => folder::folder_documents(dir, l_src.as_ref().map(Source::name))?
                 .map(|docs| (dir, docs)),
             Source::Text { .. } | Source::Shared { .. } => None,
         };
         Ok(match folder {
-            Some((dir, docs)) => ops::verify_dir(dir, &docs, &allow)?,
-            None => ops::verify(&m_src, l_src.as_ref(), &allow)?,
+            Some((dir, docs)) => app_verify::verify_dir(dir, &docs, &allow)?,
+            None => app_verify::verify(&m_src, l_src.as_ref(), &allow)?,
         })
     })?;
     // What the command line notes on stderr: a folder's JSON files that are no document.
@@ -209,8 +211,8 @@ fn allowlist(
 }
 
 /// Runs verify over the ranks of one run given as pairs, `paths` flat (each manifest, then
-/// its live snapshot), as `graphcheck verify M0 L0 M1 L1 …` does ([`ops::pairs`],
-/// [`ops::verify_pairs`]): one pair or more, every pair of one rank. The other arguments
+/// its live snapshot), as `graphcheck verify M0 L0 M1 L1 …` does ([`folder::pairs`],
+/// [`app_verify::verify_pairs`]): one pair or more, every pair of one rank. The other arguments
 /// are [`verify`]'s.
 #[pyfunction]
 #[pyo3(signature = (paths, allow=None, allow_entries=None, normalized=false, deny_unused_allow=false))]
@@ -228,7 +230,7 @@ fn verify_pairs(
         if paths.is_empty() {
             return Err("no (manifest, live) pair to verify".into());
         }
-        Ok(ops::verify_pairs(&ops::pairs(&paths)?, &allow)?)
+        Ok(app_verify::verify_pairs(&folder::pairs(&paths)?, &allow)?)
     })?;
     Ok(Verified::new(verified, normalized))
 }
@@ -240,7 +242,7 @@ fn verify_pairs(
 #[pyclass(frozen, module = "graphcheck._native")]
 struct Verified {
     /// Shared with the thread that renders it ([`interruptible`]); taken only by `drop`.
-    verified: Option<std::sync::Arc<ops::Verified>>,
+    verified: Option<std::sync::Arc<app_verify::Verified>>,
     normalized: bool,
     table: PyOnceLock<Py<PyString>>,
     markdown: PyOnceLock<Py<PyString>>,
@@ -248,7 +250,7 @@ struct Verified {
 
 impl Verified {
     /// A report not rendered yet (`normalized`: addresses as symbols).
-    fn new(verified: ops::Verified, normalized: bool) -> Verified {
+    fn new(verified: app_verify::Verified, normalized: bool) -> Verified {
         Verified {
             verified: Some(std::sync::Arc::new(verified)),
             normalized,
@@ -258,7 +260,7 @@ impl Verified {
     }
 
     /// The verify's documents and report, there until the handle is dropped.
-    fn inner(&self) -> PyResult<&std::sync::Arc<ops::Verified>> {
+    fn inner(&self) -> PyResult<&std::sync::Arc<app_verify::Verified>> {
         self.verified.as_ref().ok_or_else(|| {
             GraphcheckError::new_err(
                 "internal error in graphcheck (a bug; please report it): a report read after \
@@ -440,7 +442,7 @@ fn explain(
     };
     interruptible(py, move || -> Result<_, NativeError> {
         let (m, _) = src.manifest_checked()?;
-        Ok(ops::explain_text(&m, &query, dot, normalized))
+        Ok(commands::explain_text(&m, &query, dot, normalized))
     })
 }
 
@@ -456,7 +458,7 @@ fn diff(
 ) -> PyResult<(bool, String)> {
     let (a, b) = (source(a, Some("<A>"))?, source(b, Some("<B>"))?);
     let format: Format = format.parse().map_err(GraphcheckError::new_err)?;
-    interruptible(py, move || ops::diff(&a, &b, format))
+    interruptible(py, move || commands::diff(&a, &b, format))
 }
 
 /// The JSON Schema of format `format_version` (default: 2, what graphcheck writes), as
@@ -465,7 +467,7 @@ fn diff(
 #[pyo3(signature = (format_version=2))]
 fn schema(format_version: u32) -> PyResult<String> {
     let v = version_arg(format_version)?;
-    guarded(|| Ok::<_, String>(ops::schema_text(v)))
+    guarded(|| Ok::<_, String>(commands::schema_text(v)))
 }
 
 /// A format version this build writes, or a `GraphcheckError` naming the argument.

@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
-/// A file mapped by `ops::mapped`, registered here while it lives.
+/// A file mapped by `mapped::mapped`, registered here while it lives.
 pub(super) struct Mapped {
     map: memmap2::Mmap,
     slot: Option<usize>,
