@@ -10,9 +10,9 @@ import json
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Union
 
-from . import _allocator, _args, _native, _registry
+from . import _caching_allocator, _args, _native, _registry
 from . import sleep as _sleep_module
-from ._allocator import _AllocSites, _pool_key, _pool_segments, _producer
+from ._caching_allocator import _AllocSites, _pool_key, _pool_segments, _producer
 from ._native import GraphcheckError
 from ._registry import Registry, _attr, _digests_arg, _key, _torch
 from ._walk import DEFAULT_MAX_DEPTH, root_arg, walk_roots
@@ -357,7 +357,7 @@ class Recorder:
         if alloc is not None:
             tags = [(tag, *alloc.pool_policy(tag), pool) for tag, pool in sorted(alloc._pools.items())]
         names = {p["name"] for p in self._pools}
-        for tag, kind, policy, pool in tags + _allocator.tms_pools():
+        for tag, kind, policy, pool in tags + _caching_allocator.tms_pools():
             if _pool_key(pool) in self._pool_by_key or tag in names:
                 continue
             names.add(tag)
@@ -470,9 +470,9 @@ class Recorder:
             for path, t, registration in self._extra:
                 reg.add(t, path, registration, None)
         self._declare_sleep_pools()
-        # Looked up in _allocator at each call, as the snapshot does: one place where the
+        # Looked up in _caching_allocator at each call, as the snapshot does: one place where the
         # allocator's snapshot is read, and where the CPU tests fake it.
-        raw_segments = _allocator._memory_segments()
+        raw_segments = _caching_allocator._memory_segments()
         return Frozen(
             registry=reg,
             tensors=reg.tensor_specs(self.digests) if self.digests else None,
@@ -496,7 +496,7 @@ class Recorder:
             "producer": _producer(f.producer),
             "pools": f.pools,
             "pool_ranges": f.pool_ranges,
-            "segments": _allocator._segment_facts(f.raw_segments),
+            "segments": _caching_allocator._segment_facts(f.raw_segments),
             "pool_bindings": f.pool_bindings,
             "tensors": tensors,
             "owners": f.registry.owner_specs(),

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from . import _allocator, _args, _native, _registry
+from . import _caching_allocator, _args, _native, _registry
 from . import sleep as _sleep_module
-from ._allocator import _AllocSites, _pool_key, _producer
+from ._caching_allocator import _AllocSites, _pool_key, _producer
 from ._api import FORMAT_VERSION, _load_as, _source, _version_arg
 from ._native import GraphcheckError
 from ._registry import DEFAULT_DIGEST, _digests_choice
@@ -97,7 +97,7 @@ def snapshot(
     # their tags; `pools` wins.
     alloc = _sleep_module._ALLOCATOR
     auto = {} if alloc is None else {k: n for k, n in alloc.pool_names().items() if n in pool_ids}
-    for name, _, _, pool in _allocator.tms_pools():
+    for name, _, _, pool in _caching_allocator.tms_pools():
         if name in pool_ids:
             auto.setdefault(pool.id, name)
     for key, name in {**auto, **(pools or {})}.items():
@@ -105,9 +105,9 @@ def snapshot(
             raise GraphcheckError(f"pools: the manifest has no pool named {name!r}")
         bindings[_pool_key(key)] = pool_ids[name]
 
-    # Looked up in _allocator at each call, as the recorder does: one place where the
+    # Looked up in _caching_allocator at each call, as the recorder does: one place where the
     # allocator's snapshot is read, and where the CPU tests fake it.
-    raw_segments = _allocator._memory_segments()
+    raw_segments = _caching_allocator._memory_segments()
     # (device, storage address) an update rewrote (the replay check): left undigested.
     specs = registry.tensor_specs(algorithm, skip=_rewritten)
     _AllocSites(raw_segments).annotate(specs, registry.tensors)
@@ -118,7 +118,7 @@ def snapshot(
         "event": {"name": event, "contents": contents},
         "tensors": specs,
         "owners": registry.owner_specs(),
-        "segments": _allocator._segment_facts(raw_segments),
+        "segments": _caching_allocator._segment_facts(raw_segments),
         "pool_bindings": [{"key": list(k), "pool": v} for k, v in bindings.items()],
         "reference_digests": references,
     }

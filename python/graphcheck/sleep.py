@@ -30,7 +30,7 @@ import threading
 import warnings
 from typing import Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from . import _allocator, _args, _native
+from . import _caching_allocator, _args, _native
 from ._native import GraphcheckError
 
 __all__ = [
@@ -54,7 +54,7 @@ DEFAULT_OFFLOAD_TAGS = ("weights",)
 # transition there).
 _WAKE_HOOKS: list = []
 
-_POOL_KINDS = _allocator.TAG_KINDS
+_POOL_KINDS = _caching_allocator.TAG_KINDS
 
 
 class Allocation(NamedTuple):

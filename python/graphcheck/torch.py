@@ -75,17 +75,19 @@ snapshot uses the manifest's algorithm.
 # way (each imports only those listed before it):
 #   _registry    tensor views, digests, TensorRecord/OwnerRecord/Registry, the lazy torch import
 #   _walk        the registry walk: walk, walk_roots
-#   _allocator   torch's caching allocator (segments, pools, allocation sites), the producer
+#   _caching_allocator  torch's caching allocator (segments, pools, allocation sites), the producer
 #   _snapshot    the live snapshot
 #   _recorder    Recorder, graph()
 #   _discover    zero-code attach: the top-level modules alive at the first capture
-#   _guard       the check before a replay: transitions, mark_transition
-#   _transitions the transitions seen without the engine: load_state_dict, tms resume
 #   _instrument  instrument(), check() and the process-wide state of instrumentation
+#     .host          what instrument needs of the host process
+#     .replay_check  the check before a replay: transitions, mark_transition
+#     .transitions   the transitions seen without the engine: load_state_dict, tms resume
+#     .instrumentation  Instrumentation and the patch
 import os
 
-from ._allocator import ALLOC_SITE_FRAMES
-from ._guard import ENV_VERIFY_ON_REPLAY, ReplayCheckError, mark_transition
+from ._caching_allocator import ALLOC_SITE_FRAMES
+from ._instrument.replay_check import ENV_VERIFY_ON_REPLAY, ReplayCheckError, mark_transition
 from ._instrument import (
     ENV_DIR,
     Instrumentation,

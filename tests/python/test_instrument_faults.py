@@ -12,7 +12,7 @@ import pytest
 
 import graphcheck
 import graphcheck.torch as gt
-from graphcheck import _guard
+from graphcheck._instrument import replay_check as _guard
 from conftest import kernel, walked
 from test_torch_instrument import (  # noqa: F401 - fixture
     FakeCUDAGraph,

@@ -146,7 +146,7 @@ def test_a_writer_thread_that_cannot_start_leaves_the_capture_to_flush(torch, fa
 def test_a_stuck_writer_is_reported_not_waited_for_silently(torch, fake, tmp_path, monkeypatch):
     """Regression: flush() (at exit too) gave up on a writer stuck in its write (a stalled
     file system) after 120 s without a word: the manifest was missing and nothing said so."""
-    from graphcheck import _instrument
+    from graphcheck._instrument import instrumentation as _instrument
 
     model = make_model(torch)
     release = threading.Event()

@@ -1,8 +1,9 @@
-"""The finding kinds a replay check stops for (`graphcheck._guard.LIVE_KINDS`) are the
+"""The finding kinds a replay check stops for (`graphcheck._instrument.replay_check.LIVE_KINDS`) are the
 core's list (`_native.LIVE_KINDS`, `FindingKind::LIVE`): exactly the kinds verify checks
 only when it is given a live snapshot."""
 
-from graphcheck import _guard, _native, verify
+from graphcheck import _native, verify
+from graphcheck._instrument import replay_check as _guard
 from conftest import REPO
 
 MARLIN = REPO / "fixtures" / "synthetic" / "marlin_workspace_rebuilt"

@@ -13,7 +13,16 @@ PACKAGE = Path(graphcheck.__file__).resolve().parent
 
 #: graphcheck.torch's private modules, each importing only those before it (torch.py's
 #: comment draws the same list).
-ORDER = ["_registry", "_walk", "_allocator", "_snapshot", "_recorder", "_discover", "_guard", "_instrument"]
+ORDER = [
+    "_registry",
+    "_walk",
+    "_caching_allocator",
+    "_snapshot",
+    "_recorder",
+    "_discover",
+    "_instrument/replay_check",
+    "_instrument/instrumentation",
+]
 
 
 def relative_imports(module: str) -> set:

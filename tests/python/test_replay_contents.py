@@ -6,7 +6,7 @@ import pytest
 
 import graphcheck
 import graphcheck.torch as gt
-from graphcheck import _guard
+from graphcheck._instrument import replay_check as _guard
 from test_torch_instrument import capture, fake, make_model, replays  # noqa: F401 - fixture
 
 

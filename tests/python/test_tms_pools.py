@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 import graphcheck
-import graphcheck._allocator
+import graphcheck._caching_allocator
 import graphcheck.torch as gt
 from conftest import kernel, walked
 
@@ -58,7 +58,7 @@ def engine(torch, monkeypatch):
     )
     segments = [segment(model.proj.weight, (1, 1)), segment(model.proj.bias, (1, 1)),
                 segment(model.state, (1, 2))]
-    monkeypatch.setattr(graphcheck._allocator, "_memory_segments", lambda: segments)
+    monkeypatch.setattr(graphcheck._caching_allocator, "_memory_segments", lambda: segments)
     graph = walked(kernel(0, "step", model.proj.weight, model.proj.bias, model.state))
     return model, impl, graph
 
@@ -99,7 +99,7 @@ def test_regions_sharing_a_tag_are_told_apart_and_odd_state_gives_none(torch, mo
             "not a region key": Pool((1, 4)),
         },
     )
-    names = [(n, s) for n, _, s, _ in graphcheck._allocator.tms_pools()]
+    names = [(n, s) for n, _, s, _ in graphcheck._caching_allocator.tms_pools()]
     assert names == [
         ("kv_cache (no backup)", "discarded"),
         ("kv_cache (cpu backup)", "restored"),
@@ -108,6 +108,6 @@ def test_regions_sharing_a_tag_are_told_apart_and_odd_state_gives_none(torch, mo
     # A package whose state is otherwise (not made yet, renamed) gives no pool.
     for impl in (None, types.SimpleNamespace(), types.SimpleNamespace(_mem_pools=[1])):
         sys.modules["torch_memory_saver"].torch_memory_saver = types.SimpleNamespace(_impl=impl)
-        assert graphcheck._allocator.tms_pools() == []
+        assert graphcheck._caching_allocator.tms_pools() == []
     monkeypatch.delitem(sys.modules, "torch_memory_saver")
-    assert graphcheck._allocator.tms_pools() == []
+    assert graphcheck._caching_allocator.tms_pools() == []

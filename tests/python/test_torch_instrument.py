@@ -16,7 +16,8 @@ import pytest
 import graphcheck
 import graphcheck._recorder
 import graphcheck.torch as gt
-from graphcheck import _guard, _native
+from graphcheck import _native
+from graphcheck._instrument import replay_check as _guard
 from conftest import kernel, walked
 
 
@@ -515,7 +516,7 @@ def test_replay_after_a_rebinding_reload_is_refused_before_the_kernels_run(torch
 
 
 def test_a_clean_transition_is_checked_once_per_epoch_for_all_graphs(torch, fake, monkeypatch):
-    import graphcheck._guard as guard
+    import graphcheck._instrument.replay_check as guard
 
     model = make_model(torch)
     gt.instrument(None, model=model, verify_on_replay=True)
@@ -619,7 +620,7 @@ def test_load_state_dict_marks_a_transition_and_the_patch_goes_with_the_instrume
 
 
 def test_a_check_that_breaks_warns_and_the_replay_goes_ahead(torch, fake, monkeypatch):
-    import graphcheck._guard as guard
+    import graphcheck._instrument.replay_check as guard
 
     model = make_model(torch)
     ins = gt.instrument(None, model=model, verify_on_replay="raise")

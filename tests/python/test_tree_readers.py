@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from graphcheck import _guard
+from graphcheck._instrument import replay_check as _guard
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Digests of the memory graphs read that no owner explains (issue 14): with digests on, the
 allocator block holding an `unowned` address is digested into the manifest's `ranges`, again
 into the snapshot's, and contents lost there across an event that preserves them are
-`stale`. On CPU: the allocator snapshot is faked (graphcheck._allocator._memory_segments)
+`stale`. On CPU: the allocator snapshot is faked (graphcheck._caching_allocator._memory_segments)
 with a block at a CPU tensor no owner reaches, and the range digester reads the bytes where
 they are (the GPU path, `_native.digest_ranges`, is tested in test_digest_gpu.py)."""
 
@@ -11,7 +11,7 @@ import re
 import pytest
 
 import graphcheck
-import graphcheck._allocator
+import graphcheck._caching_allocator
 import graphcheck._registry
 import graphcheck.torch as gt
 from graphcheck import _native
@@ -31,7 +31,7 @@ def cache_setup(torch, monkeypatch):
         "segment_pool_id": (1, 2),
         "blocks": [{"address": base, "size": size, "state": "active_allocated"}],
     }
-    monkeypatch.setattr(graphcheck._allocator, "_memory_segments", lambda: [segment])
+    monkeypatch.setattr(graphcheck._caching_allocator, "_memory_segments", lambda: [segment])
     calls = []
 
     def digester(ranges):

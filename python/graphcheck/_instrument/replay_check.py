@@ -35,10 +35,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from . import _args, _native, _registry
-from . import sleep as _sleep
-from ._native import GraphcheckError
-from ._snapshot import snapshot
+from .. import _args, _native, _registry
+from .. import sleep as _sleep
+from .._native import GraphcheckError
+from .._snapshot import snapshot
 
 #: The finding kinds that say a graph's memory changed since capture (docs/findings.md,
 #: "Live checks"): the ones a replay check stops for. The core's list.
@@ -267,7 +267,7 @@ def _tree_attr(obj, chain: str, lost: str):
         except AttributeError:
             if chain not in _TREE_WARNED:
                 _TREE_WARNED.add(chain)
-                from ._process import _warn
+                from .host import _warn
 
                 _warn(
                     f"graphcheck: this torch's CUDA-graph tree node has no `{chain}` "
@@ -343,7 +343,7 @@ def run_check(ins, *, event: str, contents: str, digests=None, transition: bool 
     ``updated`` whatever the caller said). ``transition``: ``contents`` is the latest
     marked transition's, already among the updates; else an ``updated`` asked for here
     (``check()``) is one more update that does not say what it wrote."""
-    from ._api import verify
+    from .._api import verify
 
     manifest, at = ins._manifest_and_epoch()
     rec = ins.recorder
@@ -398,7 +398,7 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
             raise ReplayCheckError(message, report=report, graph=name, findings=found)
         # Shown, never raised, where the filters make warnings errors: asked to warn, the
         # check must not read as a failure of its own (nor stop the graphs after this one).
-        from ._instrument import _warn
+        from .instrumentation import _warn
 
         _warn(message)
     cuda_graph._graphcheck_epoch = at

@@ -1,4 +1,4 @@
-"""The transitions the replay check sees without the engine saying so (:mod:`_guard`):
+"""The transitions the replay check sees without the engine saying so (:mod:`.replay_check`):
 ``Module.load_state_dict``, which also says which tensors it wrote, and
 torch_memory_saver's ``resume``. Each is patched to mark a transition after it returns;
 :func:`graphcheck.torch.uninstrument` restores them with the rest of the patch."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from . import _guard
-from ._registry import _torch
+from . import replay_check as _guard
+from .._registry import _torch
 
 
 def _wrap(

@@ -16,10 +16,12 @@ import warnings
 import weakref
 from typing import Callable, Iterable, Optional, Union
 
-from . import _args, _discover, _guard, _native, _transitions
-from ._native import GraphcheckError
-from ._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
-from ._process import (
+from .. import _args, _discover, _native
+from .._native import GraphcheckError
+from .._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
+from . import replay_check as _guard
+from . import transitions as _transitions
+from .host import (
     _claim_manifest_path,
     _each_sink,
     _force_keep_graph,
@@ -27,8 +29,8 @@ from ._process import (
     _restore,
     _warn,
 )
-from ._registry import _torch
-from ._walk import DEFAULT_MAX_DEPTH, root_arg
+from .._registry import _torch
+from .._walk import DEFAULT_MAX_DEPTH, root_arg
 
 #: The environment variable that turns :func:`instrument` on for a whole process tree.
 ENV_DIR = "GRAPHCHECK_DIR"
@@ -38,7 +40,7 @@ ENV_DIR = "GRAPHCHECK_DIR"
 _PENDING_ROOTS: list = []
 # The live instrumentations, in order; the patch stays while any is live.
 _ACTIVE: list = []
-# (owner, attribute, original, installed) of what the patch replaced (_process._restore).
+# (owner, attribute, original, installed) of what the patch replaced (host._restore).
 _PATCHED: list = []
 _LOCK = threading.RLock()
 

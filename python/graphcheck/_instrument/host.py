@@ -10,8 +10,8 @@ import os
 import types
 from typing import Callable
 
-from ._recorder import _fatal
-from ._registry import _torch
+from .._recorder import _fatal
+from .._registry import _torch
 
 
 def _warn(message: str) -> None:
