@@ -15,6 +15,38 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 from . import _args, _native
 from ._native import GraphcheckError, Text
 
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_FINDINGS",
+    "EXIT_OK",
+    "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
+    "Allow",
+    "Allowed",
+    "DiffResult",
+    "Document",
+    "Finding",
+    "KernelRef",
+    "Owner",
+    "RankSummary",
+    "Report",
+    "Text",
+    "VerificationFailed",
+    "__version__",
+    "assert_clean",
+    "build_manifest",
+    "diff",
+    "document_source",
+    "explain",
+    "load",
+    "load_as",
+    "normalized",
+    "schema",
+    "summary",
+    "verify",
+    "version_arg",
+]
+
 #: The version of the core this package was built from.
 __version__ = _native.version()
 
@@ -42,7 +74,9 @@ Allow = Union[str, "os.PathLike[str]", Sequence[Mapping[str, Any]]]
 Pairs = Sequence[Sequence[Union[str, "os.PathLike[str]"]]]
 
 
-def _source(doc: Document, name: str = "document") -> Union[str, bytes, "os.PathLike[str]", Text]:
+def document_source(
+    doc: Document, name: str = "document"
+) -> Union[str, bytes, "os.PathLike[str]", Text]:
     """What ``_native`` takes: a mapping becomes :class:`Text` (an unserialisable value is
     an error naming its JSON path under ``name``); paths and text pass through, and the
     native module tells a path from text (:data:`Document`) and turns a path or text it
@@ -104,10 +138,10 @@ def load(doc: Document, expect: Optional[str] = None, *, format_version: int = 1
     (``"manifest"`` or ``"live"``) makes the other kind an error."""
     if expect is not None:
         _args.choice("expect", expect, ("manifest", "live"))
-    return _load_as(doc, "document", None, expect, _version_arg(format_version))
+    return load_as(doc, "document", None, expect, version_arg(format_version))
 
 
-def _load_as(doc: Document, name: str, label: Optional[str], expect: Optional[str], version: int) -> dict:
+def load_as(doc: Document, name: str, label: Optional[str], expect: Optional[str], version: int) -> dict:
     """:func:`load` of an argument ``name`` (errors name it), the text tagged ``label``
     (``<manifest>:1:2: …``; ``None``: ``<string>``)."""
     # The objects are built straight from the core's records (no JSON text). The cyclic
@@ -116,14 +150,14 @@ def _load_as(doc: Document, name: str, label: Optional[str], expect: Optional[st
     collecting = gc.isenabled()
     gc.disable()
     try:
-        _, document = _native.load_objects(_source(doc, name), expect, label, version)
+        _, document = _native.load_objects(document_source(doc, name), expect, label, version)
     finally:
         if collecting:
             gc.enable()
     return document
 
 
-def _version_arg(value) -> int:
+def version_arg(value) -> int:
     """A format version this build writes, or a GraphcheckError naming the argument (a
     float equal to one, ``2.0``, is not a version: the native call takes an integer)."""
     if isinstance(value, bool) or not isinstance(value, int) or value not in FORMAT_VERSIONS:
@@ -136,17 +170,17 @@ def _version_arg(value) -> int:
 
 def normalized(doc: Document) -> str:
     """The stable text of a document (``graphcheck show --normalized``)."""
-    return _native.normalized(_source(doc))
+    return _native.normalized(document_source(doc))
 
 
 def summary(doc: Document) -> str:
     """The summary ``graphcheck show`` prints."""
-    return _native.summary(_source(doc))
+    return _native.summary(document_source(doc))
 
 
 def schema(format_version: int = FORMAT_VERSION) -> dict:
     """The JSON Schema of format ``format_version`` (2, what graphcheck writes, or 1)."""
-    return json.loads(_native.schema(_version_arg(format_version)))
+    return json.loads(_native.schema(version_arg(format_version)))
 
 
 def build_manifest(
@@ -160,7 +194,7 @@ def build_manifest(
     text = Text(_args.to_json("spec", spec)) if isinstance(spec, Mapping) else spec
     if not isinstance(text, (str, bytes, Text)):
         raise GraphcheckError(f"spec is a dict or JSON text, not {_args.show(spec)}")
-    version = _version_arg(format_version)
+    version = version_arg(format_version)
     return json.loads(_native.build_manifest(text, None, version))
 
 
@@ -179,7 +213,7 @@ def explain(
     kernel = _args.optional_text("kernel", kernel)
     dot = _args.flag("dot", dot)
     normalized = _args.flag("normalized", normalized)
-    found, text = _native.explain(_source(manifest, "manifest"), target, kernel, dot, normalized)
+    found, text = _native.explain(document_source(manifest, "manifest"), target, kernel, dot, normalized)
     if not found:
         raise GraphcheckError(text.strip() or f"nothing matches {target or kernel!r}")
     return text
@@ -203,7 +237,7 @@ def diff(a: Document, b: Document, *, format: str = "table") -> DiffResult:
     """Compares two documents by owner path (tensor set, registration, layout, digests).
     ``format`` is ``"table"``, ``"markdown"`` or ``"json"``."""
     format = _args.choice("format", format, ("table", "markdown", "json"))
-    same, text = _native.diff(_source(a, "a"), _source(b, "b"), format)
+    same, text = _native.diff(document_source(a, "a"), document_source(b, "b"), format)
     return DiffResult(same, text)
 
 
@@ -544,8 +578,8 @@ def verify(
         verified = _native.verify_pairs(_pair_paths(manifest, live), **flags)
     else:
         verified = _native.verify(
-            _source(manifest, "manifest"),
-            None if live is None else _source(live, "live"),
+            document_source(manifest, "manifest"),
+            None if live is None else document_source(live, "live"),
             **flags,
         )
     return Report._from_native(verified)

@@ -28,6 +28,22 @@ from typing import Any, Iterable, Optional
 from . import _native
 from ._native import GraphcheckError
 
+__all__ = [
+    "callable_or_text",
+    "choice",
+    "flag",
+    "integer",
+    "iterable",
+    "mapping",
+    "optional_mapping",
+    "optional_text",
+    "path",
+    "show",
+    "strings",
+    "text",
+    "to_json",
+]
+
 
 def show(value: Any) -> str:
     """``value`` for a message: its type, and a short ``repr`` for small scalars."""

@@ -7,7 +7,8 @@ costs one environment lookup). This module never imports torch itself: where tor
 imported yet, a one-shot import hook instruments right after ``import torch`` completes,
 so processes that never use torch pay nothing, and spawned workers (vLLM's, torchrun's)
 are instrumented the same way as the parent. ``import graphcheck.torch`` with the variable
-set does the same, for installs without the ``.pth`` (editable or vendored ones).
+set imports this module too, for installs without the ``.pth`` (editable or vendored ones);
+this module imports the instrumentation itself, not ``graphcheck.torch``.
 
 A failure here never stops the process: it is reported on stderr.
 """
@@ -17,15 +18,18 @@ import importlib.util
 import os
 import sys
 
+__all__ = ["install"]
+
 _installed = False
 
 
 def _instrument_now() -> None:
     try:
-        from graphcheck import torch as gt
+        # Here, not at the top: a process that never imports torch never loads it.
+        from graphcheck import _instrument
 
-        if not gt.instrumented():
-            gt.instrument()
+        if not _instrument.instrumented():
+            _instrument.instrument()
     except Exception as e:  # noqa: BLE001 - never break the host process
         print(f"graphcheck: GRAPHCHECK_DIR is set but instrument() failed: {e}", file=sys.stderr)
 

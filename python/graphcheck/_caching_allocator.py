@@ -1,41 +1,34 @@
-"""What graphcheck reads from torch's process state besides the model: the caching
-allocator's segments and blocks (``torch.cuda.memory_snapshot()``: pools, free blocks,
-allocation sites where memory history is on) and the ``producer`` block of a document.
-The recorder (:mod:`graphcheck._recorder`) and the live snapshot
-(:mod:`graphcheck._snapshot`) both read them here.
+"""torch's CUDA caching allocator as graphcheck reads it: its segments and blocks
+(``torch.cuda.memory_snapshot()``: pools, free blocks, allocation sites where memory
+history is on), pool ids, and the ``MemPool`` regions of torch_memory_saver. The recorder
+(:mod:`graphcheck._recorder`) and the live snapshot (:mod:`graphcheck._snapshot`) both
+read them here. (Not :class:`graphcheck.sleep.SleepAllocator`, graphcheck's own allocator,
+which torch loads as a pluggable one.)
 """
 
 from __future__ import annotations
 
 import bisect
 import os
-from typing import Any, Iterable, Mapping, Optional
+from typing import Iterable, Mapping
 
 from . import _args
-from ._api import __version__
 from ._native import GraphcheckError
-from ._registry import _torch
+from ._torch_import import import_torch
+
+__all__ = [
+    "ALLOC_SITE_FRAMES",
+    "TAG_KINDS",
+    "AllocSites",
+    "memory_segments",
+    "pool_key",
+    "pool_segments",
+    "segment_facts",
+    "tms_pools",
+]
 
 
-def _producer(overrides: Optional[Mapping[str, Any]] = None) -> dict:
-    torch = _torch()
-    p: dict = {
-        "tool": "graphcheck.torch",
-        "tool_version": __version__,
-        "framework": f"torch {torch.__version__}",
-        "rank": 0,
-        "world_size": 1,
-    }
-    dist = getattr(torch, "distributed", None)
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        p["rank"], p["world_size"] = dist.get_rank(), dist.get_world_size()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        p["gpu"] = torch.cuda.get_device_name()
-    p.update(overrides or {})
-    return p
-
-
-def _pool_key(pool_id) -> tuple:
+def pool_key(pool_id) -> tuple:
     """A torch pool id (``(a, b)``, a ``MemPool``, a graph pool handle) as a tuple."""
     pid = getattr(pool_id, "id", pool_id)
     try:
@@ -96,12 +89,12 @@ def tms_pools() -> list:
     return out
 
 
-def _memory_segments() -> list:
+def memory_segments() -> list:
     """``torch.cuda.memory_snapshot()``: the caching allocator's segments as torch gives
     them (blocks with their ``frames`` where memory history is on); [] where CUDA is not in
     use. Called once per :meth:`Recorder.build_spec` and per :func:`snapshot`: the segments
     serve pool attribution, probes and allocation sites alike."""
-    torch = _torch()
+    torch = import_torch()
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return []
     try:  # torch >= 2.13 can leave the trace ring out (cheaper); older takes no argument
@@ -115,7 +108,7 @@ ALLOC_SITE_FRAMES = 16
 
 
 def _torch_dir() -> str:
-    torch = _torch()
+    torch = import_torch()
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
@@ -142,7 +135,7 @@ def _python_frames(frames: list) -> list:
     return python[first : first + ALLOC_SITE_FRAMES]
 
 
-class _AllocSites:
+class AllocSites:
     """Allocation sites by address, from the blocks of allocator segments that carry
     ``frames`` (``torch.cuda.memory._record_memory_history`` on); empty otherwise, and then
     free to query."""
@@ -183,7 +176,7 @@ class _AllocSites:
                 spec["alloc_site"] = site
 
 
-def _segment_facts(raw: list) -> list:
+def segment_facts(raw: list) -> list:
     """The allocator's segments as the core's builders take them
     (``graphcheck::resolve::facts::Segment``): base, size, pool and blocks."""
     return [
@@ -200,11 +193,11 @@ def _segment_facts(raw: list) -> list:
     ]
 
 
-def _pool_segments(keys: Iterable[tuple]) -> list:
+def pool_segments(keys: Iterable[tuple]) -> list:
     """``(base, size)`` of the caching allocator's segments in the pools ``keys``, sorted.
     One snapshot per pool where torch takes a pool id (cheap: a graph pool has few
     segments); else one snapshot of every segment, filtered."""
-    torch = _torch()
+    torch = import_torch()
     keys = set(keys)
     found = set()
     try:
@@ -219,7 +212,7 @@ def _pool_segments(keys: Iterable[tuple]) -> list:
     except Exception:  # noqa: BLE001 - no per-pool snapshot in this torch
         found = {
             (s["address"], s["total_size"])
-            for s in _memory_segments()
+            for s in memory_segments()
             if tuple(s.get("segment_pool_id", (0, 0))) in keys
         }
     return sorted(found)

@@ -23,6 +23,8 @@ import gc
 import re
 from typing import Optional
 
+__all__ = ["discover", "snake", "top_level_modules"]
+
 
 def _module_type(torch):
     return torch.nn.Module

@@ -10,15 +10,20 @@ import json
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Union
 
-from . import _caching_allocator, _args, _native, _registry
-from . import sleep as _sleep_module
-from ._caching_allocator import _AllocSites, _pool_key, _pool_segments, _producer
+from . import _args, _caching_allocator, _digest, _native, _sleep_state
+from ._caching_allocator import AllocSites, pool_key, pool_segments
+from ._digest import digests_arg
 from ._native import GraphcheckError
-from ._registry import Registry, _attr, _digests_arg, _key, _torch
+from ._paths import attr_hop, key_hop
+from ._producer import producer as producer_block
+from ._registry import Registry
+from ._torch_import import import_torch
 from ._walk import DEFAULT_MAX_DEPTH, root_arg, walk_roots
 
+__all__ = ["Frozen", "OwnersNotCurrent", "Recorder", "fatal", "graph", "walk_graph"]
 
-def _walk_graph(handle: int):
+
+def walk_graph(handle: int):
     """The walked graph of a ``cudaGraph_t``, by the Rust walker, kept on the Rust side
     (``_native.Walked``): on the capture path no JSON is made or parsed."""
     walker = getattr(_native, "walk", None)
@@ -29,7 +34,7 @@ def _walk_graph(handle: int):
     return walker(handle)
 
 
-class _OwnersNotCurrent(GraphcheckError):
+class OwnersNotCurrent(GraphcheckError):
     """:meth:`Recorder.add_graph` added the graph, but could not walk the roots to keep its
     owners current (the cause is chained)."""
 
@@ -120,7 +125,7 @@ class Recorder:
         self.runtime_state = tuple(
             _args.strings("runtime_state", runtime_state, "owner-path globs")
         )
-        digests = _digests_arg("digests", digests)
+        digests = digests_arg("digests", digests)
         self.digests = digests or None
         self.producer = dict(_args.optional_mapping("producer", producer) or {})
         self.registry: Optional[Registry] = None
@@ -245,10 +250,10 @@ class Recorder:
         keys = [k for k, pid in self._pool_by_key.items() if self._pools[pid]["kind"] == "graph"]
         if not keys:
             return False
-        torch = _torch()
+        torch = import_torch()
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return False
-        segments = _pool_segments(keys)
+        segments = pool_segments(keys)
         if segments == self._graph_segments:
             return False
         self._graph_segments = segments
@@ -344,7 +349,7 @@ class Recorder:
                 self._pool_known = _pack_ranges(self._graph_pool_ranges + self._graph_segments)
                 self._known = None
         if torch_pool is not None:
-            self._pool_by_key[_pool_key(torch_pool)] = pid
+            self._pool_by_key[pool_key(torch_pool)] = pid
         return pid
 
     def _declare_sleep_pools(self) -> None:
@@ -352,13 +357,15 @@ class Recorder:
         use) and each region of torch_memory_saver (where that package is imported) that
         is not declared yet, with its kind and sleep policy, so that manifests attribute
         tensors to tags without the caller asking."""
-        alloc = _sleep_module._ALLOCATOR
+        alloc = _sleep_state.allocator()
         tags = []
         if alloc is not None:
-            tags = [(tag, *alloc.pool_policy(tag), pool) for tag, pool in sorted(alloc._pools.items())]
+            # By pool id (what a pool is keyed by), in the order of the tags.
+            by_tag = sorted((tag, pid) for pid, tag in alloc.pool_names().items())
+            tags = [(tag, *alloc.pool_policy(tag), pid) for tag, pid in by_tag]
         names = {p["name"] for p in self._pools}
         for tag, kind, policy, pool in tags + _caching_allocator.tms_pools():
-            if _pool_key(pool) in self._pool_by_key or tag in names:
+            if pool_key(pool) in self._pool_by_key or tag in names:
                 continue
             names.add(tag)
             self.add_pool(tag, kind=kind, sleep=policy, torch_pool=pool)
@@ -373,7 +380,7 @@ class Recorder:
                 if p["name"] == pool:
                     return i
             raise GraphcheckError(f"no pool named {pool!r}")
-        key = _pool_key(pool)
+        key = pool_key(pool)
         if key not in self._pool_by_key:
             self._pool_by_key[key] = self.add_pool(f"graph{key}", kind="graph")
         return self._pool_by_key[key]
@@ -412,17 +419,17 @@ class Recorder:
             except GraphcheckError:  # reported, with its JSON path, by the build
                 native = None
         self._graphs.append(entry)
-        base = _key("graphs", name)
+        base = key_hop("graphs", name)
         for hop, tensors in extras:
             for k, t in tensors.items():
-                self._add_extra(_key(_attr(base, hop), k), t, "graph_input")
+                self._add_extra(key_hop(attr_hop(base, hop), k), t, "graph_input")
         try:
             self._keep_current(native)
         except BaseException as e:  # noqa: BLE001 - a panic too: the graph is in all the same
-            if _fatal(e):
+            if fatal(e):
                 raise
             self._stale = True  # the next graph or manifest walks again
-            raise _OwnersNotCurrent(
+            raise OwnersNotCurrent(
                 f"graph {name!r} was recorded, but the walk that keeps its owners current "
                 f"failed ({type(e).__name__}: {e}): its owners may be stale until the next walk"
             ) from e
@@ -437,7 +444,7 @@ class Recorder:
                 "cuda_graph is a torch.cuda.CUDAGraph (keep_graph=True), "
                 f"not {_args.show(cuda_graph)}"
             )
-        walked = _walk_graph(raw())
+        walked = walk_graph(raw())
         self.add_graph(name, walked, pool=pool, inputs=inputs, outputs=outputs)
 
     def guard_graph(self, name: str, guards) -> None:
@@ -470,9 +477,9 @@ class Recorder:
             for path, t, registration in self._extra:
                 reg.add(t, path, registration, None)
         self._declare_sleep_pools()
-        # Looked up in _caching_allocator at each call, as the snapshot does: one place where the
-        # allocator's snapshot is read, and where the CPU tests fake it.
-        raw_segments = _caching_allocator._memory_segments()
+        # Looked up in _caching_allocator at each call, as the snapshot does: one place
+        # where the allocator's snapshot is read, and where the CPU tests fake it.
+        raw_segments = _caching_allocator.memory_segments()
         return Frozen(
             registry=reg,
             tensors=reg.tensor_specs(self.digests) if self.digests else None,
@@ -489,14 +496,14 @@ class Recorder:
     @staticmethod
     def _spec(f: "Frozen") -> dict:
         tensors = f.tensors if f.tensors is not None else f.registry.tensor_specs(None)
-        _AllocSites(f.raw_segments).annotate(tensors, f.registry.tensors)
+        AllocSites(f.raw_segments).annotate(tensors, f.registry.tensors)
         # The core reads the segments (graphcheck::resolve::spec): a bound pool's segments
         # are its ranges, free blocks are free memory (IgnoredReason::FreeMemory).
         return {
-            "producer": _producer(f.producer),
+            "producer": producer_block(f.producer),
             "pools": f.pools,
             "pool_ranges": f.pool_ranges,
-            "segments": _caching_allocator._segment_facts(f.raw_segments),
+            "segments": _caching_allocator.segment_facts(f.raw_segments),
             "pool_bindings": f.pool_bindings,
             "tensors": tensors,
             "owners": f.registry.owner_specs(),
@@ -514,7 +521,7 @@ class Recorder:
         recorder's: it can run on another thread while the recorder takes more graphs."""
         # With digests, the memory the graphs read that no owner explains is digested too
         # (the manifest's `ranges`): contents a sleep lost there are `stale` after it.
-        ranges = _registry.range_digests if f.digests else None
+        ranges = _digest.range_digests if f.digests else None
         return _native.build_manifest(json.dumps(cls._spec(f)), f.walked, ranges=ranges)
 
     @property
@@ -559,7 +566,7 @@ def graph(
     raises :class:`GraphcheckError` (its cause chained) after the graph is ready to
     replay. An empty capture (torch only warns) is recorded as a graph with no node. A
     wrong argument is a :class:`GraphcheckError` before anything is captured."""
-    torch = _torch()
+    torch = import_torch()
     name = _args.text("name", name)
     _tensors_arg("inputs", inputs)
     _tensors_arg("outputs", outputs)
@@ -579,7 +586,7 @@ def graph(
             raise GraphcheckError("graph() needs a model or a recorder")
         recorder = Recorder(model)
     if not hasattr(_native, "walk"):
-        _walk_graph(0)  # raises the message that says why
+        walk_graph(0)  # raises the message that says why
     with torch.cuda.graph(
         cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
     ):
@@ -590,7 +597,7 @@ def graph(
     except GraphcheckError:
         raise
     except BaseException as e:
-        if _fatal(e):
+        if fatal(e):
             raise
         raise GraphcheckError(f"recording graph {name!r} failed: {type(e).__name__}: {e}") from e
     finally:
@@ -599,7 +606,7 @@ def graph(
             instantiate()
 
 
-def _fatal(e: BaseException) -> bool:
+def fatal(e: BaseException) -> bool:
     """Whether an exception must reach the caller as it is: an interrupt or an exit. Any
     other failure of a recording (``pyo3_runtime.PanicException`` included, a
     ``BaseException``) is graphcheck's and never the engine's."""
@@ -611,7 +618,7 @@ def _tensors_arg(name: str, tensors) -> Mapping:
     if tensors is None:
         return {}
     _args.mapping(name, tensors, "a mapping of name to tensor")
-    Tensor = _torch().Tensor
+    Tensor = import_torch().Tensor
     for k, t in tensors.items():
         if not isinstance(t, Tensor):
             raise GraphcheckError(f"{name}[{k!r}] is a torch.Tensor, not {_args.show(t)}")

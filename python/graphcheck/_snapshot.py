@@ -1,7 +1,11 @@
 """The live snapshot (:func:`snapshot`): after sleep/wake or a reload, the registry walk of
 the live model plus, for every address the manifest's graphs hold, whether it is still an
-active allocation (CUDA: the caching allocator's blocks; CPU: the storages the walk found,
-as :mod:`graphcheck.torch`'s docstring says), with digests where asked.
+active allocation, with digests where asked.
+
+On CUDA that comes from ``torch.cuda.memory_snapshot()`` (segments and blocks). CPU memory
+has no such record, so for CPU addresses (the CI tests) an address inside the storage of a
+tensor the live walk found is ``active`` and any other address ``unmapped``: a tensor the
+model no longer reaches counts as freed, whether or not the C allocator has released it.
 """
 
 from __future__ import annotations
@@ -9,13 +13,15 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from . import _caching_allocator, _args, _native, _registry
-from . import sleep as _sleep_module
-from ._caching_allocator import _AllocSites, _pool_key, _producer
-from ._api import FORMAT_VERSION, _load_as, _source, _version_arg
+from . import _args, _caching_allocator, _digest, _native, _sleep_state
+from ._api import FORMAT_VERSION, document_source, load_as, version_arg
+from ._caching_allocator import AllocSites, pool_key
+from ._digest import DEFAULT_DIGEST, digests_choice
 from ._native import GraphcheckError
-from ._registry import DEFAULT_DIGEST, _digests_choice
-from ._walk import DEFAULT_MAX_DEPTH, _root_pairs, walk, walk_roots
+from ._producer import producer as producer_block
+from ._walk import DEFAULT_MAX_DEPTH, root_pairs, walk, walk_roots
+
+__all__ = ["snapshot"]
 
 
 # -- snapshot -----------------------------------------------------------------------------
@@ -66,10 +72,10 @@ def snapshot(
     ``format_version`` (2, as graphcheck writes it, by default; 1 is the expanded form
     :func:`graphcheck.load` gives). Every wrong argument is a :class:`GraphcheckError`
     naming it."""
-    version = _version_arg(format_version)
+    version = version_arg(format_version)
     event = _args.text("event", event)
     contents = _args.choice("contents", contents, ("preserved", "updated"))
-    digests = _digests_choice("digests", digests)
+    digests = digests_choice("digests", digests)
     root = _args.text("root", root)
     pools = _args.optional_mapping("pools", pools)
     producer = _args.optional_mapping("producer", producer)
@@ -78,9 +84,9 @@ def snapshot(
             _args.text("reference: an owner path", path)
             _args.text(f"reference[{path!r}]", value)
     m_source = manifest
-    m = _load_as(manifest, "manifest", "<manifest>", "manifest", 1)
+    m = load_as(manifest, "manifest", "<manifest>", "manifest", 1)
     pairs = [] if model is None and roots else [(root, model)]
-    pairs.extend(_root_pairs("roots", roots) if roots is not None else [])
+    pairs.extend(root_pairs("roots", roots) if roots is not None else [])
     registry = walk_roots(pairs, max_depth=max_depth, runtime_state=runtime_state)
     if digests is None:
         # A manifest recorded with digests is compared: without live digests a preserved
@@ -95,7 +101,7 @@ def snapshot(
     bindings = {}
     # The sleep allocator's and torch_memory_saver's pools, where the manifest declares
     # their tags; `pools` wins.
-    alloc = _sleep_module._ALLOCATOR
+    alloc = _sleep_state.allocator()
     auto = {} if alloc is None else {k: n for k, n in alloc.pool_names().items() if n in pool_ids}
     for name, _, _, pool in _caching_allocator.tms_pools():
         if name in pool_ids:
@@ -103,29 +109,31 @@ def snapshot(
     for key, name in {**auto, **(pools or {})}.items():
         if not isinstance(name, str) or name not in pool_ids:
             raise GraphcheckError(f"pools: the manifest has no pool named {name!r}")
-        bindings[_pool_key(key)] = pool_ids[name]
+        bindings[pool_key(key)] = pool_ids[name]
 
-    # Looked up in _caching_allocator at each call, as the recorder does: one place where the
-    # allocator's snapshot is read, and where the CPU tests fake it.
-    raw_segments = _caching_allocator._memory_segments()
+    # Looked up in _caching_allocator at each call, as the recorder does: one place where
+    # the allocator's snapshot is read, and where the CPU tests fake it.
+    raw_segments = _caching_allocator.memory_segments()
     # (device, storage address) an update rewrote (the replay check): left undigested.
     specs = registry.tensor_specs(algorithm, skip=_rewritten)
-    _AllocSites(raw_segments).annotate(specs, registry.tensors)
+    AllocSites(raw_segments).annotate(specs, registry.tensors)
     # The core builds the snapshot from these facts (graphcheck::resolve::live): segments
     # to allocations and pools, probes of the captured addresses, and the document check.
     spec = {
-        "producer": _producer(producer),
+        "producer": producer_block(producer),
         "event": {"name": event, "contents": contents},
         "tensors": specs,
         "owners": registry.owner_specs(),
-        "segments": _caching_allocator._segment_facts(raw_segments),
+        "segments": _caching_allocator.segment_facts(raw_segments),
         "pool_bindings": [{"key": list(k), "pool": v} for k, v in bindings.items()],
         "reference_digests": references,
     }
     # The manifest's `ranges` (memory read that no owner explains) digested again.
-    ranges = _registry.range_digests if algorithm is not None else None
+    ranges = _digest.range_digests if algorithm is not None else None
     return json.loads(
-        _native.build_live(_native.Text(json.dumps(spec)), _source(m_source), version, ranges=ranges)
+        _native.build_live(
+            _native.Text(json.dumps(spec)), document_source(m_source), version, ranges=ranges
+        )
     )
 
 

@@ -1,7 +1,37 @@
 """The registry walk: every tensor a model (or any object) reaches, with every owner path
-that reaches it, read without running user code (:func:`walk`, :func:`walk_roots`). The
-rules (what is entered, how each path holds its tensor, the depth bound) are told in
-:mod:`graphcheck.torch`'s docstring; the records it fills are :mod:`graphcheck._registry`'s.
+that reaches it, read without running user code (:func:`walk`, :func:`walk_roots`), into a
+:class:`graphcheck._registry.Registry`: one record per storage view (data pointer, shape,
+stride, dtype), with every owner path that reaches it
+(``model.layers[0].mlp.quant_method.kernel.workspace``, in the core's path grammar) and how
+that path holds it — the ``registration`` of format v1:
+
+- ``parameter``, ``buffer``, ``buffer_non_persistent`` (``_non_persistent_buffers_set``):
+  from a module's ``_parameters`` and ``_buffers``;
+- ``held``: a buffer named ``_held_*`` (vLLM's ``register_held_tensors``), or a tensor a
+  non-module object lists in its ``persistent_tensors()``;
+- ``module_attribute``: a plain attribute of a module; ``object_attribute``: an attribute
+  of any other object (quant methods, kernel objects, dataclasses);
+- ``container``: an element of a dict, list or tuple; ``partial``: an argument or keyword
+  of a ``functools.partial``; ``closure``: a closure cell (or default argument) of a
+  function;
+- ``runtime_state``: any owner whose path matches one of the caller's ``runtime_state``
+  globs (KV caches, per-step scratch).
+
+A tensor subclass with ``__tensor_flatten__`` (TorchAO and other traceable wrappers) is
+replaced by its inner tensors (``weight.qdata``), which keep the outer registration: they
+are what kernels read, and they are restored with the wrapper.
+
+The walk is read-only. It reads ``__dict__`` and ``__slots__`` directly instead of calling
+``getattr``, so properties and ``__getattr__`` hooks never run; the only user code it calls
+is ``persistent_tensors()``, the protocol whose purpose is to be called, and
+``__tensor_flatten__``. Modules are followed through ``_modules`` without a depth limit (the
+module tree is what ``named_modules()`` walks); from each module, chains of non-module
+objects and containers are followed to ``max_depth`` hops (default 8). Every object is
+entered once, so cycles end, and an object reached through two paths is listed under the
+first. What the walk could not read is listed in :attr:`Registry.skipped`, as ``(owner path,
+why)``: among them any value whose reading raised (``isinstance`` asks a lazy proxy's
+``__class__``; a dict subclass's ``items()``, a ``__dict__`` property, a tensor subclass's
+properties run their code), with the exception's type and message; the walk goes on past it.
 """
 
 from __future__ import annotations
@@ -13,16 +43,11 @@ from typing import Any, Iterable, Mapping, Optional, Union
 
 from . import _args, _native
 from ._native import GraphcheckError
-from ._registry import (
-    Registry,
-    _attr,
-    _child,
-    _exception_text,
-    _gc_paused,
-    _key,
-    _torch,
-    _type_name,
-)
+from ._paths import attr_hop, child_hop, key_hop
+from ._registry import Registry, exception_text, gc_paused
+from ._torch_import import import_torch
+
+__all__ = ["DEFAULT_MAX_DEPTH", "root_arg", "root_pairs", "walk", "walk_roots"]
 
 #: Hops of non-module objects and containers followed from each module.
 DEFAULT_MAX_DEPTH = 8
@@ -77,9 +102,13 @@ _ATOMS = (
 _TENSOR, _LEAF, _MODULE, _OTHER = "tensor", "leaf", "module", "other"
 
 
+def _type_name(obj: Any) -> str:
+    return type(obj).__name__
+
+
 class _Walker:
     def __init__(self, registry: Registry, max_depth: int):
-        torch = _torch()
+        torch = import_torch()
         self.torch = torch
         self.Tensor = torch.Tensor
         self.Module = torch.nn.Module
@@ -114,7 +143,7 @@ class _Walker:
         property, a container whose ``items()`` or an object whose ``__dict__`` raises) in
         :attr:`Registry.skipped`; the walk goes on with the next value. One such value
         must not fail every manifest and replay check while it is there."""
-        self.reg.skipped.append((path, f"{what} raised {_exception_text(e)}"))
+        self.reg.skipped.append((path, f"{what} raised {exception_text(e)}"))
 
     # Modules: the tree first, so that parameters and buffers get their canonical paths
     # even where a plain attribute also reaches the module.
@@ -138,7 +167,7 @@ class _Walker:
                 continue
             for name, child in reversed(children):
                 if child is not None:
-                    stack.append((child, _child(p, name)))
+                    stack.append((child, child_hop(p, name)))
         for mod, p in order:
             try:
                 self.module_attributes(mod, p)
@@ -156,9 +185,9 @@ class _Walker:
                 continue
             # The common case inline: a plain strided parameter on a real device.
             if type(p) in plain and p.layout is strided and not p.is_meta:
-                add(p, _attr(path, name), "parameter", holder)
+                add(p, attr_hop(path, name), "parameter", holder)
             else:
-                self.tensor(p, _attr(path, name), "parameter", holder, 0)
+                self.tensor(p, attr_hop(path, name), "parameter", holder, 0)
         non_persistent = d.get("_non_persistent_buffers_set") or set()
         for name, b in (d.get("_buffers") or {}).items():
             if b is None:
@@ -169,7 +198,7 @@ class _Walker:
                 registration = "buffer_non_persistent"
             else:
                 registration = "buffer"
-            self.tensor(b, _attr(path, name), registration, holder, 0)
+            self.tensor(b, attr_hop(path, name), registration, holder, 0)
 
     def module_attributes(self, mod, path: str) -> None:
         kinds = self.kinds
@@ -182,7 +211,7 @@ class _Walker:
             return
         holder = _type_name(mod)
         for name, value in items:
-            self.value(value, _attr(path, name), "module_attribute", holder, 0)
+            self.value(value, attr_hop(path, name), "module_attribute", holder, 0)
 
     def kind(self, v) -> int:
         cls = type(v)
@@ -256,7 +285,7 @@ class _Walker:
             for k, x in list(v.items()):
                 if kinds.get(type(x)) is not _LEAF:
                     try:
-                        hop = _key(path, k)  # str() of the key: its type's code
+                        hop = key_hop(path, k)  # str() of the key: its type's code
                     except Exception as e:  # noqa: BLE001 - that entry skipped, not the dict
                         self.skip(path, e, f"naming its key of type {_type_name(k)}")
                         continue
@@ -264,22 +293,22 @@ class _Walker:
         elif shape == "sequence":
             for i, x in enumerate(list(v)):
                 if kinds.get(type(x)) is not _LEAF:
-                    self.value(x, _key(path, i), "container", name, depth)
+                    self.value(x, key_hop(path, i), "container", name, depth)
         elif shape == "set":
             # Unordered: no stable path to give an element.
             if any(isinstance(x, self.Tensor) for x in v):
                 self.reg.skipped.append((path, "tensors in a set have no owner path"))
         elif shape == "partial":
-            self.value(v.func, _attr(path, "func"), "object_attribute", name, depth)
+            self.value(v.func, attr_hop(path, "func"), "object_attribute", name, depth)
             for i, x in enumerate(v.args):
-                self.value(x, _key(_attr(path, "args"), i), "partial", name, depth)
+                self.value(x, key_hop(attr_hop(path, "args"), i), "partial", name, depth)
             for k, x in (v.keywords or {}).items():
-                self.value(x, _key(_attr(path, "keywords"), k), "partial", name, depth)
+                self.value(x, key_hop(attr_hop(path, "keywords"), k), "partial", name, depth)
         elif shape == "function":
             self.function(v, path, depth)
         else:  # a bound method
-            self.value(v.__func__, _attr(path, "__func__"), "object_attribute", name, depth)
-            self.value(v.__self__, _attr(path, "__self__"), "object_attribute", name, depth)
+            self.value(v.__func__, attr_hop(path, "__func__"), "object_attribute", name, depth)
+            self.value(v.__self__, attr_hop(path, "__self__"), "object_attribute", name, depth)
 
     def function(self, f, path: str, depth: int) -> None:
         name = _type_name(f)
@@ -289,12 +318,12 @@ class _Walker:
                 x = cell.cell_contents
             except ValueError:  # an empty cell
                 continue
-            self.value(x, _key(_attr(path, "__closure__"), var), "closure", name, depth)
+            self.value(x, key_hop(attr_hop(path, "__closure__"), var), "closure", name, depth)
         # Default arguments are captured like closure cells (`lambda x, w=w: …`).
         for i, x in enumerate(f.__defaults__ or ()):
-            self.value(x, _key(_attr(path, "__defaults__"), i), "closure", name, depth)
+            self.value(x, key_hop(attr_hop(path, "__defaults__"), i), "closure", name, depth)
         for k, x in (f.__kwdefaults__ or {}).items():
-            self.value(x, _key(_attr(path, "__kwdefaults__"), k), "closure", name, depth)
+            self.value(x, key_hop(attr_hop(path, "__kwdefaults__"), k), "closure", name, depth)
 
     def obj(self, v, path: str, depth: int) -> None:
         holder = _type_name(v)
@@ -311,14 +340,14 @@ class _Walker:
                 try:
                     k = self.kind(x)
                 except Exception as e:  # noqa: BLE001 - that attribute skipped, not `v`
-                    self.skip(_attr(path, name), e)
+                    self.skip(attr_hop(path, name), e)
                     continue
             if k is _TENSOR:
                 attr_tensor_ids.add(id(x))
                 registration = "held" if id(x) in held_ids else "object_attribute"
-                self.tensor(x, _attr(path, name), registration, holder, depth)
+                self.tensor(x, attr_hop(path, name), registration, holder, depth)
             else:
-                self.value(x, _attr(path, name), "object_attribute", holder, depth)
+                self.value(x, attr_hop(path, name), "object_attribute", holder, depth)
         # Listed tensors no attribute holds directly get the protocol's own path.
         for hop, t in held:
             if id(t) not in attr_tensor_ids:
@@ -329,14 +358,14 @@ class _Walker:
         method = _class_attribute(type(v), "persistent_tensors")
         if not callable(method):
             return []
-        base = _attr(path, "persistent_tensors()")
+        base = attr_hop(path, "persistent_tensors()")
         try:
             listed = v.persistent_tensors()
             self.entered[id(listed)] = listed
             if isinstance(listed, Mapping):
-                items = [(_key(base, k), t) for k, t in listed.items()]
+                items = [(key_hop(base, k), t) for k, t in listed.items()]
             else:
-                items = [(_key(base, i), t) for i, t in enumerate(listed or ())]
+                items = [(key_hop(base, i), t) for i, t in enumerate(listed or ())]
             return [(p, t) for p, t in items if isinstance(t, self.Tensor)]
         except Exception as e:  # noqa: BLE001 - a broken protocol method is reported
             self.skip(base, e, "persistent_tensors()")
@@ -364,7 +393,7 @@ class _Walker:
                 for name in names:
                     inner = _instance_attribute(t, name)
                     if isinstance(inner, self.Tensor):
-                        self.tensor(inner, _attr(path, name), registration, holder, depth + 1)
+                        self.tensor(inner, attr_hop(path, name), registration, holder, depth + 1)
                 return
             if t.layout is not self.strided:
                 self.reg.skipped.append((path, f"layout {t.layout} is not strided"))
@@ -490,7 +519,7 @@ def walk_roots(
     """One owner registry over several roots (``{"model": model, "draft": draft}`` or
     ``(root, object)`` pairs), walked in order into one registry: an object two roots reach
     is listed under the first. :func:`walk` is the one-root case."""
-    pairs = _root_pairs("roots", roots)
+    pairs = root_pairs("roots", roots)
     max_depth = _args.integer("max_depth", max_depth, minimum=0)
     globs = _args.strings("runtime_state", runtime_state, "owner-path globs")
     names = [r for r, _ in pairs]
@@ -500,7 +529,7 @@ def walk_roots(
         _native.check_path(r)
     registry = Registry(names[0] if names else "model")
     walker = _Walker(registry, max_depth)
-    with _gc_paused():
+    with gc_paused():
         for root, model in pairs:
             # A module enters its tree; a root whose reading raises is skipped, saying why.
             walker.value(model, root, "object_attribute", None, 0)
@@ -514,7 +543,6 @@ def walk_roots(
             for o, hit in zip(registry.owners, hits)
         ]
     return registry
-
 
 
 def _is_fake_class(cls) -> bool:
@@ -536,7 +564,7 @@ def root_arg(name: str, obj: Any) -> Any:
     return obj
 
 
-def _root_pairs(name: str, roots: Any) -> list:
+def root_pairs(name: str, roots: Any) -> list:
     """``(root name, object)`` pairs from a mapping or an iterable of pairs; a root name is
     a string."""
     if isinstance(roots, Mapping):

@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 from . import _native
 
+__all__ = ["main"]
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs one command (``argv`` without the program name; default ``sys.argv[1:]``) and

@@ -31,6 +31,8 @@ import pytest
 
 import graphcheck
 
+__all__ = ["GraphcheckRecorder", "graphcheck_recorder", "pytest_addoption"]
+
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("graphcheck")

@@ -30,7 +30,8 @@ import threading
 import warnings
 from typing import Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from . import _caching_allocator, _args, _native
+# Modules, not names: this module's namespace is public.
+from . import _args, _caching_allocator, _native, _sleep_state, _torch_import
 from ._native import GraphcheckError
 
 __all__ = [
@@ -50,10 +51,6 @@ SleepOutOfMemoryError = _native.SleepOutOfMemoryError
 #: Tags sleep level 1 copies to host memory unless told otherwise (vLLM's default).
 DEFAULT_OFFLOAD_TAGS = ("weights",)
 
-# Called with wake()'s result after every wake (graphcheck.torch's replay check marks a
-# transition there).
-_WAKE_HOOKS: list = []
-
 _POOL_KINDS = _caching_allocator.TAG_KINDS
 
 
@@ -66,16 +63,6 @@ class Allocation(NamedTuple):
     device: int
     tag: str
     state: str  # mapped, offloaded or discarded
-
-
-def _torch():
-    """torch, imported at first use: ``import graphcheck.sleep`` works without it, and any
-    call that needs it says so."""
-    try:
-        import torch
-    except ImportError as e:
-        raise GraphcheckError(f"graphcheck.sleep needs PyTorch: {e}") from e
-    return torch
 
 
 def _tags(name: str, value) -> list:
@@ -100,7 +87,7 @@ def _expandable_configured() -> bool:
 
 
 def _set_expandable(on: bool) -> None:
-    torch = _torch()
+    torch = _torch_import.import_torch(__name__)
     setting = f"expandable_segments:{on}"
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9
     if setter is not None:
@@ -132,7 +119,7 @@ class SleepAllocator:
     ``restored``); every other tag is discarded at sleep (``discarded`` in manifests)."""
 
     def __init__(self, offload_tags: Iterable[str] = DEFAULT_OFFLOAD_TAGS):
-        torch = _torch()
+        torch = _torch_import.import_torch(__name__)
         if not torch.cuda.is_available():
             raise SleepError("the sleep allocator needs CUDA, and torch sees no GPU")
         if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
@@ -159,14 +146,15 @@ class SleepAllocator:
         with self._lock:
             pool = self._pools.get(tag)
             if pool is None:
-                pool = _torch().cuda.MemPool(self._pluggable.allocator())
+                torch = _torch_import.import_torch(__name__)
+                pool = torch.cuda.MemPool(self._pluggable.allocator())
                 self._pools[tag] = pool
             return pool
 
     @contextlib.contextmanager
     def pool(self, tag: str) -> Iterator:
         """Allocates under ``tag`` on this thread inside the block; yields the MemPool."""
-        torch = _torch()
+        torch = _torch_import.import_torch(__name__)
         if self.level is not None:
             # torch would hand out cached blocks of the pool's unmapped segments.
             raise SleepError(f"asleep (level {self.level}): wake before allocating under {tag!r}")
@@ -191,7 +179,7 @@ class SleepAllocator:
             if tag not in self._pools:
                 raise SleepError(f"no pool has tag {tag!r}; the pools are {sorted(self._pools)}")
             del self._pools[tag]
-        _torch().cuda.empty_cache()
+        _torch_import.import_torch(__name__).cuda.empty_cache()
 
     def pool_names(self) -> dict:
         """MemPool id → tag, for :func:`graphcheck.torch.snapshot`'s ``pools``."""
@@ -232,7 +220,7 @@ class SleepAllocator:
             known = set(self.tags())
             offload_tags = [t for t in self.offload_tags if t in known] if level == 1 else []
         offload_tags = _tags("offload_tags", offload_tags)
-        _torch().cuda.synchronize()
+        _torch_import.import_torch(__name__).cuda.synchronize()
         report = _native.sleep_sleep(level, offload_tags)
         self._freed_at_sleep = self.stats()["freed_while_asleep"]
         return report
@@ -259,11 +247,7 @@ class SleepAllocator:
                 stacklevel=2,
             )
         r["awake"] = bool(r["awake"])
-        for hook in list(_WAKE_HOOKS):
-            try:
-                hook(r)
-            except Exception:  # noqa: BLE001 - a hook never fails a wake that happened
-                pass
+        _sleep_state.after_wake(r)
         return r
 
     # -- introspection --------------------------------------------------------------------
@@ -284,7 +268,7 @@ class SleepAllocator:
     def mem_info(self, device: Optional[int] = None) -> tuple:
         """``(free, total)`` device bytes, from the driver (``cuMemGetInfo``)."""
         if device is None:
-            device = _torch().cuda.current_device()
+            device = _torch_import.import_torch(__name__).cuda.current_device()
         return _native.sleep_mem_info(_args.integer("device", device, minimum=0))
 
     def release_host_cache(self) -> int:
@@ -297,22 +281,22 @@ class SleepAllocator:
             warnings.warn(f"graphcheck sleep allocator: {e}", RuntimeWarning, stacklevel=3)
 
 
-_ALLOCATOR: Optional[SleepAllocator] = None
 _ALLOCATOR_LOCK = threading.Lock()
 
 
 def allocator(offload_tags: Optional[Iterable[str]] = None) -> SleepAllocator:
     """The process's sleep allocator, made on first call. ``offload_tags`` sets the tags
     level 1 keeps (on any call): a list of tags, or one tag as a string."""
-    global _ALLOCATOR
     if offload_tags is not None:
         offload_tags = _tags("offload_tags", offload_tags)
     with _ALLOCATOR_LOCK:
-        if _ALLOCATOR is None:
-            _ALLOCATOR = SleepAllocator(DEFAULT_OFFLOAD_TAGS if offload_tags is None else offload_tags)
+        made = _sleep_state.allocator()
+        if made is None:
+            made = SleepAllocator(DEFAULT_OFFLOAD_TAGS if offload_tags is None else offload_tags)
+            _sleep_state.keep_allocator(made)
         elif offload_tags is not None:
-            _ALLOCATOR.offload_tags = tuple(offload_tags)
-        return _ALLOCATOR
+            made.offload_tags = tuple(offload_tags)
+        return made
 
 
 def sleep_pool(tag: str):

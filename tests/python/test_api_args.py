@@ -427,24 +427,26 @@ def _entered_and_left(context):
 
 
 def _slept_and_woken(call):
-    import graphcheck.sleep as gs
+    from graphcheck import _sleep_state
 
     try:
         call()
     finally:
-        if gs._ALLOCATOR is not None and gs._ALLOCATOR.level is not None:
-            gs._ALLOCATOR.wake()
+        made = _sleep_state.allocator()
+        if made is not None and made.level is not None:
+            made.wake()
 
 
 def _offload_tags_kept(call):
-    import graphcheck.sleep as gs
+    from graphcheck import _sleep_state
 
-    before = None if gs._ALLOCATOR is None else gs._ALLOCATOR.offload_tags
+    made = _sleep_state.allocator()
+    before = None if made is None else made.offload_tags
     try:
         call()
     finally:
         if before is not None:
-            gs._ALLOCATOR.offload_tags = before
+            _sleep_state.allocator().offload_tags = before
 
 
 @pytest.mark.parametrize("bad", WRONG, ids=repr)
@@ -611,3 +613,4 @@ def test_a_lone_surrogate_in_data_is_named_at_its_path():
         match=re.escape("spec: not valid Unicode: the key '\\udc80' holds a lone surrogate"),
     ):
         graphcheck.build_manifest({"\udc80": 1})
+

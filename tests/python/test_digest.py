@@ -10,8 +10,8 @@ import warnings
 import pytest
 
 import graphcheck
+import graphcheck._digest as _digest
 import graphcheck._native as native
-import graphcheck._registry as registry
 import graphcheck.torch as gt
 from conftest import kernel, walked
 
@@ -145,14 +145,14 @@ def test_without_nvrtc_cuda_tensors_are_digested_through_host_copies(torch, monk
         raise native.GpuDigestUnavailable("NVRTC (libnvrtc) could not be loaded: test")
 
     monkeypatch.setattr(native, "digest_cuda", unavailable)
-    monkeypatch.setattr(registry, "_current_stream", lambda device: 1234)
-    monkeypatch.setattr(registry, "_GPU_UNAVAILABLE", [None])
+    monkeypatch.setattr(_digest, "_current_stream", lambda device: 1234)
+    monkeypatch.setattr(_digest, "_GPU_UNAVAILABLE", [None])
     ts = [torch.randn(5, 7).t(), torch.arange(9, dtype=torch.int8)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        views = [registry._view(t) for t in ts]
-        first = registry._cuda_gc128(0, views, ts)
-        second = registry._cuda_gc128(0, views, ts)
+        views = [_digest._view(t) for t in ts]
+        first = _digest._cuda_gc128(0, views, ts)
+        second = _digest._cuda_gc128(0, views, ts)
     assert first == second == [gt.digest(t) for t in ts]
     assert calls == [(0, 1234, 2)]  # not tried again
     messages = [str(w.message) for w in caught]
@@ -160,10 +160,10 @@ def test_without_nvrtc_cuda_tensors_are_digested_through_host_copies(torch, monk
 
 
 def test_nvrtc_is_found_from_the_environment_first(monkeypatch):
-    monkeypatch.setenv(registry.ENV_NVRTC, "/opt/x/libnvrtc.so.13")
-    assert registry.nvrtc_path() == "/opt/x/libnvrtc.so.13"
-    monkeypatch.delenv(registry.ENV_NVRTC)
-    found = registry._packaged_nvrtc()
+    monkeypatch.setenv(_digest.ENV_NVRTC, "/opt/x/libnvrtc.so.13")
+    assert _digest.nvrtc_path() == "/opt/x/libnvrtc.so.13"
+    monkeypatch.delenv(_digest.ENV_NVRTC)
+    found = _digest._packaged_nvrtc()
     if found is None:
         pytest.skip("no nvidia-cuda-nvrtc pip package here: the search found nothing to check")
     assert "nvrtc" in found and "builtins" not in found
@@ -224,7 +224,7 @@ def test_a_tensor_with_no_strided_data_is_a_graphcheck_error_naming_it():
             "a nested tensor": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
         }
     for what, t in odd.items():
-        for algorithm in registry.DIGEST_ALGORITHMS:
+        for algorithm in _digest.DIGEST_ALGORITHMS:
             with pytest.raises(graphcheck.GraphcheckError, match=f"^t is {what}"):
                 gt.digest(t, algorithm)
             with pytest.raises(graphcheck.GraphcheckError, match=rf"^tensors\[1\] is {what}"):

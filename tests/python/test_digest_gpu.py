@@ -10,8 +10,8 @@ these tests fail (the fallback would hide a kernel that never ran)."""
 import pytest
 
 import graphcheck
+import graphcheck._digest as _digest
 import graphcheck._native as native
-import graphcheck._registry as registry
 import graphcheck.torch as gt
 from test_digest_views import PINNED, pinned_views
 
@@ -19,10 +19,10 @@ from test_digest_views import PINNED, pinned_views
 @pytest.fixture
 def gpu(cuda):
     """torch on the GPU, with the GPU digest required to run (no silent host fallback)."""
-    registry._GPU_UNAVAILABLE[0] = None
+    _digest._GPU_UNAVAILABLE[0] = None
     yield cuda
     # Set where the GPU digest fell back to host copies.
-    assert registry._GPU_UNAVAILABLE[0] is None, registry._GPU_UNAVAILABLE[0]
+    assert _digest._GPU_UNAVAILABLE[0] is None, _digest._GPU_UNAVAILABLE[0]
 
 
 def same_on_both(torch, make):
@@ -141,14 +141,14 @@ def test_memory_ranges_are_digested_where_mapped_and_only_there(gpu):
         (host.data_ptr(), 64),  # pinned host memory
     ]
     stream = torch.cuda.current_stream().cuda_stream
-    digests, fallback = native.digest_ranges(ranges, stream, registry.nvrtc_path())
+    digests, fallback = native.digest_ranges(ranges, stream, _digest.nvrtc_path())
     assert fallback is None
     bytes_ = t.cpu().view(torch.uint8)
     assert digests[0] == native.gc128_bytes(bytes(bytes_.numpy())) == gt.digest(t)
     assert digests[1] == native.gc128_bytes(bytes(bytes_[8:32].numpy()))
     assert digests[2:] == [None, None, None]
     torch.cuda.synchronize()  # the context is healthy: nothing unmapped was read
-    assert registry.range_digests(ranges[:1]) == digests[:1]
+    assert _digest.range_digests(ranges[:1]) == digests[:1]
 
 
 def test_every_entry_point_gives_mains_digests_on_the_gpu(gpu):
@@ -160,8 +160,8 @@ def test_every_entry_point_gives_mains_digests_on_the_gpu(gpu):
     assert gt.digest_all(tensors) == want
     dev = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
-    nvrtc = registry.nvrtc_path()
-    assert native.digest_cuda(dev, stream, [registry._view(t) for t in tensors], nvrtc) == want
+    nvrtc = _digest.nvrtc_path()
+    assert native.digest_cuda(dev, stream, [_digest._view(t) for t in tensors], nvrtc) == want
     assert native.digest_cuda(dev, stream, native.tensor_views(tensors, torch), nvrtc) == want
     model = torch.nn.Module()
     for i, t in enumerate(tensors):

@@ -7,8 +7,9 @@ are read, and a view of one place is never read as another's."""
 import pytest
 
 import graphcheck
+import graphcheck._digest as _digest
 import graphcheck._native as native
-import graphcheck._registry as registry
+import graphcheck._tensors as _tensors
 import graphcheck.torch as gt
 
 # gt.digest of each view below, as main computed them (0fa2fb0: a Python tuple per view).
@@ -68,7 +69,7 @@ def test_every_entry_point_gives_mains_digests(torch):
     assert dict(zip(names, gt.digest_all(tensors))) == dict(zip(names, want))
     assert [gt.digest(t) for t in tensors] == want
     # The entry point before: tuples built in Python.
-    assert native.digest_host([registry._view(t) for t in tensors]) == want
+    assert native.digest_host([_digest._view(t) for t in tensors]) == want
     assert native.digest_host(native.tensor_views(tensors, torch)) == want
     # A registry: from the metadata its walk read.
     model = torch.nn.Module()
@@ -88,7 +89,7 @@ def test_a_hundred_thousand_tiny_tensors_in_one_call(torch):
     big = torch.randint(0, 256, (8 * 100_000,), dtype=torch.uint8, generator=g)
     small = [big[8 * i : 8 * i + 1 + i % 8] for i in range(100_000)]
     got = gt.digest_all(small)
-    assert got == native.digest_host([registry._view(t) for t in small])
+    assert got == native.digest_host([_digest._view(t) for t in small])
     assert got[:50] == [native.gc128_bytes(bytes(t.numpy())) for t in small[:50]]
 
 
@@ -98,7 +99,7 @@ def metas(torch, devices):
     tensors = [torch.arange(4 + i, dtype=torch.int16) for i in range(len(devices))]
     out = []
     for t, device in zip(tensors, devices):
-        (meta, _, _) = registry._meta_and_key(t)
+        (meta, _, _) = _tensors.meta_and_key(t)
         out.append((*meta[:8], device))
     return tensors, out
 
@@ -138,14 +139,14 @@ def test_views_of_several_places_come_back_in_order(torch):
     their positions (a "copy" device's through host copies of the tensors)."""
     names = ["cpu", "mps:0", "cpu", "xla:0", "cpu"]
     tensors, m = metas(torch, names)
-    got = registry._gc128(native.TensorViews.from_metas(m), tensors)
+    got = _digest.gc128(native.TensorViews.from_metas(m), tensors)
     assert got == [gt.digest(t) for t in tensors]
     assert len(set(got)) == len(got)
 
 
 def test_bad_metadata_and_views_name_what_is_wrong(torch):
     t = torch.arange(6, dtype=torch.int16)
-    (meta, _, _) = registry._meta_and_key(t)
+    (meta, _, _) = _tensors.meta_and_key(t)
     with pytest.raises(TypeError, match=r"metas\[1\] is not a registry's metadata tuple"):
         native.TensorViews.from_metas([meta, meta[:8]])
     bad = (*meta[:5], (1, 1), *meta[6:])

@@ -12,7 +12,7 @@ import pytest
 
 import graphcheck
 import graphcheck.torch as gt
-from graphcheck._instrument import replay_check as _guard
+from graphcheck._instrument import transitions
 from conftest import kernel, walked
 from test_torch_instrument import (  # noqa: F401 - fixture
     FakeCUDAGraph,
@@ -94,16 +94,16 @@ def test_a_load_state_dict_that_raises_after_copying_marks_what_it_wrote(torch, 
         model.embed_scale.zero_()  # a constant no reload restores, lost meanwhile
     weights = new_weights(model)
     del weights["proj.bias"]
-    before = _guard.epoch()
+    before = transitions.epoch()
     with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"proj.bias\"") as e:
         model.load_state_dict(weights)
     assert type(e.value) is RuntimeError  # torch's own, unchanged
     assert e.value.__cause__ is None and e.value.__context__ is None
     assert torch.equal(model.proj.weight, weights["proj.weight"])  # it was copied
-    assert _guard.epoch() == before + 1
-    assert _guard._STATE[1:] == ["Module.load_state_dict", "updated"]
+    assert transitions.epoch() == before + 1
+    assert transitions.latest()[1:] == ("Module.load_state_dict", "updated")
     # What it wrote is named: the new weight is no finding, the rest is still compared.
-    assert _guard.rewritten_since(before) == _guard._storages("written", model.proj.weight)
+    assert transitions.rewritten_since(before) == transitions._storages("written", model.proj.weight)
     with pytest.raises(gt.ReplayCheckError) as refused:
         g.replay()
     stale = sorted(o.path for f in refused.value.report.of_kind("stale") for o in f.owners)
@@ -117,10 +117,10 @@ def test_a_size_mismatch_is_not_named_written(torch, fake):
     capture(torch, model)
     weights = new_weights(model)
     weights["proj.weight"] = torch.zeros(5, 4)  # torch copies the bias only, then raises
-    before = _guard.epoch()
+    before = transitions.epoch()
     with pytest.raises(RuntimeError, match="size mismatch for proj.weight"):
         model.load_state_dict(weights)
-    assert _guard.rewritten_since(before) == _guard._storages("written", model.proj.bias)
+    assert transitions.rewritten_since(before) == transitions._storages("written", model.proj.bias)
 
 
 # -- strict, beside other instrumentations ------------------------------------------------

@@ -135,7 +135,7 @@ def test_a_writer_thread_that_cannot_start_leaves_the_capture_to_flush(torch, fa
             capture(torch, model)
     # Nothing is left to wait for: the wait is over at once (no clock: a zero timeout
     # answers only what already holds), and flush writes without a stuck-writer warning.
-    assert ins._wait_for_writer(timeout=0), "flush would wait for a writer thread that never ran"
+    assert ins._writer.wait(timeout=0), "flush would wait for a writer thread that never ran"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         written = ins.flush()
@@ -146,17 +146,17 @@ def test_a_writer_thread_that_cannot_start_leaves_the_capture_to_flush(torch, fa
 def test_a_stuck_writer_is_reported_not_waited_for_silently(torch, fake, tmp_path, monkeypatch):
     """Regression: flush() (at exit too) gave up on a writer stuck in its write (a stalled
     file system) after 120 s without a word: the manifest was missing and nothing said so."""
-    from graphcheck._instrument import instrumentation as _instrument
+    from graphcheck._instrument import writer
 
     model = make_model(torch)
     release = threading.Event()
     real = _native.write_atomic
     monkeypatch.setattr(_native, "write_atomic", lambda path, data: release.wait() and real(path, data))
-    monkeypatch.setattr(_instrument, "FLUSH_WAIT_S", 0.5)
+    monkeypatch.setattr(writer, "FLUSH_WAIT_S", 0.5)
     ins = gt.instrument(tmp_path, model=model)
     capture(torch, model)
     with pytest.warns(RuntimeWarning, match="not be written: the writer thread was still busy after 0.5 s"):
         assert ins.flush() is None
     assert [str(e) for e in ins.errors] == ["the writer thread did not finish in 0.5 s"]
     release.set()
-    ins._wait_for_writer()
+    ins._writer.wait()

@@ -6,7 +6,7 @@ import pytest
 
 import graphcheck
 import graphcheck.torch as gt
-from graphcheck._instrument import replay_check as _guard
+from graphcheck._instrument import transitions
 from test_torch_instrument import capture, fake, make_model, replays  # noqa: F401 - fixture
 
 
@@ -82,7 +82,7 @@ def test_an_update_that_says_what_it_wrote(torch, fake):
         g.replay()
     assert staled(e.value) == ["model.embed_scale"]
     # A tensor named alone counts the same.
-    assert _guard._storages("written", model.proj.weight) <= _guard._storages("written", [model])
+    assert transitions._storages("written", model.proj.weight) <= transitions._storages("written", [model])
 
 
 def test_check_on_demand_with_updated_compares_nothing(torch, fake):

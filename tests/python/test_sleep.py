@@ -11,7 +11,7 @@ import pytest
 
 import graphcheck
 import graphcheck.sleep as gs
-from graphcheck import _native
+from graphcheck import _native, _sleep_state
 
 
 def test_the_native_library_exports_the_allocator_symbols():
@@ -98,7 +98,7 @@ def test_recorders_declare_the_sleep_allocators_tags_without_being_asked(torch, 
         pool_policy = gs.SleepAllocator.pool_policy
         pool_names = gs.SleepAllocator.pool_names
 
-    monkeypatch.setattr(gs, "_ALLOCATOR", FakeAllocator())
+    monkeypatch.setattr(_sleep_state, "_ALLOCATOR", FakeAllocator())
     model = torch.nn.Linear(4, 4)
     rec = gt.Recorder(model)
     rec.add_pool("kv_cache", kind="kv_cache", sleep="discarded")  # declared by hand: kept once

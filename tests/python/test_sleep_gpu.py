@@ -238,8 +238,8 @@ def test_a_module_global_cache_lost_by_level2_sleep_is_stale(sleeper, torch):
     # Asleep, the block is unmapped: the digester asks the driver first and reads nothing.
     asleep = gt.snapshot(model, manifest, event="asleep", digests=False)
     assert "ranges" not in graphcheck.load(asleep)
-    from graphcheck import _native, _registry
-    assert _registry.range_digests([(int(held[0]["addr"], 16), held[0]["size"])]) == [None]
+    from graphcheck import _digest, _native
+    assert _digest.range_digests([(int(held[0]["addr"], 16), held[0]["size"])]) == [None]
     alloc.wake(poison="nan")
     with torch.no_grad():
         model.load_state_dict(state)  # the reload restores what the model owns, not the cache

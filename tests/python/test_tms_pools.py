@@ -58,7 +58,7 @@ def engine(torch, monkeypatch):
     )
     segments = [segment(model.proj.weight, (1, 1)), segment(model.proj.bias, (1, 1)),
                 segment(model.state, (1, 2))]
-    monkeypatch.setattr(graphcheck._caching_allocator, "_memory_segments", lambda: segments)
+    monkeypatch.setattr(graphcheck._caching_allocator, "memory_segments", lambda: segments)
     graph = walked(kernel(0, "step", model.proj.weight, model.proj.bias, model.state))
     return model, impl, graph
 

@@ -2,7 +2,7 @@
 carry the frames that allocated them (torch.cuda.memory_snapshot()); graphcheck.torch reads
 them once per manifest or snapshot and gives every tensor whose storage lies in a block
 its `alloc_site`, so findings, the table and explain name the Python line. The allocator
-snapshot is faked here (graphcheck._caching_allocator._memory_segments) with blocks at the addresses of
+snapshot is faked here (graphcheck._caching_allocator.memory_segments) with blocks at the addresses of
 CPU tensors."""
 
 import pytest
@@ -53,7 +53,7 @@ def history(monkeypatch):
         History.reads += 1
         return History.segments
 
-    monkeypatch.setattr(graphcheck._caching_allocator, "_memory_segments", fake)
+    monkeypatch.setattr(graphcheck._caching_allocator, "memory_segments", fake)
     return History
 
 

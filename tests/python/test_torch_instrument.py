@@ -17,7 +17,7 @@ import graphcheck
 import graphcheck._recorder
 import graphcheck.torch as gt
 from graphcheck import _native
-from graphcheck._instrument import replay_check as _guard
+from graphcheck._instrument import transitions
 from conftest import kernel, walked
 
 
@@ -196,7 +196,7 @@ def test_write_every_batches_rewrites_and_stopping_flushes_the_rest(torch, fake,
     for i in range(5):
         capture(torch, model)
         if i % 2:
-            ins._wait_for_writer()
+            ins._writer.wait()
     assert writes == [2, 4]
     gt.uninstrument(ins)  # the fifth capture is written when the instrumentation stops
     assert writes == [2, 4, 5]
@@ -355,7 +355,7 @@ def test_a_failed_write_keeps_the_capture_and_says_so(torch, fake, tmp_path):
     ins = gt.instrument(blocked / "out", model=model)
     with pytest.warns(RuntimeWarning, match=r"^graphcheck: the manifest was not written .*Not a directory"):
         capture(torch, model)
-        ins._wait_for_writer()  # the writer thread's write fails
+        ins._writer.wait()  # the writer thread's write fails
     assert ins.captures == 1 and len(ins.errors) == 1
     assert [gr["name"] for gr in graphcheck.load(ins.manifest())["graphs"]] == ["capture0"]
     blocked.unlink()
@@ -516,15 +516,15 @@ def test_replay_after_a_rebinding_reload_is_refused_before_the_kernels_run(torch
 
 
 def test_a_clean_transition_is_checked_once_per_epoch_for_all_graphs(torch, fake, monkeypatch):
-    import graphcheck._instrument.replay_check as guard
+    from graphcheck._instrument import replay_check
 
     model = make_model(torch)
     gt.instrument(None, model=model, verify_on_replay=True)
     g1, g2 = capture(torch, model), capture(torch, model)
     runs = []
-    real = guard.run_check
-    monkeypatch.setattr(guard, "run_check", lambda *a, **k: runs.append(1) or real(*a, **k))
-    before = _guard.epoch()
+    real = replay_check.run_check
+    monkeypatch.setattr(replay_check, "run_check", lambda *a, **k: runs.append(1) or real(*a, **k))
+    before = transitions.epoch()
     assert gt.mark_transition("wake", "preserved") == before + 1
     for g in (g1, g2, g1, g2):
         g.replay()
@@ -599,9 +599,9 @@ def test_written_that_holds_itself_is_read_once(torch, fake):
     gt.instrument(None, model=model, verify_on_replay="raise")
     written = [model.proj]
     written.append(written)
-    before = _guard.epoch()
+    before = transitions.epoch()
     assert gt.mark_transition("reload_weights()", "updated", written=written) == before + 1
-    assert _guard.rewritten_since(before) == _guard._storages("written", model.proj)
+    assert transitions.rewritten_since(before) == transitions._storages("written", model.proj)
 
 
 def test_load_state_dict_marks_a_transition_and_the_patch_goes_with_the_instrumentation(torch, fake):
@@ -609,18 +609,39 @@ def test_load_state_dict_marks_a_transition_and_the_patch_goes_with_the_instrume
     model = make_model(torch)
     ins = gt.instrument(None, model=model, verify_on_replay="raise")
     g = capture(torch, model)
-    before = _guard.epoch()
+    before = transitions.epoch()
     model.load_state_dict(model.state_dict())  # copies in place: addresses kept
-    assert _guard.epoch() == before + 1
-    assert _guard._STATE[1:] == ["Module.load_state_dict", "updated"]
+    assert transitions.epoch() == before + 1
+    assert transitions.latest()[1:] == ("Module.load_state_dict", "updated")
     g.replay()  # checked, clean
     assert replays(g) == 1
     gt.uninstrument(ins)
     assert torch.nn.Module.load_state_dict is original
 
 
+def test_a_sleep_wake_is_a_transition_while_an_instrumentation_is_live(torch, fake):
+    """Regression (issue 27): importing the replay check put its wake hook into
+    graphcheck.sleep as a side effect, for the life of the process. instrument() puts it
+    in place; the last uninstrument() takes it away."""
+    from graphcheck import _sleep_state
+
+    assert gt.instrumented() == []
+    before = transitions.epoch()
+    _sleep_state.after_wake({"awake": True})  # what SleepAllocator.wake() calls
+    assert transitions.epoch() == before, "no instrumentation: no hook"
+    first, second = gt.instrument(None, model=make_model(torch)), gt.instrument(None)
+    _sleep_state.after_wake({"awake": True})
+    assert transitions.latest()[:2] == (before + 1, "graphcheck.sleep wake")
+    gt.uninstrument(first)
+    _sleep_state.after_wake({"awake": True})
+    assert transitions.epoch() == before + 2, "one instrumentation still live"
+    gt.uninstrument(second)
+    _sleep_state.after_wake({"awake": True})
+    assert transitions.epoch() == before + 2
+
+
 def test_a_check_that_breaks_warns_and_the_replay_goes_ahead(torch, fake, monkeypatch):
-    import graphcheck._instrument.replay_check as guard
+    from graphcheck._instrument import replay_check
 
     model = make_model(torch)
     ins = gt.instrument(None, model=model, verify_on_replay="raise")
@@ -629,7 +650,7 @@ def test_a_check_that_breaks_warns_and_the_replay_goes_ahead(torch, fake, monkey
     def broken(*a, **k):
         raise RuntimeError("snapshot failed")
 
-    monkeypatch.setattr(guard, "run_check", broken)
+    monkeypatch.setattr(replay_check, "run_check", broken)
     gt.mark_transition("wake")
     with pytest.warns(RuntimeWarning, match="the check before replay failed, replaying unchecked: snapshot failed"):
         g.replay()

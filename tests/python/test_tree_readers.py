@@ -1,4 +1,4 @@
-"""The readers of torch.compile's CUDA-graph tree nodes (_guard.tree_input_shapes,
+"""The readers of torch.compile's CUDA-graph tree nodes (trees.tree_input_shapes,
 tree_graph_name, tree_static_ptrs), on the CPU: against a stand-in node shaped like
 torch's CUDAGraphNode (torch/_inductor/cudagraph_trees.py, torch 2.15) holding torch's
 own WrappedFunction, FunctionID and GraphID, a present attribute is read; a missing one
@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from graphcheck._instrument import replay_check as _guard
+from graphcheck._instrument import trees
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def tree(torch):
 
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(_guard, "_TREE_WARNED", set(), raising=False)
+    monkeypatch.setattr(trees, "_TREE_WARNED", set(), raising=False)
 
 
 class Node:
@@ -62,10 +62,10 @@ def test_present_attributes_are_read(torch, tree):
     n = node(tree, torch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        shapes = _guard.tree_input_shapes(n, inputs(torch))
+        shapes = trees.tree_input_shapes(n, inputs(torch))
         assert shapes == ["8x256", "scalar"]
-        assert _guard.tree_graph_name(n, shapes) == "inductor_fn3_graph7[8x256,scalar]"
-        assert _guard.tree_static_ptrs(n) == (0x7F00_0000_1000, 0x7F00_0000_2000)
+        assert trees.tree_graph_name(n, shapes) == "inductor_fn3_graph7[8x256,scalar]"
+        assert trees.tree_static_ptrs(n) == (0x7F00_0000_1000, 0x7F00_0000_2000)
 
 
 def missing(torch, tree, attribute):
@@ -90,12 +90,12 @@ def missing(torch, tree, attribute):
 @pytest.mark.parametrize(
     "attribute, read, fallback, lost",
     [
-        ("wrapped_function.static_input_idxs", lambda n, x: _guard.tree_input_shapes(n, x), None,
+        ("wrapped_function.static_input_idxs", lambda n, x: trees.tree_input_shapes(n, x), None,
          "named without their batch shapes"),
-        ("wrapped_function.id.id", lambda n, x: _guard.tree_graph_name(n, ["8x256"]), None,
+        ("wrapped_function.id.id", lambda n, x: trees.tree_graph_name(n, ["8x256"]), None,
          "the default names"),
-        ("id", lambda n, x: _guard.tree_graph_name(n, ["8x256"]), None, "the default names"),
-        ("static_input_data_ptrs", lambda n, x: _guard.tree_static_ptrs(n), (),
+        ("id", lambda n, x: trees.tree_graph_name(n, ["8x256"]), None, "the default names"),
+        ("static_input_data_ptrs", lambda n, x: trees.tree_static_ptrs(n), (),
          "reported as findings instead of superseded"),
     ],
 )

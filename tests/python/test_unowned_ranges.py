@@ -1,7 +1,7 @@
 """Digests of the memory graphs read that no owner explains (issue 14): with digests on, the
 allocator block holding an `unowned` address is digested into the manifest's `ranges`, again
 into the snapshot's, and contents lost there across an event that preserves them are
-`stale`. On CPU: the allocator snapshot is faked (graphcheck._caching_allocator._memory_segments)
+`stale`. On CPU: the allocator snapshot is faked (graphcheck._caching_allocator.memory_segments)
 with a block at a CPU tensor no owner reaches, and the range digester reads the bytes where
 they are (the GPU path, `_native.digest_ranges`, is tested in test_digest_gpu.py)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 import graphcheck
 import graphcheck._caching_allocator
-import graphcheck._registry
+import graphcheck._digest
 import graphcheck.torch as gt
 from graphcheck import _native
 from conftest import kernel, walked
@@ -31,14 +31,14 @@ def cache_setup(torch, monkeypatch):
         "segment_pool_id": (1, 2),
         "blocks": [{"address": base, "size": size, "state": "active_allocated"}],
     }
-    monkeypatch.setattr(graphcheck._caching_allocator, "_memory_segments", lambda: [segment])
+    monkeypatch.setattr(graphcheck._caching_allocator, "memory_segments", lambda: [segment])
     calls = []
 
     def digester(ranges):
         calls.append(list(ranges))
         return [_native.gc128_bytes(ctypes.string_at(a, n)) for a, n in ranges]
 
-    monkeypatch.setattr(graphcheck._registry, "range_digests", digester)
+    monkeypatch.setattr(graphcheck._digest, "range_digests", digester)
     node = kernel(0, "rope", model.weight, cache)
     node["words"][1]["allocation"] = [hex(base), size]
     return model, cache, walked(node), (base, size), calls
@@ -103,7 +103,7 @@ def test_without_digests_nothing_is_read(torch, cache_setup):
 
 def test_a_range_the_digester_cannot_read_is_left_out(torch, cache_setup, monkeypatch):
     model, cache, graph, _, _ = cache_setup
-    monkeypatch.setattr(graphcheck._registry, "range_digests", lambda ranges: [None] * len(ranges))
+    monkeypatch.setattr(graphcheck._digest, "range_digests", lambda ranges: [None] * len(ranges))
     manifest = record(model, graph, True)
     assert "ranges" not in graphcheck.load(manifest)
 
@@ -118,6 +118,6 @@ def test_a_range_the_digester_cannot_read_is_left_out(torch, cache_setup, monkey
 )
 def test_a_digester_that_breaks_its_contract_is_a_clear_error(torch, cache_setup, monkeypatch, bad, message):
     model, cache, graph, _, _ = cache_setup
-    monkeypatch.setattr(graphcheck._registry, "range_digests", bad)
+    monkeypatch.setattr(graphcheck._digest, "range_digests", bad)
     with pytest.raises(graphcheck.GraphcheckError, match="ranges: .*" + re.escape(message)):
         record(model, graph, True)

@@ -1,8 +1,7 @@
-"""What :func:`graphcheck.torch.instrument` needs of the process it runs in: a warning
-that never raises into the engine, one capture handed to every instrumentation with at
-most one error raised, this process's rank and world size, its manifest files,
-``CUDAGraph(...)``'s arguments with ``keep_graph`` forced on, and putting back what its
-patch replaced."""
+"""What instrumentation needs of the host process it runs in: a warning that never raises
+into the engine, one capture handed to every instrumentation with at most one error
+raised, this process's rank and world size, its manifest files, ``CUDAGraph(...)``'s
+arguments with ``keep_graph`` forced on, and putting back what a patch replaced."""
 
 from __future__ import annotations
 
@@ -10,11 +9,20 @@ import os
 import types
 from typing import Callable
 
-from .._recorder import _fatal
-from .._registry import _torch
+from .._recorder import fatal
+from .._torch_import import import_torch
+
+__all__ = [
+    "claim_manifest_path",
+    "each_sink",
+    "force_keep_graph",
+    "rank_and_world",
+    "restore",
+    "warn",
+]
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     """Warns with a ``RuntimeWarning`` that never raises: this runs inside the engine's
     ``capture_end``. Where the filters turn the warning into an error (``-W error``,
     pytest's ``filterwarnings = error``), it is shown instead, through
@@ -36,7 +44,7 @@ def _warn(message: str) -> None:
             pass
 
 
-def _each_sink(sinks: list, call: Callable) -> None:
+def each_sink(sinks: list, call: Callable) -> None:
     """``call(sink)`` for every instrumentation, even where one raises (a ``strict`` one's
     failed recording): each gets the capture. Then the first error is raised; a later
     one, which cannot be raised beside it, is kept in its instrumentation's ``errors`` and
@@ -47,7 +55,7 @@ def _each_sink(sinks: list, call: Callable) -> None:
         try:
             call(sink)
         except BaseException as e:  # noqa: BLE001 - the others still get the capture
-            if _fatal(e):
+            if fatal(e):
                 raise
             raised.append((sink, e))
     if not raised:
@@ -57,7 +65,7 @@ def _each_sink(sinks: list, call: Callable) -> None:
         if e is first:  # one failure (the graph's walk) raised by several: raised once
             continue
         sink.errors.append(e)
-        _warn(f"graphcheck: a capture was not recorded: {e} (not raised: another "
+        warn(f"graphcheck: a capture was not recorded: {e} (not raised: another "
               f"instrumentation's error was, {type(first).__name__}: {first})")
         add_note = getattr(first, "add_note", None)
         if add_note is not None:
@@ -69,10 +77,10 @@ def _each_sink(sinks: list, call: Callable) -> None:
     raise first
 
 
-def _rank_and_world() -> tuple:
+def rank_and_world() -> tuple:
     """This process's rank and world size: torch.distributed where initialized, else the
     launcher's environment (RANK, else LOCAL_RANK; WORLD_SIZE), else (0, 1)."""
-    torch = _torch()
+    torch = import_torch()
     dist = getattr(torch, "distributed", None)
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
@@ -95,7 +103,7 @@ def _rank_and_world() -> tuple:
 _CLAIMED: set = set()
 
 
-def _claim_manifest_path(directory: str) -> tuple:
+def claim_manifest_path(directory: str) -> tuple:
     """The manifest file of an instrumentation writing into ``directory``, claimed for it,
     and which instrumentation of this process into that folder it is (1, 2…):
     ``<directory>/graphcheck-<rank>-<pid>.json`` for the first,
@@ -103,7 +111,7 @@ def _claim_manifest_path(directory: str) -> tuple:
     so holds at most one manifest of each process, as ``graphcheck verify DIR`` takes a
     run (one manifest per rank): the first instrumentations of every rank's process are
     one run, the second ones another. The caller holds the instrumentation lock."""
-    rank, _ = _rank_and_world()
+    rank, _ = rank_and_world()
     name = f"graphcheck-{rank}-{os.getpid()}.json"
     n = 1
     while True:
@@ -116,7 +124,7 @@ def _claim_manifest_path(directory: str) -> tuple:
         n += 1
 
 
-def _force_keep_graph(args: tuple, kwargs: dict) -> tuple:
+def force_keep_graph(args: tuple, kwargs: dict) -> tuple:
     """``CUDAGraph(...)``'s arguments with ``keep_graph=True``, and what the caller asked."""
     kwargs = dict(kwargs)
     if args:
@@ -146,7 +154,7 @@ def _name_of(obj) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _restore(patched: list) -> None:
+def restore(patched: list) -> None:
     """Puts back what a patch replaced: ``patched`` holds ``(owner, attribute, original,
     installed)``, the latest last, and is emptied. An attribute that no longer holds what
     was installed there (something replaced it since: another tool's patch, a test's
@@ -160,7 +168,7 @@ def _restore(patched: list) -> None:
             setattr(owner, attr, original)
             continue
         found = "nothing (it was deleted)" if current is _MISSING else _name_of(current)
-        _warn(
+        warn(
             f"graphcheck: uninstrument() left {_name_of(owner)}.{attr} as it is: it holds "
             f"{found}, not what graphcheck installed there; something replaced it since, "
             f"and putting back the original ({_name_of(original)}) would undo that"

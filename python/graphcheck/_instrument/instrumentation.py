@@ -1,182 +1,33 @@
-"""Instrumentation: record every CUDA graph capture of the process with no change to the
-engine's code (:func:`instrument`, :func:`register_model`). ``torch.cuda.CUDAGraph`` is
-patched with a subclass that keeps the graph template and records at ``capture_end``.
-
-The process-wide state (the live instrumentations, the roots named before any, what the
-patch replaced, and the lock over them) lives here and nowhere else.
-"""
+"""The :class:`Instrumentation` that :func:`graphcheck.torch.instrument` returns: the
+recorder every capture of the process goes into (a forked child starts its own), the
+roots it walks (named, or discovered at the first capture), the facts of each capture
+frozen for its manifest, and the manifest file its writer thread writes."""
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import threading
-import warnings
-import weakref
-from typing import Callable, Iterable, Optional, Union
+from typing import Callable, Optional, Union
 
 from .. import _args, _discover, _native
 from .._native import GraphcheckError
-from .._recorder import Recorder, _fatal, _OwnersNotCurrent, _walk_graph
-from . import replay_check as _guard
-from . import transitions as _transitions
-from .host import (
-    _claim_manifest_path,
-    _each_sink,
-    _force_keep_graph,
-    _rank_and_world,
-    _restore,
-    _warn,
-)
-from .._registry import _torch
-from .._walk import DEFAULT_MAX_DEPTH, root_arg
+from .._recorder import OwnersNotCurrent, Recorder, fatal
+from .._torch_import import import_torch
+from .._walk import root_arg
+from . import writer
+from .host import claim_manifest_path, rank_and_world, warn
+from .patch import LOCK, stop
+from .replay_check import Checker
+from .transitions import epoch
+from .writer import ManifestWriter
 
-#: The environment variable that turns :func:`instrument` on for a whole process tree.
-ENV_DIR = "GRAPHCHECK_DIR"
+__all__ = ["DEFAULT_NAME", "Instrumentation"]
 
-# Roots register_model() named while no instrumentation was on: the next instrument()
-# takes them. (root, object or weak reference)
-_PENDING_ROOTS: list = []
-# The live instrumentations, in order; the patch stays while any is live.
-_ACTIVE: list = []
-# (owner, attribute, original, installed) of what the patch replaced (host._restore).
-_PATCHED: list = []
-_LOCK = threading.RLock()
-
+#: Graph names where nothing better is known; a torch.compile tree graph is named by its
+#: tree instead (``inductor_fn0_graph1[8x256]``).
+DEFAULT_NAME = "capture{index}"
 
 _NOT_WRITTEN = "the manifest was not written (the captures are kept; the next write retries)"
-
-
-def _instrumented_class(base: type) -> type:
-    """A subclass of ``base`` (``torch.cuda.CUDAGraph``) that keeps the graph template,
-    records every capture at ``capture_end`` and then instantiates as ``base`` would have.
-
-    ``__new__`` and ``__init__`` both pass ``keep_graph=True``: torch's ``CUDAGraph.__new__``
-    takes it for the Python side and the C++ ``_CUDAGraph.__init__`` for the graph itself
-    (seen on the H200; passing it to one alone is not enough)."""
-
-    class CUDAGraph(base):
-        __doc__ = base.__doc__
-        _graphcheck_base = base
-
-        def __new__(cls, *args, **kwargs):
-            args, kwargs, _ = _force_keep_graph(args, kwargs)
-            parent = super().__new__
-            if parent is object.__new__:
-                return parent(cls)
-            return parent(cls, *args, **kwargs)
-
-        def __init__(self, *args, **kwargs):
-            args, kwargs, asked = _force_keep_graph(args, kwargs)
-            super().__init__(*args, **kwargs)
-            # keep_graph=True asked by the caller: they instantiate (or replay does).
-            self._graphcheck_keep = asked
-            self._graphcheck_pool = None
-            # The transition epoch this graph was last checked at (_guard), and what the
-            # check keeps of it (None: not recorded).
-            self._graphcheck_epoch = _guard._STATE[0]
-            self._graphcheck_state = None
-
-        def capture_begin(self, *args, **kwargs):
-            pool = args[0] if args else kwargs.get("pool")
-            self._graphcheck_pool = pool
-            # A graph of torch.compile's CUDA-graph trees: the tree node recording it, found
-            # once on the calling frames, and the shapes of its batch inputs (cleared from
-            # the node by capture_end); held until capture_end only.
-            self._graphcheck_tree = (None, None)
-            try:
-                if _ACTIVE:
-                    node, inputs = _guard.tree_node_of(self)
-                    if node is not None:
-                        self._graphcheck_tree = (node, _guard.tree_input_shapes(node, inputs))
-            except Exception:  # noqa: BLE001 - a name without shapes, never a failed capture
-                pass
-            return super().capture_begin(*args, **kwargs)
-
-        def capture_end(self):
-            super().capture_end()
-            try:
-                _on_capture(self)
-            finally:
-                self._graphcheck_epoch = _guard._STATE[0]
-                if not getattr(self, "_graphcheck_keep", False):
-                    self.instantiate()
-
-        def replay(self):
-            # Nothing pending: one attribute read and one comparison.
-            if self._graphcheck_epoch != _guard._STATE[0]:
-                _check_before_replay(self)
-            return super().replay()
-
-    CUDAGraph.__qualname__ = f"graphcheck.{base.__qualname__}"
-    return CUDAGraph
-
-
-def _check_before_replay(cuda_graph) -> None:
-    """The replay check (_guard.before_replay) of a graph whose epoch is behind. A
-    :class:`_guard.ReplayCheckError` goes to the caller, as asked; any other failure of the
-    check is kept in ``errors`` and warned, and the replay goes ahead."""
-    with _LOCK:
-        sinks = [ins for ins in _ACTIVE if ins._checker is not None]
-    state = getattr(cuda_graph, "_graphcheck_state", None)
-    if not sinks or state is None:
-        cuda_graph._graphcheck_epoch = _guard._STATE[0]
-        return
-    try:
-        _guard.before_replay(cuda_graph, state, sinks)
-    except _guard.ReplayCheckError:
-        raise
-    except BaseException as e:  # noqa: BLE001 - a broken check never stops the engine
-        if _fatal(e):
-            raise
-        cuda_graph._graphcheck_epoch = _guard._STATE[0]
-        for ins in sinks:
-            ins.errors.append(e)
-        _warn(f"graphcheck: the check before replay failed, replaying unchecked: {e}")
-
-
-def _on_capture(cuda_graph) -> None:
-    with _LOCK:
-        sinks = list(_ACTIVE)
-        if any(ins._checker is not None for ins in sinks):
-            _transitions.patch(_PATCHED)  # torch_memory_saver imported since instrument()
-    if not sinks:
-        return
-    # A graph of torch.compile's CUDA-graph trees: its name and the static inputs torch
-    # guards come from the tree node recording it.
-    node, shapes = getattr(cuda_graph, "_graphcheck_tree", (None, None))
-    cuda_graph._graphcheck_tree = (None, None)
-    state = _guard.GraphState()
-    hint = None
-    if node is not None:
-        hint = _guard.tree_graph_name(node, shapes)
-        state.static_ptrs = _guard.tree_static_ptrs(node)
-        state.tree = hint
-    cuda_graph._graphcheck_state = state
-    pool = getattr(cuda_graph, "_graphcheck_pool", None)
-    if pool is None:
-        try:
-            pool = cuda_graph.pool()
-        except Exception:  # noqa: BLE001 - a graph without a pool: none recorded
-            pool = None
-    try:
-        walked = _walk_graph(cuda_graph.raw_cuda_graph())
-    except BaseException as e:  # noqa: BLE001 - reported by each sink
-        if _fatal(e):
-            raise
-        _each_sink(sinks, lambda sink: sink._failed(e))
-        return
-    _each_sink(sinks, lambda sink: sink._record(walked, pool, state=state, hint=hint))
-
-
-#: The writer thread writes once no capture came for this long (seconds): a burst of
-#: captures is built and written once, at its end.
-WRITE_QUIET_S = 0.2
-
-#: How long :meth:`Instrumentation.flush` (at exit too) waits for the writer thread
-#: (seconds); a writer stuck past it (a hung file system) is reported and left behind.
-FLUSH_WAIT_S = 120.0
 
 
 def _built(frozen: list) -> str:
@@ -231,9 +82,9 @@ class Instrumentation:
         self._pid = os.getpid()
         #: The replay check (``verify_on_replay``), or None.
         self._checker = (
-            None if verify_on_replay is None else _guard.Checker(self, verify_on_replay)
+            None if verify_on_replay is None else Checker(self, verify_on_replay)
         )
-        # Graph name -> _guard.GraphState, for the graphs this instrumentation recorded.
+        # Graph name -> replay_check.GraphState, for the graphs this instrumentation recorded.
         self._states: dict = {}
         #: Graphs the last :func:`check` left out: torch will not replay them again.
         self.superseded: list = []
@@ -241,12 +92,7 @@ class Instrumentation:
         # the facts it is built from (Frozen) until something asks for it (None: built
         # when asked, from the facts of then).
         self._frozen: Optional[list] = None
-        # The writer thread and what it has to write: manifests of the first `_want`
-        # captures asked for, of the first `_done` written (see _write_later).
-        self._writer: Optional[threading.Thread] = None
-        self._cv = threading.Condition()
-        self._want = self._done = 0
-        self._urgent = False
+        self._writer = ManifestWriter(self._write_latest)
         self.discover = discover
         #: Root names discovery chose (zero-code attach), empty where roots were named.
         self.discovered: list = []
@@ -262,8 +108,7 @@ class Instrumentation:
             self.path, self.captures, self.errors, self._pid = None, 0, [], os.getpid()
             self._frozen = None
             # The parent's writer thread is not in the child.
-            self._writer, self._cv, self._want, self._done = None, threading.Condition(), 0, 0
-            self._urgent = False
+            self._writer = ManifestWriter(self._write_latest)
 
     def _graph_name(self, hint: Optional[str] = None) -> str:
         if callable(self.name):
@@ -279,7 +124,7 @@ class Instrumentation:
             return
         self.discover = False  # once: a process with no module stays bare
         try:
-            found = _discover.discover(_torch())
+            found = _discover.discover(import_torch())
         except Exception as e:  # noqa: BLE001 - the graph is recorded bare instead
             self._failed(e, f"the model could not be discovered (graphs are recorded without owners): {e}")
             return
@@ -287,22 +132,18 @@ class Instrumentation:
             self.recorder.add_root(module, root, weak=True)
             self.discovered.append(root)
 
-    def _tree_states(self) -> dict:
-        """Graph name -> state, for the graphs of torch.compile's CUDA-graph trees."""
-        return {n: s for n, s in self._states.items() if s.static_ptrs}
-
     def _record(self, walked, pool, state=None, hint: Optional[str] = None) -> None:
         # A graph the recorder took counts as recorded even where what follows fails (its
         # owners' walk, the write): the warning says what was lost, and no more.
         later: list = []
         try:
-            with _LOCK:
+            with LOCK:
                 self._fork_check()
                 name = self._graph_name(hint)
                 self._discover_roots()
                 try:
                     self.recorder.add_graph(name, walked, pool=pool)
-                except _OwnersNotCurrent as e:
+                except OwnersNotCurrent as e:
                     later.append((e, str(e)))
                 if state is not None:
                     state.names[id(self)] = name
@@ -328,9 +169,9 @@ class Instrumentation:
                 ):
                     try:
                         built = self._build_json() if self.recorder.digests else self._freeze()
-                        self._frozen = [self.captures, built, _guard.epoch()]
+                        self._frozen = [self.captures, built, epoch()]
                     except BaseException as e:  # noqa: BLE001 - built when asked instead
-                        if _fatal(e):
+                        if fatal(e):
                             raise
                         # Said already where it matters (a failed owner walk above); a
                         # write or a check builds it again and says so if it fails.
@@ -340,11 +181,11 @@ class Instrumentation:
                     try:
                         self._write_later()
                     except BaseException as e:  # noqa: BLE001 - a panic too
-                        if _fatal(e):
+                        if fatal(e):
                             raise
                         later.append((e, f"{_NOT_WRITTEN}: {e}"))
         except BaseException as e:  # noqa: BLE001 - a panic too, never into the engine
-            if _fatal(e):
+            if fatal(e):
                 raise
             self._failed(e)
         for e, message in later:
@@ -356,7 +197,7 @@ class Instrumentation:
         if self.strict:
             raise e
         self.errors.append(e)
-        _warn(f"graphcheck: {message or f'a capture was not recorded: {e}'}")
+        warn(f"graphcheck: {message or f'a capture was not recorded: {e}'}")
 
     # Output -------------------------------------------------------------------------
 
@@ -365,11 +206,11 @@ class Instrumentation:
         another instrumentation of this process wrote into the directory before,
         ``<directory>/instrumentation-<n>/graphcheck-<rank>-<pid>.json`` for the n-th, with
         a warning saying so (:func:`instrument`)."""
-        with _LOCK:
+        with LOCK:
             if self.path is None and self.directory is not None:
-                self.path, n = _claim_manifest_path(self.directory)
+                self.path, n = claim_manifest_path(self.directory)
                 if n > 1:
-                    _warn(
+                    warn(
                         f"graphcheck: an earlier instrumentation of this process has its "
                         f"manifest in {self.directory!r}; this one writes {self.path!r} "
                         "(each folder holds one manifest per process, as `graphcheck verify "
@@ -384,25 +225,25 @@ class Instrumentation:
 
     def _manifest_and_epoch(self) -> tuple:
         """The manifest and the transition epoch its facts (digests) are of."""
-        with _LOCK:
+        with LOCK:
             self._fork_check()
             frozen = self._frozen
             if frozen is None or frozen[0] != self.captures:
-                return self._build_json(), _guard.epoch()
+                return self._build_json(), epoch()
         return _built(frozen), frozen[2]
 
     def _producer_rank(self) -> None:
-        rank, world = _rank_and_world()
+        rank, world = rank_and_world()
         self.recorder.producer.setdefault("rank", rank)
         self.recorder.producer.setdefault("world_size", world)
 
     def _freeze(self):
-        with _LOCK:
+        with LOCK:
             self._producer_rank()
             return self.recorder.freeze()
 
     def _build_json(self) -> str:
-        with _LOCK:
+        with LOCK:
             self._producer_rank()
             return self.recorder.manifest_json()
 
@@ -417,68 +258,29 @@ class Instrumentation:
             return
         self.manifest_path()
         self._unwritten = 0
-        with self._cv:
-            self._want = max(self._want, frozen[0])
-            if self._writer is None or not self._writer.is_alive():
-                self._writer = threading.Thread(
-                    target=self._write_loop, name="graphcheck-writer", daemon=True
-                )
-                try:
-                    self._writer.start()
-                except BaseException:
-                    # No thread to wait for (a process out of threads): flush writes it,
-                    # and the next capture tries a thread again.
-                    self._writer = None
-                    self._unwritten = max(self._unwritten, 1)
-                    raise
-            self._cv.notify_all()
+        try:
+            self._writer.ask(frozen[0])
+        except BaseException:
+            self._unwritten = max(self._unwritten, 1)  # no thread: flush writes it
+            raise
 
-    def _write_loop(self) -> None:
-        while True:
-            with self._cv:
-                while self._want <= self._done:
-                    if not self._cv.wait(timeout=5.0) and self._want <= self._done:
-                        self._writer = None  # idle: the next capture starts another
-                        return
-                # Captures come in bursts (a batch size after another): the write waits
-                # until none came for WRITE_QUIET_S, so that a burst is built once, unless
-                # a flush wants it now.
-                while not self._urgent:
-                    seen = self._want
-                    self._cv.wait(timeout=WRITE_QUIET_S)
-                    if self._want == seen:
-                        break
-            with self._cv:
-                asked = self._want
-            with _LOCK:
-                frozen, path = self._frozen, self.path
-            try:
-                if frozen is None:  # the latest capture's facts could not be read
-                    raise GraphcheckError("the facts of the latest capture were not read")
-                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-                _native.write_atomic(path, _built(frozen).encode())
-            except BaseException as e:  # noqa: BLE001 - a panic too, never into the engine
-                if not _fatal(e):
-                    with _LOCK:
-                        self._unwritten = max(self._unwritten, 1)  # flush tries again
-                    self._failed(e, f"{_NOT_WRITTEN}: {e}")
-            with self._cv:
-                self._done = max(self._done, asked if frozen is None else frozen[0])
-                self._cv.notify_all()
-
-    def _wait_for_writer(self, timeout: Optional[float] = None) -> bool:
-        """Has the writer thread write what it was asked to now, and waits until it did
-        (at most ``timeout``, default :data:`FLUSH_WAIT_S`); returns whether it did."""
-        with self._cv:
-            self._urgent = True
-            self._cv.notify_all()
-            try:
-                return self._cv.wait_for(
-                    lambda: self._done >= self._want or self._writer is None,
-                    FLUSH_WAIT_S if timeout is None else timeout,
-                )
-            finally:
-                self._urgent = False
+    def _write_latest(self) -> Optional[int]:
+        """The writer thread's write: the manifest of the latest capture, as frozen then;
+        returns how many captures it holds (``None``: their facts were not read)."""
+        with LOCK:
+            frozen, path = self._frozen, self.path
+        try:
+            if frozen is None:  # the latest capture's facts could not be read
+                raise GraphcheckError("the facts of the latest capture were not read")
+            assert path is not None  # manifest_path() ran before the writer was asked
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            _native.write_atomic(path, _built(frozen).encode())
+        except BaseException as e:  # noqa: BLE001 - a panic too, never into the engine
+            if not fatal(e):
+                with LOCK:
+                    self._unwritten = max(self._unwritten, 1)  # flush tries again
+                self._failed(e, f"{_NOT_WRITTEN}: {e}")
+        return None if frozen is None else frozen[0]
 
     def manifest(self) -> dict:
         """The manifest of every capture recorded so far in this process."""
@@ -503,13 +305,14 @@ class Instrumentation:
         the instrumentation stops."""
         if os.getpid() != self._pid:
             return None
-        if not self._wait_for_writer():
+        waited = writer.FLUSH_WAIT_S  # read at each flush: the tests shorten it
+        if not self._writer.wait(waited):
             self._failed(
-                GraphcheckError(f"the writer thread did not finish in {FLUSH_WAIT_S:g} s"),
+                GraphcheckError(f"the writer thread did not finish in {waited:g} s"),
                 f"the manifest of the latest captures may not be written: the writer thread "
-                f"was still busy after {FLUSH_WAIT_S:g} s (a stalled file system?)",
+                f"was still busy after {waited:g} s (a stalled file system?)",
             )
-        with _LOCK:
+        with LOCK:
             # Addresses the recorder's walks left waiting (Recorder.catch_up): walked for
             # now, and the manifest built again with what that walk found.
             try:
@@ -517,7 +320,7 @@ class Instrumentation:
                     self._frozen = None
                     self._unwritten = max(self._unwritten, 1)
             except BaseException as e:  # noqa: BLE001 - the manifest is written without it
-                if _fatal(e):
+                if fatal(e):
                     raise
                 self._failed(e, f"the walk for the addresses left waiting failed: {e}")
         if self.directory is None or self._unwritten == 0:
@@ -525,7 +328,7 @@ class Instrumentation:
         try:
             return self.write()
         except BaseException as e:  # noqa: BLE001 - reported like a failed recording
-            if _fatal(e):
+            if fatal(e):
                 raise
             self._failed(e, f"{_NOT_WRITTEN}: {e}")
             return None
@@ -534,7 +337,7 @@ class Instrumentation:
         """Adds a root to this instrumentation's walks (held weakly); a root of the same
         name is replaced (a model loaded again)."""
         root_arg("model", model)
-        with _LOCK:
+        with LOCK:
             rec = self.recorder
             self._frozen = None  # the next manifest walks the new root
             # A root named explicitly replaces the discovered ones.
@@ -548,253 +351,10 @@ class Instrumentation:
 
     def close(self) -> None:
         """Stops this instrumentation; the patch goes when no other is live."""
-        uninstrument(self)
+        stop(self)
 
     def __enter__(self) -> "Instrumentation":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _patch_torch() -> None:
-    torch = _torch()
-    if _PATCHED:
-        return
-    graphs = getattr(torch.cuda, "graphs", None)
-    found = torch.cuda.CUDAGraph
-    if getattr(found, "_graphcheck_base", None) is None:
-        original, cls = found, _instrumented_class(found)
-    elif "_graphcheck_base" in vars(found):
-        # Ours, put back by someone else after an uninstrument left their replacement (see
-        # _restore): recorded as this patch, so that the next uninstrument puts torch's
-        # class back.
-        original, cls = found._graphcheck_base, found
-    else:
-        # A class derived from ours, someone else's, left in place by an uninstrument: its
-        # captures record already (a second subclass would record twice), and it stays.
-        return
-    for module in (torch.cuda, graphs):
-        if module is not None and getattr(module, "CUDAGraph", None) is found:
-            _PATCHED.append((module, "CUDAGraph", original, cls))
-            setattr(module, "CUDAGraph", cls)
-
-
-#: Graph names where nothing better is known; a torch.compile tree graph is named by its
-#: tree instead (``inductor_fn0_graph1[8x256]``).
-DEFAULT_NAME = "capture{index}"
-
-
-def instrument(
-    directory=None,
-    *,
-    model=None,
-    root: str = "model",
-    name: Union[str, Callable[[int], str]] = DEFAULT_NAME,
-    digests: Union[bool, str] = False,
-    runtime_state: Iterable[str] = (),
-    max_depth: int = DEFAULT_MAX_DEPTH,
-    strict: bool = False,
-    write_every: int = 1,
-    verify_on_replay: Union[None, bool, str] = None,
-    discover: bool = True,
-) -> Instrumentation:
-    """Records every CUDA graph capture of the process, with no change to the engine's
-    code: ``torch.cuda.CUDAGraph`` (and ``torch.cuda.graphs.CUDAGraph``) become a subclass
-    that keeps the graph template (``keep_graph=True``), walks it at ``capture_end`` and
-    then instantiates it, so ``with torch.cuda.graph(g, pool=pool):`` and direct
-    ``capture_begin``/``capture_end`` callers work unchanged. Code that bound the class
-    before (``from torch.cuda import CUDAGraph``) is not reached: instrument first.
-
-    ``directory`` (``None``, the default: ``$GRAPHCHECK_DIR`` where it is set, else the
-    manifest is kept in memory; ``False``: in memory whatever that variable says)
-    receives one manifest per process and rank, ``graphcheck-<rank>-<pid>.json``,
-    rewritten atomically after every capture. A second instrumentation of the process
-    writing into the same directory (one stopped before counts) writes
-    ``instrumentation-2/graphcheck-<rank>-<pid>.json`` there instead, the n-th
-    ``instrumentation-<n>/``, with a warning: none overwrites another's manifest, and each
-    folder stays one run for ``graphcheck verify DIR`` (one manifest per rank). The
-    capture reads what the manifest needs (owners, the allocator's segments, pools) and a
-    writer thread builds and writes it:
-    the capture does not wait, and a burst of captures (none for 0.2 s after the last) is
-    written once, as the latest (``strict=True`` writes at the capture); :meth:`Instrumentation.flush`
-    waits for it, and runs when the instrumentation stops and at exit. ``name`` names the
-    graphs: a format string with ``{index}`` (and ``{pid}``) or a callable of the index.
-
-    Owners: a capture has no model argument. ``model`` (under ``root``) and every
-    :func:`register_model` root are walked at the first capture, again after a root is
-    added, and again at any capture that reads an address the recorder cannot explain
-    without a walk (:class:`Recorder`); without any, graphs are recorded with no owners and
-    every address they hold is bare (``unowned`` at verify). A recording failure warns (``RuntimeWarning``) and is
-    kept in ``errors``; the capture itself always completes. ``strict=True`` raises
-    instead, once every live instrumentation got the capture (the first error; a later
-    strict one's is kept in its ``errors`` and warned). ``write_every=N`` rewrites the file after every N captures instead of every
-    one (an engine capturing dozens of graphs pays the rebuild N times less); what is left
-    is written when the instrumentation stops and at interpreter exit. Returns the
-    :class:`Instrumentation`; :func:`uninstrument` restores torch. Every wrong argument is
-    a :class:`GraphcheckError` naming it, raised before torch is patched.
-
-    ``verify_on_replay`` (default: ``$GRAPHCHECK_VERIFY_ON_REPLAY``, else off) checks
-    each graph at its first replay after a transition (:func:`mark_transition`, this
-    package's sleep allocator waking, a torch_memory_saver resume,
-    ``Module.load_state_dict``): ``"raise"`` (or ``True``) raises
-    :class:`ReplayCheckError` before the kernels run when the graph reads memory that
-    changed since capture; ``"warn"`` warns and replays. A replay with nothing pending
-    costs one comparison.
-
-    With no ``model`` and no :func:`register_model` root, ``discover`` (default on) finds
-    the model at the first capture: the top-level ``nn.Module`` objects alive then (none
-    another's child) become roots, named by class (``llama_for_causal_lm``; the rule and
-    how to override it: :mod:`graphcheck._discover`); :attr:`Instrumentation.discovered`
-    lists them.
-
-    Graph names: ``name`` formatted; where ``name`` is the default and the capture is one
-    of torch.compile's CUDA-graph trees, the tree's function and graph ids and the shapes
-    of the inputs it was recorded for (``inductor_fn0_graph1[8x256]``)."""
-    if directory is None:
-        directory = os.environ.get(ENV_DIR) or None
-    elif directory is False:
-        directory = None
-    root = _args.text("root", root)
-    _native.check_path(root)
-    if model is not None:
-        root_arg("model", model)
-    name = _args.callable_or_text("name", name)
-    if isinstance(name, str):
-        try:  # a name that does not format would fail at every capture instead
-            name.format(index=0, pid=0)
-        except (KeyError, IndexError, ValueError) as e:
-            raise GraphcheckError(
-                f"name is a format string with {{index}} and {{pid}}, or a callable: "
-                f"{name!r} does not format ({type(e).__name__}: {e})"
-            ) from None
-    strict = _args.flag("strict", strict)
-    on_replay = _guard.on_findings_arg(verify_on_replay)
-    ins = Instrumentation(
-        directory,
-        name=name,
-        strict=strict,
-        recorder_args=dict(
-            digests=digests,
-            # A list, so that a forked child's recorder gets the same globs again.
-            runtime_state=_args.strings("runtime_state", runtime_state, "owner-path globs"),
-            max_depth=max_depth,
-        ),
-        write_every=write_every,
-        verify_on_replay=on_replay,
-        discover=_args.flag("discover", discover),
-    )
-    atexit.register(ins.flush)
-    with _LOCK:
-        for r, ref in _PENDING_ROOTS:
-            obj = ref() if isinstance(ref, weakref.ref) else ref
-            if obj is not None and (model is None or r != root):
-                ins.register_model(obj, r)
-        if model is not None:
-            ins.register_model(model, root)
-        _patch_torch()
-        if on_replay is not None:
-            _transitions.patch(_PATCHED)
-        _ACTIVE.append(ins)
-    return ins
-
-
-def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
-    """Stops one instrumentation (or, without an argument, all of them) and, when none is
-    left, restores ``torch.cuda.CUDAGraph`` (and the transitions' methods). Graphs made
-    meanwhile keep working (they are instances of the subclass, which keeps instantiating
-    them). What something else replaced since graphcheck patched it (another tool's patch,
-    a test's monkeypatch) is left as it is, with a ``RuntimeWarning`` naming what is there:
-    putting graphcheck's original back would undo that replacement."""
-    if instrumentation is not None and not isinstance(instrumentation, Instrumentation):
-        raise GraphcheckError(
-            f"uninstrument takes what instrument() returned (an Instrumentation) or nothing, "
-            f"not {_args.show(instrumentation)}"
-        )
-    with _LOCK:
-        stopping = list(_ACTIVE) if instrumentation is None else [instrumentation]
-    for ins in stopping:
-        ins.flush()
-    with _LOCK:
-        if instrumentation is None:
-            _ACTIVE.clear()
-            _PENDING_ROOTS.clear()
-        elif instrumentation in _ACTIVE:
-            _ACTIVE.remove(instrumentation)
-        if not _ACTIVE:
-            _restore(_PATCHED)
-
-
-def check(
-    instrumentation: Optional[Instrumentation] = None,
-    *,
-    event: str = "check",
-    contents: str = "preserved",
-    digests: Union[None, bool, str] = None,
-    on_findings: Optional[str] = None,
-):
-    """Verifies now, on demand, every graph ``instrumentation`` (default: the only live
-    one) recorded against the memory its roots hold now: a live snapshot and verify, as
-    the replay check makes after a transition. Returns the :class:`graphcheck.Report`
-    (capture-time findings included). Graphs torch will never replay again (a
-    torch.compile tree graph whose guarded parameter moved) are left out; their names are
-    in :attr:`Instrumentation.superseded`. ``on_findings="raise"`` raises
-    :class:`ReplayCheckError` and ``"warn"`` warns when a graph reads memory that changed
-    since capture (the live findings); by default the report is only returned.
-    ``digests`` (default: where the manifest has digests and ``contents`` is
-    ``preserved``) compares contents."""
-    event = _args.text("event", event)
-    contents = _args.choice("contents", contents, ("preserved", "updated"))
-    if on_findings is not None:
-        on_findings = _args.choice("on_findings", on_findings, _guard.ON_FINDINGS)
-    if instrumentation is None:
-        live = instrumented()
-        if len(live) != 1:
-            raise GraphcheckError(
-                f"check() without an instrumentation needs exactly one live, not {len(live)}: "
-                "pass what instrument() returned"
-            )
-        instrumentation = live[0]
-    elif not isinstance(instrumentation, Instrumentation):
-        raise GraphcheckError(
-            f"check takes what instrument() returned (an Instrumentation), not "
-            f"{_args.show(instrumentation)}"
-        )
-    report, gone = _guard.run_check(instrumentation, event=event, contents=contents, digests=digests)
-    instrumentation.superseded = sorted(gone)
-    found = _guard._live_findings(report)
-    if found and on_findings is not None:
-        graphs = sorted({g for f in found for g in f.graphs})
-        message = (
-            f"graphcheck: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} "
-            f"({', '.join(graphs)}) read memory that changed since capture (at {event!r}):\n"
-            f"{_guard._describe(found)}"
-        )
-        if on_findings == "raise":
-            raise _guard.ReplayCheckError(message, report=report, graph=None, findings=found)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
-    return report
-
-
-def instrumented() -> list:
-    """The live instrumentations."""
-    with _LOCK:
-        return list(_ACTIVE)
-
-
-def register_model(model, root: str = "model") -> None:
-    """Names an object whose tensors instrumented captures read (the engine's model, a
-    draft model, a KV-cache manager) under ``root``, held weakly. Live instrumentations
-    walk it from their next manifest on; one started later takes it too."""
-    _native.check_path(_args.text("root", root))
-    root_arg("model", model)
-    with _LOCK:
-        if _ACTIVE:
-            for ins in _ACTIVE:
-                ins.register_model(model, root)
-            return
-        try:
-            ref = weakref.ref(model)
-        except TypeError:
-            ref = model
-        _PENDING_ROOTS[:] = [(r, x) for r, x in _PENDING_ROOTS if r != root] + [(root, ref)]

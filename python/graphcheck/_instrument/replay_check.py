@@ -3,11 +3,10 @@ wake, a torch_memory_saver resume, ``Module.load_state_dict``, or an explicit
 :func:`mark_transition`), the next replay of each recorded graph first verifies what that
 graph reads, and raises (or warns) before its kernels run.
 
-The state here is one counter, the transition *epoch*, and what the latest transition
-said. A graph keeps the epoch it was last checked at; a replay compares the two (one
-attribute read and one comparison: the price of a replay with nothing pending), and only
-where they differ is anything checked. One live snapshot and one verify serve every graph
-of an instrumentation per epoch; each graph is judged by the findings that name it.
+A graph keeps the transition epoch (:mod:`.transitions`) it was last checked at; a
+replay compares it with the current one (the price of a replay with nothing pending), and
+only where they differ is anything checked. One live snapshot and one verify serve every
+graph of an instrumentation per epoch; each graph is judged by the findings that name it.
 
 Contents are compared against the digests of the latest capture, except those an update
 since then rewrote: an ``updated`` transition says which tensors it wrote
@@ -32,13 +31,30 @@ one (seen on the H200 with torch 2.11), so the old graph's stale addresses are n
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Optional
 
-from .. import _args, _native, _registry
-from .. import sleep as _sleep
+from .. import _args, _native
+from .._api import verify
 from .._native import GraphcheckError
 from .._snapshot import snapshot
+from .host import warn
+from .transitions import latest, rewritten_since
+
+__all__ = [
+    "ENV_VERIFY_ON_REPLAY",
+    "LIVE_KINDS",
+    "ON_FINDINGS",
+    "Checker",
+    "GraphState",
+    "ReplayCheckError",
+    "before_replay",
+    "describe",
+    "live_findings",
+    "on_findings_arg",
+    "run_check",
+]
 
 #: The finding kinds that say a graph's memory changed since capture (docs/findings.md,
 #: "Live checks"): the ones a replay check stops for. The core's list.
@@ -50,11 +66,8 @@ ENV_VERIFY_ON_REPLAY = "GRAPHCHECK_VERIFY_ON_REPLAY"
 
 ON_FINDINGS = ("raise", "warn")
 
+# One check at a time: its result is kept for the epoch it was made at.
 _LOCK = threading.RLock()
-
-# [epoch, event, contents]: the latest transition. A list, so that the replay path reads
-# one global and indexes it.
-_STATE: list = [0, None, "preserved"]
 
 
 class ReplayCheckError(GraphcheckError):
@@ -69,112 +82,7 @@ class ReplayCheckError(GraphcheckError):
         self.findings = findings
 
 
-def epoch() -> int:
-    """The current transition epoch (0 before any transition)."""
-    return _STATE[0]
-
-
-def mark_transition(
-    event: str = "reload", contents: str = "preserved", written: Any = None
-) -> int:
-    """Says that the memory graphs read may have changed: after ``reload_weights()``, a
-    wake, a resume. ``contents`` is ``preserved`` (every persistent tensor must still hold
-    what it held at capture; digests are compared where the manifest has them) or
-    ``updated`` (new weights: addresses must hold, contents may change). Each recorded
-    graph is checked at its next replay, where an instrumentation has
-    ``verify_on_replay``. Returns the new epoch.
-
-    ``written`` (``updated`` only) says what the update wrote: a tensor, a module (its
-    parameters and buffers) or an iterable of them. Digests of everything else are still
-    compared, at this check and at every later one, so that a constant the reload did not
-    restore is ``stale``. Without it, anything may have been rewritten: contents are not
-    compared again until the next capture (``Module.load_state_dict`` says what it wrote
-    by itself)."""
-    event = _args.text("event", event)
-    contents = _args.choice("contents", contents, ("preserved", "updated"))
-    if written is not None and contents != "updated":
-        raise GraphcheckError(
-            f"written says what an update wrote: it takes contents='updated', not {contents!r}"
-        )
-    storages = None if written is None else _storages("written", written)
-    with _LOCK:
-        now = _STATE[0] + 1
-        _STATE[:] = [now, event, contents]
-        if contents == "updated":
-            _WRITES.append((now, storages))
-            if len(_WRITES) > _WRITES_KEPT:
-                _FORGOTTEN[0] = _WRITES.pop(0)[0]
-        return now
-
-
-# The updated transitions, oldest first: (epoch, frozenset of (device, storage address) the
-# update wrote, or None: unknown). The oldest are forgotten past _WRITES_KEPT; a check of a
-# manifest older than the last one forgotten (_FORGOTTEN) knows nothing of what was written.
-_WRITES: list = []
-_WRITES_KEPT = 1024
-_FORGOTTEN = [0]
-
-
-def _storages(name: str, value: Any) -> frozenset:
-    """(device, storage address) of every tensor ``value`` names: a tensor, a module's
-    parameters and buffers, or an iterable of them."""
-    torch = _registry._torch()
-    out = set()
-    todo = [value]
-    # Modules and iterables entered, by id (kept, so that no id is reused meanwhile): a
-    # list that holds itself, or modules sharing a child, are read once.
-    entered: dict = {}
-    while todo:
-        v = todo.pop()
-        if not isinstance(v, torch.Tensor):
-            if id(v) in entered:
-                continue
-            entered[id(v)] = v
-        if isinstance(v, torch.Tensor):
-            # A wrapper subclass (a DTensor) has no storage of its own: its inner tensors
-            # are what the walk digests, and what the update wrote.
-            if type(v) not in (torch.Tensor, torch.nn.Parameter) and hasattr(
-                type(v), "__tensor_flatten__"
-            ):
-                try:
-                    names, _ = v.__tensor_flatten__()
-                    todo.extend(getattr(v, n) for n in names)
-                    continue
-                except Exception:  # noqa: BLE001 - read as a tensor below
-                    pass
-            try:
-                out.add((_registry._device_name(v), v.untyped_storage().data_ptr()))
-            except (RuntimeError, NotImplementedError):
-                pass  # no storage (sparse, meta): nothing the walk digests either
-        elif isinstance(v, torch.nn.Module):
-            todo.extend(v.parameters())
-            todo.extend(v.buffers())
-        elif isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
-            raise GraphcheckError(
-                f"{name} takes tensors, modules or an iterable of them, not {_args.show(v)}"
-            )
-        else:
-            todo.extend(v)
-    return frozenset(out)
-
-
-def rewritten_since(epoch: int) -> Optional[frozenset]:
-    """What updates after ``epoch`` wrote: (device, storage address) pairs, or ``None`` where
-    one of them did not say (anything may have been rewritten)."""
-    with _LOCK:
-        if epoch < _FORGOTTEN[0]:
-            return None
-        out: set = set()
-        for at, storages in _WRITES:
-            if at <= epoch:
-                continue
-            if storages is None:
-                return None
-            out |= storages
-        return frozenset(out)
-
-
-def _live_findings(report, name: Optional[str] = None) -> list:
+def live_findings(report, name: Optional[str] = None) -> list:
     return [
         f
         for f in report.findings
@@ -182,7 +90,7 @@ def _live_findings(report, name: Optional[str] = None) -> list:
     ]
 
 
-def _describe(findings: list, limit: int = 12) -> str:
+def describe(findings: list, limit: int = 12) -> str:
     lines = []
     for f in findings[:limit]:
         owners = ", ".join(o.path for o in f.owners) or f.subject
@@ -217,101 +125,6 @@ class GraphState:
                 self.static_paths.setdefault(ptr, []).append(o.path)
 
 
-def tree_node_of(cuda_graph, depth: int = 12):
-    """The torch.compile CUDA-graph tree node whose graph ``cuda_graph`` is, found on the
-    calling frames at ``capture_begin`` (the node's ``_record`` runs the capture), with
-    the inputs it records; ``(None, None)`` for any other capture. Reads frames only."""
-    import sys
-
-    try:
-        frame = sys._getframe(1)
-    except ValueError:
-        return None, None
-    for _ in range(depth):
-        if frame is None:
-            break
-        # Only the tree's own frame is looked into: reading any frame's f_locals keeps a
-        # snapshot of its locals alive (Python 3.11), which would hold the caller's objects.
-        code = frame.f_code
-        if code.co_name == "_record" and code.co_filename.endswith("cudagraph_trees.py"):
-            node = frame.f_locals.get("self")
-            if getattr(node, "graph", None) is cuda_graph:
-                return node, frame.f_locals.get("inputs")
-        frame = frame.f_back
-    return None, None
-
-
-#: Torch attribute names (torch/_inductor/cudagraph_trees.py) already warned missing: each
-#: is said once per process, not at every capture.
-_TREE_WARNED: set = set()
-
-#: Returned by :func:`_tree_attr` for an attribute torch does not have.
-_MISSING = object()
-
-_NO_SHAPES = "tree graphs are named without their batch shapes"
-_NO_NAME = "tree graphs get the default names (capture0, ...) instead of inductor_fn<f>_graph<g>"
-_NO_STATIC = (
-    "the static inputs torch guards are unknown, so a graph torch re-records after a "
-    "rebinding is reported as findings instead of superseded"
-)
-
-
-def _tree_attr(obj, chain: str, lost: str):
-    """``obj``'s attribute ``chain`` (dotted, as torch's CUDA-graph tree names it), or
-    :data:`_MISSING` after warning, once per name, that this torch lacks it and what is
-    lost: a torch that renamed it must not turn graphcheck's guards off in silence."""
-    value = obj
-    for name in chain.split("."):
-        try:
-            value = getattr(value, name)
-        except AttributeError:
-            if chain not in _TREE_WARNED:
-                _TREE_WARNED.add(chain)
-                from .host import _warn
-
-                _warn(
-                    f"graphcheck: this torch's CUDA-graph tree node has no `{chain}` "
-                    f"(torch/_inductor/cudagraph_trees.py): {lost}"
-                )
-            return _MISSING
-    return value
-
-
-def tree_input_shapes(node, inputs) -> Optional[list]:
-    """At ``capture_begin`` of a tree graph: the shapes of the inputs that are not static
-    (the batch the graph is recorded for). By ``capture_end`` the tree's boxed call has
-    cleared its input list."""
-    static = _tree_attr(node, "wrapped_function.static_input_idxs", _NO_SHAPES)
-    if static is _MISSING:
-        return None
-    static = set(static or ())
-    return [
-        "x".join(str(int(d)) for d in t.shape) or "scalar"
-        for i, t in enumerate(inputs or ())
-        if i not in static and hasattr(t, "shape")
-    ]
-
-
-def tree_graph_name(node, shapes) -> Optional[str]:
-    """``inductor_fn<function>_graph<id>`` and the shapes of the inputs that are not
-    static (the batch the graph was recorded for), e.g. ``inductor_fn0_graph1[8x256]``."""
-    fn = _tree_attr(node, "wrapped_function.id.id", _NO_NAME)
-    gid = _tree_attr(node, "id.id", _NO_NAME)
-    if fn is _MISSING or gid is _MISSING:
-        return None
-    shapes = shapes or []
-    suffix = f"[{','.join(shapes[:3])}]" if shapes else ""
-    return f"inductor_fn{fn}_graph{gid}{suffix}"
-
-
-def tree_static_ptrs(node) -> tuple:
-    """The addresses of the static inputs (parameters, buffers) a tree node recorded."""
-    ptrs = _tree_attr(node, "static_input_data_ptrs", _NO_STATIC)
-    if ptrs is _MISSING:
-        return ()
-    return tuple(p for p in (ptrs or ()) if p)
-
-
 class Checker:
     """The replay check of one instrumentation: one report per epoch for all its graphs."""
 
@@ -343,8 +156,6 @@ def run_check(ins, *, event: str, contents: str, digests=None, transition: bool 
     ``updated`` whatever the caller said). ``transition``: ``contents`` is the latest
     marked transition's, already among the updates; else an ``updated`` asked for here
     (``check()``) is one more update that does not say what it wrote."""
-    from .._api import verify
-
     manifest, at = ins._manifest_and_epoch()
     rec = ins.recorder
     rewritten = rewritten_since(at)
@@ -376,7 +187,7 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
     :class:`ReplayCheckError` (``raise``) or warns (``warn``) when it reads changed memory;
     a graph refused stays unchecked, so every later replay is refused too, until a new
     transition is marked and the check passes."""
-    at, event, contents = _STATE
+    at, event, contents = latest()
     for ins in instrumentations:
         checker = getattr(ins, "_checker", None)
         name = state.names.get(id(ins))
@@ -385,30 +196,26 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
         report, gone = checker.result(event or "transition", contents, at)
         if name in gone:
             continue
-        found = _live_findings(report, name)
+        found = live_findings(report, name)
         if not found:
             continue
         message = (
             f"graphcheck: graph {name!r} reads memory that changed since capture "
             f"(after {event!r}): {len(found)} finding{'s' if len(found) != 1 else ''}; "
             f"{'replay refused' if checker.on_findings == 'raise' else 'replaying anyway'}\n"
-            f"{_describe(found)}"
+            f"{describe(found)}"
         )
         if checker.on_findings == "raise":
             raise ReplayCheckError(message, report=report, graph=name, findings=found)
         # Shown, never raised, where the filters make warnings errors: asked to warn, the
         # check must not read as a failure of its own (nor stop the graphs after this one).
-        from .instrumentation import _warn
-
-        _warn(message)
+        warn(message)
     cuda_graph._graphcheck_epoch = at
 
 
 def on_findings_arg(value: Any) -> Optional[str]:
     """``verify_on_replay``: ``None`` (the environment variable decides), ``False``/"off",
     ``True``/"raise", or "warn"."""
-    import os
-
     if value is None:
         value = os.environ.get(ENV_VERIFY_ON_REPLAY, "").strip().lower() or "off"
         if value not in ON_FINDINGS + ("off",):
@@ -420,11 +227,3 @@ def on_findings_arg(value: Any) -> Optional[str]:
     if value is False or value == "off":
         return None
     return _args.choice("verify_on_replay", value, ON_FINDINGS + ("off",))
-
-
-def _after_wake(result: dict) -> None:
-    if result.get("awake"):
-        mark_transition("graphcheck.sleep wake", "preserved")
-
-
-_sleep._WAKE_HOOKS.append(_after_wake)

@@ -1,14 +1,138 @@
-"""The transitions the replay check sees without the engine saying so (:mod:`.replay_check`):
-``Module.load_state_dict``, which also says which tensors it wrote, and
-torch_memory_saver's ``resume``. Each is patched to mark a transition after it returns;
-:func:`graphcheck.torch.uninstrument` restores them with the rest of the patch."""
+"""The transitions the replay check reacts to: the transition *epoch*, which
+:func:`mark_transition` moves on (and what the latest said, and what updates wrote), and
+the transitions seen without the engine saying so, patched to mark one after they return:
+``Module.load_state_dict`` (which also says which tensors it wrote), torch_memory_saver's
+``resume``, and this package's sleep allocator waking (a wake hook). :func:`patch` and the
+hook are put in place by ``instrument()`` and taken away with the rest of its patch."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import threading
+from typing import Any, Callable, Optional
 
-from . import replay_check as _guard
-from .._registry import _torch
+from .. import _args
+from .._native import GraphcheckError
+from .._tensors import device_name
+from .._torch_import import import_torch
+
+__all__ = ["after_wake", "epoch", "latest", "mark_transition", "patch", "rewritten_since"]
+
+
+_LOCK = threading.RLock()
+
+# [epoch, event, contents]: the latest transition, replaced whole (one list assignment).
+_STATE: list = [0, None, "preserved"]
+
+
+def epoch() -> int:
+    """The current transition epoch (0 before any transition): read at every replay."""
+    return _STATE[0]
+
+
+def latest() -> tuple:
+    """``(epoch, event, contents)`` of the latest transition (``event`` ``None`` before any)."""
+    at, event, contents = _STATE
+    return at, event, contents
+
+
+def mark_transition(
+    event: str = "reload", contents: str = "preserved", written: Any = None
+) -> int:
+    """Says that the memory graphs read may have changed: after ``reload_weights()``, a
+    wake, a resume. ``contents`` is ``preserved`` (every persistent tensor must still hold
+    what it held at capture; digests are compared where the manifest has them) or
+    ``updated`` (new weights: addresses must hold, contents may change). Each recorded
+    graph is checked at its next replay, where an instrumentation has
+    ``verify_on_replay``. Returns the new epoch.
+
+    ``written`` (``updated`` only) says what the update wrote: a tensor, a module (its
+    parameters and buffers) or an iterable of them. Digests of everything else are still
+    compared, at this check and at every later one, so that a constant the reload did not
+    restore is ``stale``. Without it, anything may have been rewritten: contents are not
+    compared again until the next capture (``Module.load_state_dict`` says what it wrote
+    by itself)."""
+    event = _args.text("event", event)
+    contents = _args.choice("contents", contents, ("preserved", "updated"))
+    if written is not None and contents != "updated":
+        raise GraphcheckError(
+            f"written says what an update wrote: it takes contents='updated', not {contents!r}"
+        )
+    storages = None if written is None else _storages("written", written)
+    with _LOCK:
+        now = _STATE[0] + 1
+        _STATE[:] = [now, event, contents]
+        if contents == "updated":
+            _WRITES.append((now, storages))
+            if len(_WRITES) > _WRITES_KEPT:
+                _FORGOTTEN[0] = _WRITES.pop(0)[0]
+        return now
+
+
+# The updated transitions, oldest first: (epoch, frozenset of (device, storage address) the
+# update wrote, or None: unknown). The oldest are forgotten past _WRITES_KEPT; a check of a
+# manifest older than the last one forgotten (_FORGOTTEN) knows nothing of what was written.
+_WRITES: list = []
+_WRITES_KEPT = 1024
+_FORGOTTEN = [0]
+
+
+def _storages(name: str, value: Any) -> frozenset:
+    """(device, storage address) of every tensor ``value`` names: a tensor, a module's
+    parameters and buffers, or an iterable of them."""
+    torch = import_torch()
+    out = set()
+    todo = [value]
+    # Modules and iterables entered, by id (kept, so that no id is reused meanwhile): a
+    # list that holds itself, or modules sharing a child, are read once.
+    entered: dict = {}
+    while todo:
+        v = todo.pop()
+        if not isinstance(v, torch.Tensor):
+            if id(v) in entered:
+                continue
+            entered[id(v)] = v
+        if isinstance(v, torch.Tensor):
+            # A wrapper subclass (a DTensor) has no storage of its own: its inner tensors
+            # are what the walk digests, and what the update wrote.
+            if type(v) not in (torch.Tensor, torch.nn.Parameter) and hasattr(
+                type(v), "__tensor_flatten__"
+            ):
+                try:
+                    names, _ = v.__tensor_flatten__()
+                    todo.extend(getattr(v, n) for n in names)
+                    continue
+                except Exception:  # noqa: BLE001 - read as a tensor below
+                    pass
+            try:
+                out.add((device_name(v), v.untyped_storage().data_ptr()))
+            except (RuntimeError, NotImplementedError):
+                pass  # no storage (sparse, meta): nothing the walk digests either
+        elif isinstance(v, torch.nn.Module):
+            todo.extend(v.parameters())
+            todo.extend(v.buffers())
+        elif isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+            raise GraphcheckError(
+                f"{name} takes tensors, modules or an iterable of them, not {_args.show(v)}"
+            )
+        else:
+            todo.extend(v)
+    return frozenset(out)
+
+
+def rewritten_since(epoch: int) -> Optional[frozenset]:
+    """What updates after ``epoch`` wrote: (device, storage address) pairs, or ``None`` where
+    one of them did not say (anything may have been rewritten)."""
+    with _LOCK:
+        if epoch < _FORGOTTEN[0]:
+            return None
+        out: set = set()
+        for at, storages in _WRITES:
+            if at <= epoch:
+                continue
+            if storages is None:
+                return None
+            out |= storages
+        return frozenset(out)
 
 
 def _wrap(
@@ -28,10 +152,10 @@ def _wrap(
     def mark(self, args, kwargs) -> None:
         try:
             wrote = None if written is None else written(self, args, kwargs)
-            _guard.mark_transition(event(self, args, kwargs), contents, written=wrote)
+            mark_transition(event(self, args, kwargs), contents, written=wrote)
         except Exception:  # noqa: BLE001 - never into the engine
             try:  # what was written is unknown: the transition is still marked
-                _guard.mark_transition(event(self, args, kwargs), contents)
+                mark_transition(event(self, args, kwargs), contents)
             except Exception:  # noqa: BLE001
                 pass
 
@@ -67,7 +191,7 @@ def _fits(value, param) -> bool:
     """Whether ``load_state_dict`` copies ``value`` into ``param``, as torch decides it: a
     tensor of the same shape, or a one-element vector into a scalar (old checkpoints); a
     lazy parameter takes any shape."""
-    torch = _torch()
+    torch = import_torch()
     if not torch.overrides.is_tensor_like(value):
         return False  # torch reports it and copies nothing
     if torch.nn.parameter.is_lazy(param):
@@ -82,10 +206,10 @@ def patch(patched: list) -> None:
     ``Module.load_state_dict`` (new weights: ``updated``, the tensors it wrote known, so
     that the rest are still compared) and torch_memory_saver's ``resume``
     (``preserved``), where that package is imported. (This package's sleep allocator
-    marks its wakes itself.)"""
+    marks its wakes through :func:`after_wake`.)"""
     import sys
 
-    torch = _torch()
+    torch = import_torch()
     _wrap(
         patched,
         torch.nn.Module,
@@ -104,3 +228,10 @@ def patch(patched: list) -> None:
             lambda self, a, k: f"torch_memory_saver.resume({(a or (k.get('tag'),))[0]!r})",
             "preserved",
         )
+
+
+def after_wake(result: dict) -> None:
+    """The wake hook (``graphcheck.sleep``): a wake that happened is a transition whose
+    contents must be preserved."""
+    if result.get("awake"):
+        mark_transition("graphcheck.sleep wake", "preserved")

@@ -1,0 +1,202 @@
+"""Patching torch and putting it back: ``torch.cuda.CUDAGraph`` becomes a subclass that
+keeps the graph template, hands every capture to the live instrumentations at
+``capture_end`` and checks a replay after a transition; and the process-wide state of
+that patch (the live instrumentations, what it replaced, the lock over them)."""
+
+from __future__ import annotations
+
+import threading
+
+from .. import _sleep_state
+from .._recorder import fatal, walk_graph
+from .._torch_import import import_torch
+from . import transitions
+from .host import each_sink, force_keep_graph, restore, warn
+from .replay_check import GraphState, ReplayCheckError, before_replay
+from .transitions import epoch
+from .trees import tree_graph_name, tree_input_shapes, tree_node_of, tree_static_ptrs
+
+__all__ = ["ACTIVE", "LOCK", "PATCHED", "instrumented_class", "patch_torch", "start", "stop"]
+
+#: The live instrumentations, in order; the patch stays while any is live.
+ACTIVE: list = []
+#: (owner, attribute, original, installed) of what the patch replaced (:func:`host.restore`).
+PATCHED: list = []
+#: The lock over this state, and over each instrumentation's own.
+LOCK = threading.RLock()
+
+
+def instrumented_class(base: type) -> type:
+    """A subclass of ``base`` (``torch.cuda.CUDAGraph``) that keeps the graph template,
+    records every capture at ``capture_end`` and then instantiates as ``base`` would have.
+
+    ``__new__`` and ``__init__`` both pass ``keep_graph=True``: torch's ``CUDAGraph.__new__``
+    takes it for the Python side and the C++ ``_CUDAGraph.__init__`` for the graph itself
+    (seen on the H200; passing it to one alone is not enough)."""
+
+    class CUDAGraph(base):
+        __doc__ = base.__doc__
+        _graphcheck_base = base
+
+        def __new__(cls, *args, **kwargs):
+            args, kwargs, _ = force_keep_graph(args, kwargs)
+            parent = super().__new__
+            if parent is object.__new__:
+                return parent(cls)
+            return parent(cls, *args, **kwargs)
+
+        def __init__(self, *args, **kwargs):
+            args, kwargs, asked = force_keep_graph(args, kwargs)
+            super().__init__(*args, **kwargs)
+            # keep_graph=True asked by the caller: they instantiate (or replay does).
+            self._graphcheck_keep = asked
+            self._graphcheck_pool = None
+            # The transition epoch this graph was last checked at (replay_check), and what
+            # the check keeps of it (None: not recorded).
+            self._graphcheck_epoch = epoch()
+            self._graphcheck_state = None
+
+        def capture_begin(self, *args, **kwargs):
+            pool = args[0] if args else kwargs.get("pool")
+            self._graphcheck_pool = pool
+            # A graph of torch.compile's CUDA-graph trees: the tree node recording it, found
+            # once on the calling frames, and the shapes of its batch inputs (cleared from
+            # the node by capture_end); held until capture_end only.
+            self._graphcheck_tree = (None, None)
+            try:
+                if ACTIVE:
+                    node, inputs = tree_node_of(self)
+                    if node is not None:
+                        self._graphcheck_tree = (node, tree_input_shapes(node, inputs))
+            except Exception:  # noqa: BLE001 - a name without shapes, never a failed capture
+                pass
+            return super().capture_begin(*args, **kwargs)
+
+        def capture_end(self):
+            super().capture_end()
+            try:
+                on_capture(self)
+            finally:
+                self._graphcheck_epoch = epoch()
+                if not getattr(self, "_graphcheck_keep", False):
+                    self.instantiate()
+
+        def replay(self):
+            # Nothing pending: one attribute read, one call and one comparison.
+            if self._graphcheck_epoch != epoch():
+                check_before_replay(self)
+            return super().replay()
+
+    CUDAGraph.__qualname__ = f"graphcheck.{base.__qualname__}"
+    return CUDAGraph
+
+
+def check_before_replay(cuda_graph) -> None:
+    """The replay check (:func:`.replay_check.before_replay`) of a graph whose epoch is
+    behind. A :class:`ReplayCheckError` goes to the caller, as asked; any other failure of
+    the check is kept in ``errors`` and warned, and the replay goes ahead."""
+    with LOCK:
+        sinks = [ins for ins in ACTIVE if ins._checker is not None]
+    state = getattr(cuda_graph, "_graphcheck_state", None)
+    if not sinks or state is None:
+        cuda_graph._graphcheck_epoch = epoch()
+        return
+    try:
+        before_replay(cuda_graph, state, sinks)
+    except ReplayCheckError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a broken check never stops the engine
+        if fatal(e):
+            raise
+        cuda_graph._graphcheck_epoch = epoch()
+        for ins in sinks:
+            ins.errors.append(e)
+        warn(f"graphcheck: the check before replay failed, replaying unchecked: {e}")
+
+
+def on_capture(cuda_graph) -> None:
+    """Walks a graph at ``capture_end`` and hands it to every live instrumentation."""
+    with LOCK:
+        sinks = list(ACTIVE)
+        if any(ins._checker is not None for ins in sinks):
+            transitions.patch(PATCHED)  # torch_memory_saver imported since instrument()
+    if not sinks:
+        return
+    # A graph of torch.compile's CUDA-graph trees: its name and the static inputs torch
+    # guards come from the tree node recording it.
+    node, shapes = getattr(cuda_graph, "_graphcheck_tree", (None, None))
+    cuda_graph._graphcheck_tree = (None, None)
+    state = GraphState()
+    hint = None
+    if node is not None:
+        hint = tree_graph_name(node, shapes)
+        state.static_ptrs = tree_static_ptrs(node)
+        state.tree = hint
+    cuda_graph._graphcheck_state = state
+    pool = getattr(cuda_graph, "_graphcheck_pool", None)
+    if pool is None:
+        try:
+            pool = cuda_graph.pool()
+        except Exception:  # noqa: BLE001 - a graph without a pool: none recorded
+            pool = None
+    try:
+        walked = walk_graph(cuda_graph.raw_cuda_graph())
+    except BaseException as e:  # noqa: BLE001 - reported by each sink
+        if fatal(e):
+            raise
+        each_sink(sinks, lambda sink: sink._failed(e))
+        return
+    each_sink(sinks, lambda sink: sink._record(walked, pool, state=state, hint=hint))
+
+
+def patch_torch() -> None:
+    """Replaces ``torch.cuda.CUDAGraph`` (and ``torch.cuda.graphs.CUDAGraph``) with the
+    recording subclass; what it replaced goes into :data:`PATCHED`. The caller holds
+    :data:`LOCK`."""
+    torch = import_torch()
+    if PATCHED:
+        return
+    graphs = getattr(torch.cuda, "graphs", None)
+    found = torch.cuda.CUDAGraph
+    if getattr(found, "_graphcheck_base", None) is None:
+        original, cls = found, instrumented_class(found)
+    elif "_graphcheck_base" in vars(found):
+        # Ours, put back by someone else after an uninstrument left their replacement (see
+        # host.restore): recorded as this patch, so that the next uninstrument puts torch's
+        # class back.
+        original, cls = found._graphcheck_base, found
+    else:
+        # A class derived from ours, someone else's, left in place by an uninstrument: its
+        # captures record already (a second subclass would record twice), and it stays.
+        return
+    for module in (torch.cuda, graphs):
+        if module is not None and getattr(module, "CUDAGraph", None) is found:
+            PATCHED.append((module, "CUDAGraph", original, cls))
+            setattr(module, "CUDAGraph", cls)
+
+
+def start(ins, with_replay_check: bool) -> None:
+    """Makes ``ins`` live: torch patched (and the transitions a replay check sees, where
+    it has one), the sleep allocator's wake hook in place. The caller holds :data:`LOCK`."""
+    patch_torch()
+    if with_replay_check:
+        transitions.patch(PATCHED)
+    _sleep_state.add_wake_hook(transitions.after_wake)
+    ACTIVE.append(ins)
+
+
+def stop(instrumentation=None) -> None:
+    """Flushes and stops one live instrumentation (``None``: every one); when none is left,
+    puts back what the patch replaced and takes the wake hook away."""
+    with LOCK:
+        stopping = list(ACTIVE) if instrumentation is None else [instrumentation]
+    for ins in stopping:
+        ins.flush()
+    with LOCK:
+        if instrumentation is None:
+            ACTIVE.clear()
+        elif instrumentation in ACTIVE:
+            ACTIVE.remove(instrumentation)
+        if not ACTIVE:
+            restore(PATCHED)
+            _sleep_state.remove_wake_hook(transitions.after_wake)
