@@ -155,6 +155,78 @@ pub fn describe_value(v: &serde_json::Value) -> String {
 pub fn expected_at(kind: DocKind, version: u32, path: &[Step]) -> Option<String> {
     let root = json_schema_of(version);
     let defs = root.get("$defs")?;
+    expected(defs, node_at(defs, kind, path)?)
+}
+
+/// What the schema allows at `path`, as facts rather than words: the JSON types
+/// (`integer`, `number`, `string`, …, `null` for an optional value) and an integer's
+/// `format` (`uint32`, `uint64`, `int64`) where it says one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Allowed {
+    pub types: Vec<String>,
+    pub integer_format: Option<String>,
+}
+
+/// [`Allowed`] at `path` of a `kind` document of format `version`, where the schema says.
+pub fn allowed_at(kind: DocKind, version: u32, path: &[Step]) -> Option<Allowed> {
+    let root = json_schema_of(version);
+    let defs = root.get("$defs")?;
+    let mut out = Allowed::default();
+    allowed(defs, node_at(defs, kind, path)?, &mut out)?;
+    Some(out)
+}
+
+fn allowed(defs: &serde_json::Value, node: &serde_json::Value, out: &mut Allowed) -> Option<()> {
+    if let Some(c) = node.get("const") {
+        out.types.push(json_type(c).into());
+        return Some(());
+    }
+    let (node, nullable) = resolve(defs, node)?;
+    if nullable {
+        out.types.push("null".into());
+    }
+    if let Some(c) = node.get("const") {
+        out.types.push(json_type(c).into());
+    } else if let Some(options) = node.get("oneOf").and_then(|o| o.as_array()) {
+        for o in options {
+            allowed(defs, o, out)?;
+        }
+    } else {
+        match node.get("type")? {
+            serde_json::Value::Array(ts) => out
+                .types
+                .extend(ts.iter().filter_map(|t| t.as_str()).map(String::from)),
+            t => out.types.push(t.as_str()?.into()),
+        }
+        if let Some(f) = node.get("format").and_then(|f| f.as_str())
+            && out.types.iter().any(|t| t == "integer")
+        {
+            out.integer_format = Some(f.into());
+        }
+    }
+    Some(())
+}
+
+/// The JSON type of `v` as a schema names it (`integer` for a whole number).
+pub fn json_type(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// The schema node at `path` under the document's root definition.
+fn node_at<'a>(
+    defs: &'a serde_json::Value,
+    kind: DocKind,
+    path: &[Step],
+) -> Option<&'a serde_json::Value> {
     let mut node = defs.get(match kind {
         DocKind::Manifest => "Manifest",
         DocKind::Live => "Live",
@@ -173,7 +245,7 @@ pub fn expected_at(kind: DocKind, version: u32, path: &[Step]) -> Option<String>
             },
         };
     }
-    expected(defs, node)
+    Some(node)
 }
 
 /// Follows `$ref`s, and an `anyOf` of one schema and `null` (an optional field) to the

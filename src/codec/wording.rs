@@ -15,32 +15,147 @@ pub(super) fn describe(
     expected: Option<(DocKind, u32)>,
     at: &[schema::Step],
 ) -> String {
+    describe_facts(&Facts::of(e), bytes, expected, at)
+}
+
+/// What graphcheck reads of a serde_json error: its category and position, from which every
+/// message of its own is made (from the document's bytes and the schema), and serde's
+/// message, shown only where no rule here says more. A serde_json release that rewords its
+/// messages cannot change graphcheck's.
+pub(super) struct Facts {
+    category: serde_json::error::Category,
+    line: usize,
+    column: usize,
+    message: String,
+}
+
+impl Facts {
+    fn of(e: &serde_json::Error) -> Facts {
+        // The position is told apart by graphcheck's errors, which lead with it.
+        let text = e.to_string();
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        let message = text
+            .strip_suffix(&suffix)
+            .map_or(text.clone(), str::to_owned);
+        Facts {
+            category: e.classify(),
+            line: e.line(),
+            column: e.column(),
+            message,
+        }
+    }
+}
+
+fn describe_facts(
+    f: &Facts,
+    bytes: &[u8],
+    expected: Option<(DocKind, u32)>,
+    at: &[schema::Step],
+) -> String {
     use serde_json::error::Category;
     // Long values are shortened where the error is shown (`LoadError`'s Display).
-    let m = strip_position(e.to_string());
-    match e.classify() {
-        Category::Eof => match m.strip_prefix("EOF while parsing ") {
-            Some(what) => format!("the document ends early, in the middle of {what}"),
-            None => format!("the document ends early ({m})"),
-        },
+    let m = &f.message;
+    let position = (f.line, f.column);
+    match f.category {
+        Category::Eof => format!(
+            "the document ends early, in the middle of {}",
+            open_at_end(bytes)
+        ),
         // serde_json reports a number or a list where a name is due (an enum) as a syntax
         // error; in text that is JSON, it is a value of the wrong type.
         Category::Syntax if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => {
-            wrong_type(bytes, expected, at, (e.line(), e.column()))
+            wrong_type(bytes, expected, at, position)
                 .unwrap_or_else(|| format!("a value of the wrong type: {m}"))
         }
         Category::Syntax => format!("not valid JSON: {m}"),
-        // serde's "invalid type: sequence, expected struct Pool" names Rust types; the
-        // schema's words name JSON ones.
-        Category::Data => out_of_range(&m, bytes, e.line(), e.column())
-            .or_else(|| {
-                m.starts_with("invalid type: ")
-                    .then(|| wrong_type(bytes, expected, at, (e.line(), e.column())))
-                    .flatten()
-            })
-            .unwrap_or(m),
-        Category::Io => m,
+        // A value of the wrong JSON type or out of its integer's range, found by reading the
+        // value and the schema (serde's words name Rust types: "expected struct Pool").
+        Category::Data => match out_of_range(bytes, expected, at, position) {
+            Some(Range::Only(words)) => Some(words),
+            // Out of the integer's range where other types are allowed too (an address
+            // as a number or a string): a value none of them takes.
+            Some(Range::OneOf) => wrong_type(bytes, expected, at, position),
+            None => mismatched(bytes, expected, at)
+                .then(|| wrong_type(bytes, expected, at, position))
+                .flatten(),
+        }
+        .unwrap_or_else(|| m.clone()),
+        Category::Io => m.clone(),
     }
+}
+
+/// What the document was in the middle of where its bytes end, as the loader's typed read
+/// meets the end: a string, an object, a list, or a value (where one is due: before
+/// anything, after `:` or `,`, inside `tru`). Right after a `[` it is a list: serde_json
+/// says a list or a value there, by the type it reads.
+fn open_at_end(bytes: &[u8]) -> &'static str {
+    let (mut open, mut in_string, mut escaped) = (Vec::new(), false, false);
+    // The last byte outside strings that is not white space, and the bare word (a number
+    // or `true`, `false`, `null`) it ends, if any.
+    let (mut last, mut word) = (None, Vec::new());
+    for &b in bytes {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => {
+                    in_string = false;
+                    last = Some(b);
+                }
+                _ => {}
+            }
+            continue;
+        }
+        if b.is_ascii_alphanumeric() || b"+-.".contains(&b) {
+            if !last.is_some_and(|l: u8| l.is_ascii_alphanumeric() || b"+-.".contains(&l)) {
+                word.clear();
+            }
+            word.push(b);
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => open.push(b),
+            b'}' | b']' => {
+                open.pop();
+            }
+            _ => {}
+        }
+        if !b.is_ascii_whitespace() && b != b'"' {
+            last = Some(b);
+        }
+    }
+    if in_string {
+        return "a string";
+    }
+    let partial_literal = last.is_some_and(|l| l.is_ascii_alphabetic())
+        && ["true", "false", "null"]
+            .iter()
+            .any(|w| w.as_bytes().starts_with(&word) && w.len() > word.len());
+    match (open.last(), last) {
+        _ if partial_literal => "a value",
+        (_, None | Some(b':' | b',')) | (None, _) => "a value",
+        (Some(b'{'), _) => "an object",
+        _ => "a list",
+    }
+}
+
+/// Whether the value at `at` is of a JSON type the schema does not allow there.
+fn mismatched(bytes: &[u8], expected: Option<(DocKind, u32)>, at: &[schema::Step]) -> bool {
+    let Some((kind, version)) = expected else {
+        return false;
+    };
+    let Some(allowed) = schema::allowed_at(kind, version, at) else {
+        return false;
+    };
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return false;
+    };
+    let Some(found) = schema::value_at(&doc, at) else {
+        return false;
+    };
+    let t = schema::json_type(found);
+    let ok = |name: &str| allowed.types.iter().any(|a| a == name);
+    !(ok(t) || (t == "integer" && ok("number")))
 }
 
 /// "expected X, found Y" for a value of the wrong type at `at`, where the schema says
@@ -71,47 +186,51 @@ fn wrong_type(
     })
 }
 
-/// serde_json reads an integer too large for 64 bits as a float, and then says "invalid
-/// type: floating point `1.8446744073709552e+19`, expected u64": say the number is out of
-/// range, as written.
-fn out_of_range(message: &str, bytes: &[u8], line: usize, column: usize) -> Option<String> {
-    // An integer that fits 64 bits but not the field: "invalid value: integer
-    // `4294967296`, expected u32".
-    if let Some(rest) = message.strip_prefix("invalid value: integer `") {
-        let (number, expected) = rest.split_once("`, expected ")?;
-        let (what, max) = match expected {
-            "u8" => ("an unsigned 8-bit", u64::from(u8::MAX)),
-            "u16" => ("an unsigned 16-bit", u64::from(u16::MAX)),
-            "u32" => ("an unsigned 32-bit", u64::from(u32::MAX)),
-            "u64" => ("an unsigned 64-bit", u64::MAX),
-            "i64" => ("a signed 64-bit", i64::MAX.unsigned_abs()),
-            _ => return None,
-        };
-        return Some(format!(
-            "the number {number} is out of range for {what} value (at most {max})"
-        ));
-    }
-    let rest = message.strip_prefix("invalid type: floating point `")?;
-    let (number, expected) = rest.split_once("`, expected ")?;
-    let v: f64 = number.parse().ok()?;
-    let (what, range) = match expected {
-        "u64" => ("an unsigned 64-bit", 0.0..18_446_744_073_709_551_616.0),
-        "u32" => ("an unsigned 32-bit", 0.0..4_294_967_296.0),
-        "i64" => (
-            "a signed 64-bit",
-            -9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0,
-        ),
+/// An integer literal outside the range of its field's integer type (the schema's
+/// `format`), as written: serde_json reads one too large for 64 bits as a float, and one that
+/// fits 64 bits but not the field as a number of the wrong size.
+fn out_of_range(
+    bytes: &[u8],
+    expected: Option<(DocKind, u32)>,
+    at: &[schema::Step],
+    (line, column): (usize, usize),
+) -> Option<Range> {
+    let (kind, version) = expected?;
+    let allowed = schema::allowed_at(kind, version, at)?;
+    let format = allowed.integer_format.as_deref()?;
+    let only = allowed.types.iter().all(|t| t == "integer" || t == "null");
+    let (what, min, max): (&str, i128, i128) = match format {
+        "uint8" => ("an unsigned 8-bit", 0, u8::MAX.into()),
+        "uint16" => ("an unsigned 16-bit", 0, u16::MAX.into()),
+        "uint32" => ("an unsigned 32-bit", 0, u32::MAX.into()),
+        "uint64" => ("an unsigned 64-bit", 0, u64::MAX.into()),
+        "int64" => ("a signed 64-bit", i64::MIN.into(), i64::MAX.into()),
         _ => return None,
     };
-    if range.contains(&v) {
-        return None;
+    let written = number_ending_at(bytes, line, column)?;
+    let digits = written.strip_prefix('-').unwrap_or(written);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None; // 1.5, 1e3: a number of the wrong type, not of the wrong size
     }
-    let written = number_ending_at(bytes, line, column)
-        .filter(|w| w.parse::<f64>().ok() == Some(v))
-        .unwrap_or(number);
-    Some(format!(
-        "the number {written} is out of range for {what} value"
-    ))
+    let words = match written.parse::<i128>() {
+        Ok(v) if (min..=max).contains(&v) => return None,
+        // Within 64 bits: the field's own bound is worth saying.
+        Ok(v) if i64::try_from(v).is_ok() || u64::try_from(v).is_ok() => {
+            format!("the number {written} is out of range for {what} value (at most {max})")
+        }
+        _ => format!("the number {written} is out of range for {what} value"),
+    };
+    Some(if only {
+        Range::Only(words)
+    } else {
+        Range::OneOf
+    })
+}
+
+/// An integer out of its field's range: in words where the field takes integers only.
+enum Range {
+    Only(String),
+    OneOf,
 }
 
 /// The number literal that ends at serde_json's 1-based (line, column), as written.
@@ -187,10 +306,83 @@ fn shorten_each_quote(message: &str) -> String {
     out
 }
 
-/// serde_json appends " at line L column C"; our errors lead with the position.
-fn strip_position(mut message: String) -> String {
-    if let Some(cut) = message.rfind(" at line ") {
-        message.truncate(cut);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::error::Category;
+
+    fn manifest_bytes() -> Vec<u8> {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/gpu/corpus_marlin_manifest.json");
+        std::fs::read(p).unwrap()
     }
-    message
+
+    #[test]
+    fn where_a_document_ends_early_is_read_from_its_bytes() {
+        // Every cut of a real format 1 document, and a few by hand: what serde_json's typed
+        // read (the loader's) says it was in the middle of, said from the bytes alone.
+        let doc = manifest_bytes();
+        let mut cuts: Vec<&[u8]> = (1..doc.len()).map(|n| &doc[..n]).collect();
+        let by_hand: [&[u8]; 6] = [
+            b"",
+            b"  ",
+            b"{",
+            b"{\"pools\": [{}, ",
+            b"{\"pools\": [{\"id\": n",
+            b"{\"kind\": \"ma",
+        ];
+        cuts.extend(by_hand);
+        for cut in cuts {
+            let Err(e) = serde_json::from_slice::<crate::model::format::Manifest>(cut) else {
+                continue;
+            };
+            if cut.trim_ascii_end().ends_with(b"[") {
+                continue; // a list, where serde_json says a list or a value by type
+            }
+            if e.classify() != Category::Eof {
+                continue;
+            }
+            let serde_says = Facts::of(&e).message;
+            assert_eq!(
+                format!("EOF while parsing {}", open_at_end(cut)),
+                serde_says,
+                "{:?}",
+                String::from_utf8_lossy(&cut[cut.len().saturating_sub(40)..])
+            );
+        }
+    }
+
+    #[test]
+    fn a_reworded_serde_message_does_not_change_graphcheck_s() {
+        // The same errors as serde_json gives them, their message replaced: graphcheck's
+        // words come from the category, the position, the bytes and the schema.
+        let expected = Some((DocKind::Manifest, 1));
+        let cases: Vec<(&[u8], Vec<schema::Step>, &str)> = vec![
+            (b"{\"format_version\": 1, \"kind\": \"manifest\", \"pools\": [{\"id\": 0,", vec![], "the document ends early, in the middle of a value"),
+            (
+                b"{\"allocations\": [{\"id\": 0, \"base\": \"0x1000\", \"size\": 18446744073709551616, \"pool\": 0}]}",
+                vec![schema::Step::Key("allocations".into()), schema::Step::Index(0), schema::Step::Key("size".into())],
+                "the number 18446744073709551616 is out of range for an unsigned 64-bit value",
+            ),
+            (
+                b"{\"allocations\": [{\"id\": 0, \"base\": \"0x1000\", \"size\": \"big\", \"pool\": 0}]}",
+                vec![schema::Step::Key("allocations".into()), schema::Step::Index(0), schema::Step::Key("size".into())],
+                "expected an unsigned 64-bit integer, found the string \"big\"",
+            ),
+        ];
+        for (bytes, at, want) in cases {
+            let real = serde_json::from_slice::<crate::model::format::Manifest>(bytes).unwrap_err();
+            let facts = |message: &str| Facts {
+                category: real.classify(),
+                line: real.line(),
+                column: real.column(),
+                message: message.into(),
+            };
+            let as_serde_says = describe(&real, bytes, expected, &at);
+            let reworded =
+                describe_facts(&facts("zzz: eine andere Nachricht"), bytes, expected, &at);
+            assert_eq!(as_serde_says, want);
+            assert_eq!(reworded, want);
+        }
+    }
 }
