@@ -22,5 +22,8 @@ rm -rf target/wheels-ci
 "$PY" -m pip install --quiet --disable-pip-version-check \
     --force-reinstall --no-deps target/wheels-ci/graphcheck-*.whl
 
+step "Python type check (mypy over python/graphcheck, [tool.mypy] in pyproject.toml)"
+"$PY" -m mypy python/graphcheck
+
 step "Python tests"
 "$PY" -m pytest -q -rs tests/python

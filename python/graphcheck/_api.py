@@ -10,7 +10,7 @@ import gc
 import json
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union, cast
 
 from . import _args, _native
 from ._native import GraphcheckError, Text
@@ -578,7 +578,8 @@ def verify(
         verified = _native.verify_pairs(_pair_paths(manifest, live), **flags)
     else:
         verified = _native.verify(
-            document_source(manifest, "manifest"),
+            # Not pairs: any other sequence is refused there, as any value not a document.
+            document_source(cast(Document, manifest), "manifest"),
             None if live is None else document_source(live, "live"),
             **flags,
         )

@@ -49,7 +49,11 @@ def show(value: Any) -> str:
     """``value`` for a message: its type, and a short ``repr`` for small scalars."""
     if isinstance(value, (bool, int, float, str, bytes)) or value is None:
         r = repr(value)
-        return r if len(r) <= 60 else f"{type(value).__name__} of length {len(value)}"
+        if len(r) <= 60:
+            return r
+        if isinstance(value, (str, bytes)):
+            return f"{type(value).__name__} of length {len(value)}"
+        # A long number: its type alone (len() of it raised TypeError).
     return type(value).__name__
 
 

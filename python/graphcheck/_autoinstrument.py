@@ -47,7 +47,7 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec("torch")
         loader = getattr(spec, "loader", None)
         exec_module = getattr(loader, "exec_module", None)
-        if exec_module is None:
+        if loader is None or exec_module is None:
             return spec
 
         def exec_and_instrument(module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from . import _args
 from ._native import GraphcheckError
@@ -118,7 +118,7 @@ def _python_frames(frames: list) -> list:
     exist), without the innermost ones inside torch itself (``Module._apply`` of a
     ``.cuda()``, ``nn.Linear.__init__``: the caller's line is the site), at most
     :data:`ALLOC_SITE_FRAMES`."""
-    out = []
+    out: list[tuple[bool, dict[str, Any]]] = []
     for f in frames:
         name = str(f.get("filename", ""))
         out.append(

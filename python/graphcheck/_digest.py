@@ -34,7 +34,7 @@ import hashlib
 import os
 import sys
 import warnings
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from . import _args, _native
 from ._native import GraphcheckError
@@ -79,7 +79,7 @@ def digests_choice(name: str, value: Union[bool, str, None]) -> Union[bool, str,
     return _args.choice(name, value, DIGEST_ALGORITHMS)
 
 
-def digests_arg(name: str, value: Union[bool, str, None]) -> Union[bool, str, None]:
+def digests_arg(name: str, value: Union[bool, str, None]) -> Union[str, Literal[False], None]:
     """A recording's ``digests=`` argument: ``True`` is :data:`DEFAULT_DIGEST`."""
     value = digests_choice(name, value)
     return DEFAULT_DIGEST if value is True else value

@@ -38,7 +38,7 @@ def _children(module) -> list:
 
 def _own_tensors(module) -> list:
     d = getattr(module, "__dict__", {})
-    out = []
+    out: list = []
     for key in ("_parameters", "_buffers"):
         entries = d.get(key)
         if isinstance(entries, dict):

@@ -125,8 +125,7 @@ class Recorder:
         self.runtime_state = tuple(
             _args.strings("runtime_state", runtime_state, "owner-path globs")
         )
-        digests = digests_arg("digests", digests)
-        self.digests = digests or None
+        self.digests: Optional[str] = digests_arg("digests", digests) or None
         self.producer = dict(_args.optional_mapping("producer", producer) or {})
         self.registry: Optional[Registry] = None
         #: Walks of the roots so far (the first graph's, and every one a later graph's
@@ -406,7 +405,7 @@ class Recorder:
             ("inputs", _tensors_arg("inputs", inputs)),
             ("outputs", _tensors_arg("outputs", outputs)),
         ]
-        entry = {"name": name, "pool": self._pool_id(pool)}
+        entry: dict = {"name": name, "pool": self._pool_id(pool)}
         if isinstance(walked, _native.Walked):
             entry["walked_index"] = len(self._walked)
             self._walked.append(walked)
@@ -467,11 +466,11 @@ class Recorder:
         later (at a write, a check, on another thread) and with the same result; only the
         digests of ranges no owner explains are taken at the build (so a recorder with
         digests builds at once)."""
-        if self.registry is None or self._stale:
-            self.rewalk()
+        reg = self.registry
+        if reg is None or self._stale:
+            reg = self.rewalk()
         # A walk makes a new registry and never changes it after: it is shared as it is,
         # and copied only to add the declared inputs' views.
-        reg = self.registry
         if self._extra:
             reg = reg.copy()
             for path, t, registration in self._extra:
@@ -625,7 +624,7 @@ def _tensors_arg(name: str, tensors) -> Mapping:
     return tensors
 
 
-def _walked_arg(walked) -> dict:
+def _walked_arg(walked) -> Mapping:
     """A walked graph handed over as JSON text or a dict, as a dict."""
     if isinstance(walked, (str, bytes)):
         try:

@@ -187,7 +187,7 @@ class Registry:
             return self._tensor_specs(digests, skip)
 
     def _tensor_specs(self, digests: Optional[str], skip: frozenset) -> list:
-        out = []
+        out: list = []
         todo: list = []  # (position, tensor)
         for rec in self.tensors:
             t = rec.tensor
@@ -204,7 +204,7 @@ class Registry:
             # The views from the walk's metadata: no tensor property is read again.
             metas = [self.tensors[i].meta for i, _ in todo]
             values = gc128(_native.TensorViews.from_metas(metas), [t for _, t in todo])
-        elif todo:
+        elif todo and digests:  # without digests, nothing is to do
             values = digest_all([t for _, t in todo], digests)
         if todo:
             for (i, _), value in zip(todo, values):

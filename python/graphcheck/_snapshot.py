@@ -137,7 +137,7 @@ def snapshot(
     )
 
 
-def _reference_digests(reference, algorithm: str, root: str, max_depth: int) -> dict:
+def _reference_digests(reference, algorithm: Optional[str], root: str, max_depth: int) -> dict:
     """Owner path → digest of what a fresh load holds there."""
     if isinstance(reference, Mapping):
         return dict(reference)

@@ -213,7 +213,7 @@ class _Walker:
         for name, value in items:
             self.value(value, attr_hop(path, name), "module_attribute", holder, 0)
 
-    def kind(self, v) -> int:
+    def kind(self, v) -> str:
         cls = type(v)
         k = self.kinds.get(cls)
         if k is None:
@@ -475,12 +475,11 @@ def _object_attributes(obj, slots_cache: Optional[dict] = None) -> list:
     definition order. Dataclasses with ``slots=True`` are covered by the slots.
     ``slots_cache`` keeps each type's slot list across calls."""
     cls = type(obj)
-    if slots_cache is None:
+    slots = None if slots_cache is None else slots_cache.get(cls)
+    if slots is None:
         slots = _slot_members(cls)
-    else:
-        slots = slots_cache.get(cls)
-        if slots is None:
-            slots = slots_cache[cls] = _slot_members(cls)
+        if slots_cache is not None:
+            slots_cache[cls] = slots
     d = _instance_dict(obj)
     out = list(d.items()) if d is not None else []
     for name, member in slots:
@@ -567,6 +566,7 @@ def root_arg(name: str, obj: Any) -> Any:
 def root_pairs(name: str, roots: Any) -> list:
     """``(root name, object)`` pairs from a mapping or an iterable of pairs; a root name is
     a string."""
+    pairs: list
     if isinstance(roots, Mapping):
         pairs = list(roots.items())
     elif isinstance(roots, (str, bytes)) or not _args.iterable(roots):

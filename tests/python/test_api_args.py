@@ -614,3 +614,9 @@ def test_a_lone_surrogate_in_data_is_named_at_its_path():
     ):
         graphcheck.build_manifest({"\udc80": 1})
 
+
+def test_a_long_number_is_named_by_its_type():
+    # Regression (found by mypy): a number whose repr is over 60 characters made the
+    # message fail (len() of an int, a TypeError) instead of naming the argument.
+    with pytest.raises(graphcheck.GraphcheckError, match=r"^manifest: expected a document .*, got int$"):
+        graphcheck.verify(10**70)

@@ -61,17 +61,17 @@ def each_sink(sinks: list, call: Callable) -> None:
     if not raised:
         return
     first = raised[0][1]
-    for sink, e in raised[1:]:
-        if e is first:  # one failure (the graph's walk) raised by several: raised once
+    for sink, other in raised[1:]:
+        if other is first:  # one failure (the graph's walk) raised by several: raised once
             continue
-        sink.errors.append(e)
-        warn(f"graphcheck: a capture was not recorded: {e} (not raised: another "
-              f"instrumentation's error was, {type(first).__name__}: {first})")
+        sink.errors.append(other)
+        warn(f"graphcheck: a capture was not recorded: {other} (not raised: another "
+             f"instrumentation's error was, {type(first).__name__}: {first})")
         add_note = getattr(first, "add_note", None)
         if add_note is not None:
             try:
                 add_note(f"graphcheck: another instrumentation failed at this capture too "
-                         f"(kept in its errors): {type(e).__name__}: {e}")
+                         f"(kept in its errors): {type(other).__name__}: {other}")
             except Exception:  # noqa: BLE001 - the note is a courtesy: the warning said it
                 pass
     raise first
@@ -91,8 +91,8 @@ def rank_and_world() -> tuple:
         value = os.environ.get(var, "")
         if value.strip().isdigit():
             rank = int(value)
-            world = os.environ.get("WORLD_SIZE", "")
-            world = int(world) if world.strip().isdigit() else rank + 1
+            size = os.environ.get("WORLD_SIZE", "")
+            world = int(size) if size.strip().isdigit() else rank + 1
             return rank, max(world, rank + 1)
     return 0, 1
 

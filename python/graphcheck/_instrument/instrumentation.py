@@ -188,8 +188,8 @@ class Instrumentation:
             if fatal(e):
                 raise
             self._failed(e)
-        for e, message in later:
-            self._failed(e, message)
+        for error, message in later:
+            self._failed(error, message)
 
     def _failed(self, e: BaseException, message: Optional[str] = None) -> None:
         """Keeps a recording failure in :attr:`errors` and warns (``strict``: raises it).

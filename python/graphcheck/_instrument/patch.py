@@ -62,7 +62,7 @@ def instrumented_class(base: type) -> type:
             # A graph of torch.compile's CUDA-graph trees: the tree node recording it, found
             # once on the calling frames, and the shapes of its batch inputs (cleared from
             # the node by capture_end); held until capture_end only.
-            self._graphcheck_tree = (None, None)
+            self._graphcheck_tree: tuple = (None, None)
             try:
                 if ACTIVE:
                     node, inputs = tree_node_of(self)

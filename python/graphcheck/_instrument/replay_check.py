@@ -75,7 +75,7 @@ class ReplayCheckError(GraphcheckError):
     ``report`` is the :class:`graphcheck.Report` of the check, ``graph`` the graph's name,
     ``findings`` the findings that name it."""
 
-    def __init__(self, message: str, *, report, graph: str, findings: list):
+    def __init__(self, message: str, *, report, graph: Optional[str], findings: list):
         super().__init__(message)
         self.report = report
         self.graph = graph
@@ -131,8 +131,8 @@ class Checker:
     def __init__(self, instrumentation, on_findings: str):
         self.ins = instrumentation
         self.on_findings = on_findings
-        self._epoch = None
-        self._result = None  # (report, superseded names)
+        self._epoch: Optional[int] = None
+        self._result: Optional[tuple] = None  # (report, superseded names)
 
     def result(self, event: str, contents: str, at_epoch: Optional[int]):
         """The report and superseded graphs for ``at_epoch`` (``None``: fresh, not kept)."""

@@ -168,8 +168,9 @@ def _wrap(
         mark(self, args, kwargs)
         return out
 
-    wrapper._graphcheck_transition = True
-    wrapper.__wrapped__ = original
+    # setattr: attributes of a function object, which its type does not declare.
+    setattr(wrapper, "_graphcheck_transition", True)
+    setattr(wrapper, "__wrapped__", original)
     wrapper.__name__ = getattr(original, "__name__", attr)
     wrapper.__doc__ = getattr(original, "__doc__", None)
     patched.append((owner, attr, original, wrapper))

@@ -6,6 +6,7 @@ inputs torch guards. An attribute this torch lacks is warned once and its use le
 from __future__ import annotations
 
 import sys
+import types
 from typing import Optional
 
 from .host import warn
@@ -18,7 +19,7 @@ def tree_node_of(cuda_graph, depth: int = 12):
     calling frames at ``capture_begin`` (the node's ``_record`` runs the capture), with
     the inputs it records; ``(None, None)`` for any other capture. Reads frames only."""
     try:
-        frame = sys._getframe(1)
+        frame: Optional[types.FrameType] = sys._getframe(1)
     except ValueError:
         return None, None
     for _ in range(depth):
