@@ -65,7 +65,8 @@ import time
 import torch
 
 import graphcheck._native as native
-import graphcheck._registry as registry
+import graphcheck._digest as digests
+import graphcheck._tensors as tensors_meta
 import graphcheck.torch as gt
 
 #: Whether this build reads views natively (``_native.tensor_views``, ``TensorViews``).
@@ -140,9 +141,9 @@ def digest_all_as_main(tensors: list, digest) -> list:
     """main's `digest_all(tensors)` for gc128: `digest(key, tuples)` per device."""
     tensors = list(tensors)
     for i, t in enumerate(tensors):
-        registry._view_arg(f"tensors[{i}]", t, torch)
+        tensors_meta.view_arg(f"tensors[{i}]", t, torch)
     groups = grouped([device_key_as_main(t) for t in tensors])
-    return by_group(groups, lambda w: [registry._view(tensors[i]) for i in w], digest, len(tensors))
+    return by_group(groups, lambda w: [digests._view(tensors[i]) for i in w], digest, len(tensors))
 
 
 def metas_as_main(metas: list, digest) -> list:
@@ -185,11 +186,11 @@ def small_methods(args, methods: dict, device: str):
         model.register_buffer(f"t{i}", t)
     reg = gt.walk(model)
     metas = [r.meta for r in reg.tensors]
-    tuples = [registry._view(t) for t in small]
+    tuples = [digests._view(t) for t in small]
     if cuda:
         dev = torch.cuda.current_device()
         stream = torch.cuda.current_stream().cuda_stream
-        nvrtc = registry.nvrtc_path()
+        nvrtc = digests.nvrtc_path()
 
         def digest(key, views):
             return native.digest_cuda(key, torch.cuda.current_stream(key).cuda_stream, views, nvrtc)
@@ -222,11 +223,11 @@ def small_methods(args, methods: dict, device: str):
             total,
         )
     methods["views of the small tensors (Python)"] = (
-        lambda: [registry._view(t) for t in small],
+        lambda: [digests._view(t) for t in small],
         total,
     )
     if NATIVE_READ:
-        paths["gc128, registry metadata"] = lambda: registry._gc128(
+        paths["gc128, registry metadata"] = lambda: digests.gc128(
             native.TensorViews.from_metas(metas), small
         )
         methods["gc128, registry metadata"] = (paths["gc128, registry metadata"], total)

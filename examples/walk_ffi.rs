@@ -16,7 +16,7 @@ use graphcheck::cuda::{GraphRef, walk_graph};
 /// # Safety
 /// `graph` must be a valid `CUgraph` not used by another thread during the call; the out
 /// pointers must be valid for writes; `json_path` null or a NUL-terminated string.
-// Allowed: a C entry point (the workspace's lint list).
+// Allowed: a C entry point.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn graphcheck_walk(
@@ -66,7 +66,7 @@ pub unsafe extern "C" fn graphcheck_walk(
 ///
 /// # Safety
 /// As [`graphcheck_walk`]; `out` must be valid for four writes.
-// Allowed: a C entry point (the workspace's lint list).
+// Allowed: a C entry point.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn graphcheck_profile(graph: u64, out: *mut f64) -> i32 {
@@ -125,7 +125,7 @@ pub unsafe extern "C" fn graphcheck_profile(graph: u64, out: *mut f64) -> i32 {
 ///
 /// # Safety
 /// As [`graphcheck_walk`]; `out` must be valid for nine writes.
-// Allowed: a C entry point (the workspace's lint list).
+// Allowed: a C entry point.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn graphcheck_phases(graph: u64, reps: u32, out: *mut f64) -> i32 {

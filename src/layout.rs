@@ -448,4 +448,80 @@ mod tests {
             }
         }
     }
+
+    /// Where unsafe code is allowed, derived from the code: `#![allow(unsafe_code)]` for a
+    /// whole crate only in the driver layer, and every item-level `#[allow(unsafe_code)]`
+    /// right under a comment saying why (each block inside says why again: clippy's
+    /// `undocumented_unsafe_blocks`). Run with `--nocapture` to see the list.
+    #[test]
+    fn unsafe_code_is_allowed_only_where_a_comment_says_why() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut places = Vec::new();
+        let mut stack: Vec<PathBuf> = [
+            "src",
+            "cli",
+            "driver",
+            "sleep",
+            "python/src",
+            "gen",
+            "fuzz",
+            "examples",
+            "tests",
+        ]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+        while let Some(d) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in entries {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    if !p.ends_with("target") {
+                        stack.push(p);
+                    }
+                    continue;
+                }
+                if p.extension().is_none_or(|x| x != "rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                let lines: Vec<&str> = text.lines().collect();
+                for (i, line) in lines.iter().enumerate() {
+                    let l = line.trim();
+                    let rel = p.strip_prefix(root).unwrap().display().to_string();
+                    if l.starts_with("#![allow(unsafe_code)]") {
+                        assert_eq!(
+                            rel, "driver/src/lib.rs",
+                            "a crate allows unsafe code: {rel}"
+                        );
+                        places.push(format!("{rel}: the whole crate"));
+                    } else if l.starts_with("#[allow(unsafe_code)]") {
+                        // Above it: other attributes, then the comment.
+                        let said = lines[..i]
+                            .iter()
+                            .rev()
+                            .skip_while(|l| l.trim().starts_with("#["))
+                            .take_while(|l| l.trim().starts_with("//"))
+                            .count();
+                        assert!(
+                            said > 0,
+                            "{rel}:{}: #[allow(unsafe_code)] says not why",
+                            i + 1
+                        );
+                        let item = lines[i + 1..]
+                            .iter()
+                            .map(|l| l.trim())
+                            .find(|l| !l.starts_with("#[") && !l.is_empty())
+                            .unwrap_or("");
+                        places.push(format!("{rel}:{}: {item}", i + 1));
+                    }
+                }
+            }
+        }
+        places.sort();
+        eprintln!("unsafe code is allowed in:\n  {}", places.join("\n  "));
+        assert!(places.iter().any(|p| p.starts_with("driver/src/lib.rs")));
+    }
 }

@@ -4,7 +4,7 @@
 //! With `GRAPHCHECK_GPU_OUT=DIR` they also write the manifests they build there (the
 //! fixtures under `fixtures/gpu/` were recorded so). Graphs, events and pinned buffers are
 //! made through the driver layer's safe owners (`graphcheck_driver::owned`); the unsafe
-//! left is what the workspace's lint list names: the kernels' by-value struct and the
+//! left is what the layout test lists: the kernels' by-value struct and the
 //! launches (`gpu_kernels/`), and the copies a captured graph makes to and from pinned
 //! host memory.
 #![cfg(feature = "cuda")]

@@ -2,9 +2,11 @@
 //! which the Python console script calls too); this process adds what only the command
 //! may do: a SIGBUS answer for its mapped inputs (`bus`) and a huge-page allocator (`huge`).
 
+// Allowed: installing a signal handler, which reads the kernel's siginfo_t.
 #[cfg(unix)]
 #[allow(unsafe_code)]
 mod bus;
+// Allowed: a global allocator (`GlobalAlloc` is an unsafe trait).
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 mod huge;

@@ -51,19 +51,11 @@ impl<'a> GraphRef<'a> {
     /// caller's `cudaGraph_t`). Null is rejected ([`Error::NullGraph`]).
     ///
     /// # Soundness
-    /// This is the one place where a handle nobody in Rust can vouch for becomes a
-    /// [`GraphRef`], and it is safe to call only under the promise its callers document:
-    /// `handle` is a live `CUgraph` that nothing destroys or modifies until `f` returns.
-    /// The promise cannot be checked: the driver has no call that validates a graph handle
-    /// without dereferencing it, so a dangling non-null integer makes the driver read freed
-    /// memory. It is still a safe function because the promise is made outside Rust, by
-    /// the Python (or C) caller that owns the graph; marking it `unsafe` would only move the
-    /// same unchecked promise into the binding that receives the integer, where no Rust
-    /// code can discharge it either. What Rust can enforce, it does: null is refused, and the
-    /// borrow cannot outlive the call (`f` is given a `GraphRef` of a lifetime it cannot
-    /// name), so neither the handle nor the kernel-parameter bytes read through it (owned
-    /// by the graph's nodes) can be kept past the point where the caller's promise ends.
-    /// Everything done through the borrow reads; nothing here destroys or changes the graph.
+    /// The one place a handle Rust cannot vouch for becomes a [`GraphRef`]: sound only if
+    /// `handle` is a live `CUgraph` that nothing destroys or changes until `f` returns. The
+    /// foreign caller that owns the graph makes that promise (the driver cannot validate a
+    /// handle; `unsafe` here would move the same promise into the binding, no nearer a
+    /// check). Null is refused, and the borrow cannot outlive the call.
     pub fn with_raw_handle<R>(
         handle: u64,
         f: impl for<'g> FnOnce(GraphRef<'g>) -> R,

@@ -24,7 +24,7 @@ const NAMES: &[&str] = &[
 /// libnvrtc in the `nvidia` pip packages of the Python environment rooted at `prefix` (a
 /// venv's directory), CUDA 13's first: PyTorch's CUDA wheels depend on these packages, and
 /// CUDA 13's puts the library in `site-packages/nvidia/cu13/lib/libnvrtc.so.13`. The same
-/// places `graphcheck.torch` searches on its own `sys.path` (`_registry._packaged_nvrtc`);
+/// places `graphcheck.torch` searches on its own `sys.path` (`_digest._packaged_nvrtc`);
 /// `libnvrtc-builtins` is left out (NVRTC loads it itself, and it is no compiler).
 pub fn in_python_env(prefix: &Path) -> Vec<PathBuf> {
     let mut site_packages = vec![prefix.join("Lib").join("site-packages")];

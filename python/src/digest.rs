@@ -41,8 +41,7 @@ fn gc128_bytes(py: Python<'_>, data: &[u8]) -> PyResult<String> {
 /// The caller (Python, holding the tensors) promises that each view's span is readable host
 /// memory that nothing writes until the call returns: PyTorch hands out CPU storages by
 /// address, and no Rust code can check an address.
-// Allowed: the one place host memory is read by an address Python hands over (the
-// workspace's lint list).
+// Allowed: the one place host memory is read by an address Python hands over.
 #[allow(unsafe_code)]
 fn host_digest(index: usize, view: &Located) -> Result<DigestText, String> {
     let span = view.span().map_err(|e| format!("view {index}: {e}"))?;

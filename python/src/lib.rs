@@ -633,7 +633,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("EXIT_OK", graphcheck::exit::OK)?;
     m.add("EXIT_FINDINGS", graphcheck::exit::FINDINGS)?;
     m.add("EXIT_BAD_INPUT", graphcheck::exit::BAD_INPUT)?;
-    // The kinds only a live snapshot gives: what a replay check stops for (`_guard`).
+    // The kinds only a live snapshot gives: what a replay check stops for (`_instrument.replay_check`).
     let live_kinds: Vec<&str> = FindingKind::LIVE.iter().map(|k| k.as_str()).collect();
     m.add("LIVE_KINDS", live_kinds)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;

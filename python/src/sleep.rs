@@ -83,7 +83,7 @@ fn remember(e: String) {
 
 /// `void* malloc(size_t size, int device, cudaStream_t stream)`, for torch. Returns null
 /// when the allocation fails (torch then raises its out-of-memory error).
-// Allowed: the unmangled symbol torch looks up by name (the workspace's lint list).
+// Allowed: the unmangled symbol torch looks up by name.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub extern "C" fn graphcheck_sleep_malloc(
@@ -113,7 +113,7 @@ pub extern "C" fn graphcheck_sleep_malloc(
 }
 
 /// `void free(void* ptr, size_t size, int device, cudaStream_t stream)`, for torch.
-// Allowed: the unmangled symbol torch looks up by name (the workspace's lint list).
+// Allowed: the unmangled symbol torch looks up by name.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 pub extern "C" fn graphcheck_sleep_free(

@@ -159,13 +159,10 @@ pub(super) fn live_checks(
     // Allocations by extent: a live allocation with the base and size of one the manifest
     // has is the one the address lay in at capture, even where a document overlaps them.
     let mut captured_extents: Option<FxHashSet<(Addr, u64)>> = None;
-    // The two documents read allocations from different sources: the manifest's are the
-    // driver's (`cuMemGetAddressRange`), the live snapshot's the caching allocator's
-    // segments. They agree, except for expandable segments: on an H200 (torch 2.11) a
-    // tensor's driver range was one 20 MiB chunk at capture, while its segment had grown
-    // to 140 MiB from the same base by the snapshot, and a later chunk's range began 120
-    // MiB past its segment's base. So a live allocation that holds the whole captured one
-    // is the same memory; only one that does not is another allocation.
+    // The manifest's allocations are the driver's ranges, the live snapshot's the caching
+    // allocator's segments, and an expandable segment grows past the range it began as
+    // (docs/findings.md, "Addresses no owner explains"): a live allocation that holds the
+    // whole captured one is the same memory.
     let holds = |live: &Allocation, captured: &Allocation| {
         live.base <= captured.base
             && captured.base.0.saturating_add(captured.size)

@@ -175,7 +175,7 @@ fn read_tensors(tensors: &Bound<'_, PyList>, torch: &Bound<'_, PyAny>) -> PyResu
     };
     let mut dims = Dims::default();
     for (i, t) in tensors.iter().enumerate() {
-        // The checks of `_registry._view_arg`, in its order.
+        // The checks of `_tensors.view_arg`, in its order.
         if !t.is_instance(&tensor_type)?
             || !t.getattr(&names.layout)?.is(&strided)
             || t.getattr(&names.is_nested)?.is_truthy()?
