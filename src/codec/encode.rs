@@ -7,10 +7,11 @@
 //! Format 2 is written straight from the model, column by column, without building the
 //! columns in memory; a touch's address is written as an offset from what it names.
 
-use std::cell::RefCell;
+use crate::codec::columns::{column, entry, optional};
+use crate::codec::v2::{Allocations, Owners, Probes, Tensors};
 
 use rustc_hash::FxHashMap;
-use serde::ser::{Error as _, SerializeMap, SerializeStruct};
+use serde::ser::{SerializeMap, SerializeStruct};
 use serde::{Serialize, Serializer};
 
 use crate::model::format::{
@@ -114,130 +115,6 @@ struct V1Live<'a> {
     probes: &'a [Probe],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     ranges: &'a [RangeDigest],
-}
-
-/// A column: the values an iterator yields, written as one JSON array. Serializing takes
-/// the iterator, so a column is written once.
-struct Column<I>(RefCell<Option<I>>);
-
-fn column<I: Iterator>(values: I) -> Column<I> {
-    Column(RefCell::new(Some(values)))
-}
-
-impl<I> Serialize for Column<I>
-where
-    I: Iterator,
-    I::Item: Serialize,
-{
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let values = self
-            .0
-            .borrow_mut()
-            .take()
-            .ok_or_else(|| S::Error::custom("a column is written once"))?;
-        s.collect_seq(values)
-    }
-}
-
-/// Writes the column `key` of `records`, `f` giving each record's value.
-fn entry<'a, M, T: 'a, V: Serialize>(
-    map: &mut M,
-    key: &str,
-    records: impl IntoIterator<Item = &'a T>,
-    f: impl Fn(&'a T) -> V,
-) -> Result<(), M::Error>
-where
-    M: SerializeMap,
-{
-    map.serialize_entry(key, &column(records.into_iter().map(f)))
-}
-
-/// Writes the column `key` of an optional field only where some record has a value: a
-/// column every record lacks is left out.
-fn optional<'a, M, T: 'a, V: Serialize>(
-    map: &mut M,
-    key: &str,
-    records: &'a [T],
-    f: impl Fn(&'a T) -> Option<V>,
-) -> Result<(), M::Error>
-where
-    M: SerializeMap,
-{
-    if records.iter().any(|r| f(r).is_some()) {
-        entry(map, key, records, f)?;
-    }
-    Ok(())
-}
-
-struct Allocations<'a>(&'a [Allocation]);
-
-impl Serialize for Allocations<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let r = self.0;
-        let mut m = s.serialize_map(None)?;
-        entry(&mut m, "id", r, |a| a.id)?;
-        entry(&mut m, "base", r, |a| a.base)?;
-        entry(&mut m, "size", r, |a| a.size)?;
-        optional(&mut m, "pool", r, |a| a.pool)?;
-        m.end()
-    }
-}
-
-struct Tensors<'a>(&'a [Tensor]);
-
-impl Serialize for Tensors<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let r = self.0;
-        let mut m = s.serialize_map(None)?;
-        entry(&mut m, "id", r, |t| t.id)?;
-        entry(&mut m, "storage_base", r, |t| t.storage_base)?;
-        entry(&mut m, "storage_nbytes", r, |t| t.storage_nbytes)?;
-        entry(&mut m, "offset", r, |t| t.offset)?;
-        entry(&mut m, "nbytes", r, |t| t.nbytes)?;
-        entry(&mut m, "shape", r, |t| &t.shape)?;
-        entry(&mut m, "stride", r, |t| &t.stride)?;
-        entry(&mut m, "dtype", r, |t| &t.dtype)?;
-        entry(&mut m, "itemsize", r, |t| t.itemsize)?;
-        entry(&mut m, "device", r, |t| &t.device)?;
-        optional(&mut m, "allocation", r, |t| t.allocation)?;
-        optional(&mut m, "pool", r, |t| t.pool)?;
-        optional(&mut m, "digest", r, |t| t.digest.as_ref())?;
-        optional(&mut m, "reference_digest", r, |t| {
-            t.reference_digest.as_ref()
-        })?;
-        if r.iter().any(|t| !t.alloc_site.is_empty()) {
-            entry(&mut m, "alloc_site", r, |t| &t.alloc_site)?;
-        }
-        m.end()
-    }
-}
-
-struct Owners<'a>(&'a [Owner]);
-
-impl Serialize for Owners<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let r = self.0;
-        let mut m = s.serialize_map(None)?;
-        entry(&mut m, "path", r, |o| &o.path)?;
-        entry(&mut m, "tensor", r, |o| o.tensor)?;
-        entry(&mut m, "registration", r, |o| o.registration)?;
-        optional(&mut m, "holder", r, |o| o.holder.as_ref())?;
-        m.end()
-    }
-}
-
-struct Probes<'a>(&'a [Probe]);
-
-impl Serialize for Probes<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let r = self.0;
-        let mut m = s.serialize_map(None)?;
-        entry(&mut m, "addr", r, |p| p.addr)?;
-        entry(&mut m, "state", r, |p| p.state)?;
-        optional(&mut m, "pool", r, |p| p.pool)?;
-        optional(&mut m, "allocation", r, |p| p.allocation)?;
-        m.end()
-    }
 }
 
 /// Node names, each once, in the order nodes first use them.

@@ -4,6 +4,7 @@
 //! (`schema`) and the wording of parse errors (`wording`). A format 3 would touch this
 //! folder alone.
 
+mod columns;
 pub mod encode;
 pub mod load;
 pub mod objects;

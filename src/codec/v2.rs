@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer};
 
+use crate::codec::columns::{column_table, rows};
 use crate::index::refs::Invalid;
 use crate::model::format::{
     Addr, AllocState, Allocation, AllocationId, Digest, DocKind, Event, Frame, Graph, GraphId,
@@ -90,66 +91,74 @@ pub struct LiveV2 {
     pub ranges: Vec<RangeDigest>,
 }
 
-/// `allocations` as columns: one value per allocation in each.
-#[derive(Default, Deserialize, JsonSchema)]
-#[schemars(rename = "Allocations")]
-pub struct AllocationColumns {
-    pub id: Vec<AllocationId>,
-    pub base: Vec<Addr>,
-    pub size: Vec<u64>,
-    #[serde(default)]
-    pub pool: Option<Vec<Option<PoolId>>>,
+column_table! {
+    /// `allocations` as columns: one value per allocation in each.
+    #[derive(Default, Deserialize, JsonSchema)]
+    #[schemars(rename = "Allocations")]
+    "allocations": AllocationColumns of Allocation, written by Allocations {
+        req id: AllocationId,
+        req base: Addr,
+        req size: u64,
+        #[serde(default)]
+        opt pool: PoolId,
+    }
 }
 
-/// `tensors` as columns (the fields of format 1's tensor record).
-#[derive(Deserialize, JsonSchema)]
-#[schemars(rename = "Tensors")]
-pub struct TensorColumns {
-    pub id: Vec<TensorId>,
-    pub storage_base: Vec<Addr>,
-    pub storage_nbytes: Vec<u64>,
-    pub offset: Vec<u64>,
-    pub nbytes: Vec<u64>,
-    pub shape: Vec<Vec<u64>>,
-    pub stride: Vec<Vec<i64>>,
-    pub dtype: Vec<String>,
-    pub itemsize: Vec<u32>,
-    pub device: Vec<String>,
-    #[serde(default)]
-    pub allocation: Option<Vec<Option<AllocationId>>>,
-    #[serde(default)]
-    pub pool: Option<Vec<Option<PoolId>>>,
-    #[serde(default)]
-    pub digest: Option<Vec<Option<Digest>>>,
-    /// Live snapshots only.
-    #[serde(default)]
-    pub reference_digest: Option<Vec<Option<Digest>>>,
-    #[serde(default)]
-    pub alloc_site: Option<Vec<Vec<Frame>>>,
+column_table! {
+    /// `tensors` as columns (the fields of format 1's tensor record).
+    #[derive(Deserialize, JsonSchema)]
+    #[schemars(rename = "Tensors")]
+    "tensors": TensorColumns of Tensor, written by Tensors {
+        req id: TensorId,
+        req storage_base: Addr,
+        req storage_nbytes: u64,
+        req offset: u64,
+        req nbytes: u64,
+        req shape: Vec<u64>,
+        req stride: Vec<i64>,
+        req dtype: String,
+        req itemsize: u32,
+        req device: String,
+        #[serde(default)]
+        opt allocation: AllocationId,
+        #[serde(default)]
+        opt pool: PoolId,
+        #[serde(default)]
+        opt digest: Digest,
+        /// Live snapshots only.
+        #[serde(default)]
+        opt reference_digest: Digest,
+        #[serde(default)]
+        list alloc_site: Frame,
+    }
 }
 
-/// `owners` as columns.
-#[derive(Deserialize, JsonSchema)]
-#[schemars(rename = "Owners")]
-pub struct OwnerColumns {
-    #[schemars(with = "Vec<String>")]
-    pub path: Vec<OwnerPath>,
-    pub tensor: Vec<TensorId>,
-    pub registration: Vec<Registration>,
-    #[serde(default)]
-    pub holder: Option<Vec<Option<String>>>,
+column_table! {
+    /// `owners` as columns.
+    #[derive(Deserialize, JsonSchema)]
+    #[schemars(rename = "Owners")]
+    "owners": OwnerColumns of Owner, written by Owners {
+        #[schemars(with = "Vec<String>")]
+        req path: OwnerPath,
+        req tensor: TensorId,
+        req registration: Registration,
+        #[serde(default)]
+        opt holder: String,
+    }
 }
 
-/// `probes` as columns.
-#[derive(Deserialize, JsonSchema)]
-#[schemars(rename = "Probes")]
-pub struct ProbeColumns {
-    pub addr: Vec<Addr>,
-    pub state: Vec<AllocState>,
-    #[serde(default)]
-    pub pool: Option<Vec<Option<PoolId>>>,
-    #[serde(default)]
-    pub allocation: Option<Vec<Option<AllocationId>>>,
+column_table! {
+    /// `probes` as columns.
+    #[derive(Deserialize, JsonSchema)]
+    #[schemars(rename = "Probes")]
+    "probes": ProbeColumns of Probe, written by Probes {
+        req addr: Addr,
+        req state: AllocState,
+        #[serde(default)]
+        opt pool: PoolId,
+        #[serde(default)]
+        opt allocation: AllocationId,
+    }
 }
 
 /// One captured graph: format 1's graph record with its nodes as a column table.
@@ -248,29 +257,6 @@ impl JsonSchema for TouchAddr {
     }
 }
 
-/// The rows of a column table: the length of its first column, which every other column
-/// present must have.
-fn rows(table: &str, columns: &[(&str, Option<usize>)]) -> Result<usize, Invalid> {
-    let Some(&(first, Some(n))) = columns.first() else {
-        return Ok(0);
-    };
-    for &(name, len) in &columns[1..] {
-        if let Some(len) = len
-            && len != n
-        {
-            return Err(Invalid::at(
-                format!("{table}.{name}"),
-                format!(
-                    "{len} value{}, but `{table}.{first}` has {n}: every column of a table \
-                     holds one value per row",
-                    if len == 1 { "" } else { "s" }
-                ),
-            ));
-        }
-    }
-    Ok(n)
-}
-
 /// The value of an optional column at `i` (absent column: `None`).
 fn opt<T: Clone>(column: &Option<Vec<Option<T>>>, i: usize) -> Option<T> {
     column.as_ref().and_then(|c| c[i].clone())
@@ -279,123 +265,6 @@ fn opt<T: Clone>(column: &Option<Vec<Option<T>>>, i: usize) -> Option<T> {
 /// The value of an optional column at `i`, moved out (absent column: `None`).
 fn take<T>(column: &mut Option<Vec<Option<T>>>, i: usize) -> Option<T> {
     column.as_mut().and_then(|c| c[i].take())
-}
-
-fn allocations(c: AllocationColumns) -> Result<Vec<Allocation>, Invalid> {
-    let n = rows(
-        "allocations",
-        &[
-            ("id", Some(c.id.len())),
-            ("base", Some(c.base.len())),
-            ("size", Some(c.size.len())),
-            ("pool", c.pool.as_ref().map(Vec::len)),
-        ],
-    )?;
-    Ok((0..n)
-        .map(|i| Allocation {
-            id: c.id[i],
-            base: c.base[i],
-            size: c.size[i],
-            pool: opt(&c.pool, i),
-        })
-        .collect())
-}
-
-fn tensors(mut c: TensorColumns) -> Result<Vec<Tensor>, Invalid> {
-    let n = rows(
-        "tensors",
-        &[
-            ("id", Some(c.id.len())),
-            ("storage_base", Some(c.storage_base.len())),
-            ("storage_nbytes", Some(c.storage_nbytes.len())),
-            ("offset", Some(c.offset.len())),
-            ("nbytes", Some(c.nbytes.len())),
-            ("shape", Some(c.shape.len())),
-            ("stride", Some(c.stride.len())),
-            ("dtype", Some(c.dtype.len())),
-            ("itemsize", Some(c.itemsize.len())),
-            ("device", Some(c.device.len())),
-            ("allocation", c.allocation.as_ref().map(Vec::len)),
-            ("pool", c.pool.as_ref().map(Vec::len)),
-            ("digest", c.digest.as_ref().map(Vec::len)),
-            (
-                "reference_digest",
-                c.reference_digest.as_ref().map(Vec::len),
-            ),
-            ("alloc_site", c.alloc_site.as_ref().map(Vec::len)),
-        ],
-    )?;
-    Ok((0..n)
-        .map(|i| Tensor {
-            id: c.id[i],
-            storage_base: c.storage_base[i],
-            storage_nbytes: c.storage_nbytes[i],
-            offset: c.offset[i],
-            nbytes: c.nbytes[i],
-            shape: std::mem::take(&mut c.shape[i]),
-            stride: std::mem::take(&mut c.stride[i]),
-            dtype: std::mem::take(&mut c.dtype[i]),
-            itemsize: c.itemsize[i],
-            device: std::mem::take(&mut c.device[i]),
-            allocation: opt(&c.allocation, i),
-            pool: opt(&c.pool, i),
-            digest: take(&mut c.digest, i),
-            reference_digest: take(&mut c.reference_digest, i),
-            alloc_site: c
-                .alloc_site
-                .as_mut()
-                .map(|s| std::mem::take(&mut s[i]))
-                .unwrap_or_default(),
-        })
-        .collect())
-}
-
-fn owners(c: OwnerColumns) -> Result<Vec<Owner>, Invalid> {
-    rows(
-        "owners",
-        &[
-            ("path", Some(c.path.len())),
-            ("tensor", Some(c.tensor.len())),
-            ("registration", Some(c.registration.len())),
-            ("holder", c.holder.as_ref().map(Vec::len)),
-        ],
-    )?;
-    let OwnerColumns {
-        path,
-        tensor,
-        registration,
-        mut holder,
-    } = c;
-    Ok(path
-        .into_iter()
-        .enumerate()
-        .map(|(i, path)| Owner {
-            path,
-            tensor: tensor[i],
-            registration: registration[i],
-            holder: take(&mut holder, i),
-        })
-        .collect())
-}
-
-fn probes(c: ProbeColumns) -> Result<Vec<Probe>, Invalid> {
-    let n = rows(
-        "probes",
-        &[
-            ("addr", Some(c.addr.len())),
-            ("state", Some(c.state.len())),
-            ("pool", c.pool.as_ref().map(Vec::len)),
-            ("allocation", c.allocation.as_ref().map(Vec::len)),
-        ],
-    )?;
-    Ok((0..n)
-        .map(|i| Probe {
-            addr: c.addr[i],
-            state: c.state[i],
-            pool: opt(&c.pool, i),
-            allocation: opt(&c.allocation, i),
-        })
-        .collect())
 }
 
 /// What a touch's offset counts from: tensors' first elements and allocations' bases, by
@@ -598,9 +467,9 @@ impl<T: TouchColumn + Send> ManifestV2<T> {
     /// The manifest in the model's terms. Errors name the column and element; references
     /// are checked afterwards, as for format 1 ([`crate::index::refs::check_manifest`]).
     pub fn into_model(self) -> Result<Manifest, Invalid> {
-        let allocations = allocations(self.allocations)?;
-        let tensors = tensors(self.tensors)?;
-        let owners = owners(self.owners)?;
+        let allocations = self.allocations.into_records()?;
+        let tensors = self.tensors.into_records()?;
+        let owners = self.owners.into_records()?;
         let graphs = {
             let bases = Bases::new(&tensors, &allocations);
             graphs(self.graphs, (&self.names, &self.launches), &bases)?
@@ -625,10 +494,10 @@ impl LiveV2 {
         l.format_version = self.format_version;
         l.kind = self.kind;
         l.pools = self.pools;
-        l.allocations = allocations(self.allocations)?;
-        l.tensors = tensors(self.tensors)?;
-        l.owners = owners(self.owners)?;
-        l.probes = probes(self.probes)?;
+        l.allocations = self.allocations.into_records()?;
+        l.tensors = self.tensors.into_records()?;
+        l.owners = self.owners.into_records()?;
+        l.probes = self.probes.into_records()?;
         l.ranges = self.ranges;
         Ok(l)
     }
