@@ -18,7 +18,7 @@ try:
 except ImportError as e:  # pragma: no cover - a broken setup, not a test result
     raise ImportError(
         f"the graphcheck package is not installed ({e}): run ci/test.sh, or "
-        "`maturin build -o target/wheels-dev && pip install --force-reinstall "
+        "`maturin build --release -o target/wheels-dev && pip install --force-reinstall "
         "target/wheels-dev/graphcheck-*.whl`"
     ) from e
 
