@@ -72,6 +72,7 @@ pub fn tensor(id: u32, slot: u64, pool: PoolId) -> Tensor {
         digest: Some(Digest(format!("sum64:{id:016x}"))),
         reference_digest: None,
         alloc_site: vec![],
+        storage: None,
     }
 }
 

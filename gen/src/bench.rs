@@ -239,6 +239,7 @@ fn tensor(id: u32, pool: usize, alloc: usize, base: u64, dtype: (&str, u32), ele
         digest: None,
         reference_digest: None,
         alloc_site: Vec::new(),
+        storage: None,
     }
 }
 

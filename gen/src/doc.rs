@@ -175,6 +175,7 @@ impl Doc {
             digest: None,
             reference_digest: None,
             alloc_site: Vec::new(),
+            storage: None,
         });
         self.freed.push(false);
         id
@@ -210,6 +211,7 @@ impl Doc {
             digest: b.digest.as_ref().map(|_| digest(id, 0)),
             reference_digest: None,
             alloc_site: Vec::new(),
+            storage: None,
             ..b
         });
         self.freed.push(false);

@@ -218,7 +218,8 @@ pub(super) fn kernel_refs(
 
 impl<'m> Ctx<'m> {
     /// Indices of the manifest tensors whose storage holds every byte of `t`'s view
-    /// (`t`'s own tensors among them).
+    /// (`t`'s own tensors among them), of `t`'s storage object where the document numbers
+    /// storages (`Tensor::storage`).
     pub(super) fn holders(&self, t: &Tensor) -> Vec<usize> {
         let index = self.storages.get_or_init(|| {
             IntervalIndex::new(
@@ -235,7 +236,8 @@ impl<'m> Ctx<'m> {
         });
         let mut out = Vec::new();
         index.stab(t.data_ptr().0, |_, _, i| {
-            if storage_holds(&self.m.tensors[i], t) {
+            let holder = &self.m.tensors[i];
+            if storage_holds(holder, t) && holder.same_storage_object(t) {
                 out.push(i);
             }
         });

@@ -136,15 +136,16 @@ fn joined<T>(r: std::thread::Result<T>) -> T {
     r.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
-/// The touched tensors grouped by view key, in document order of first tensor.
+/// The touched tensors grouped by view key and storage object (two storages that held
+/// one address at different captures are two subjects), in document order of first tensor.
 fn subjects_of<'m>(m: &'m Manifest, mt: &Tables, counts: &[u32]) -> Vec<Subject<'m>> {
-    let mut by_key: FxHashMap<ViewKey<'_>, usize> = FxHashMap::default();
+    let mut by_key: FxHashMap<(ViewKey<'_>, Option<u32>), usize> = FxHashMap::default();
     let mut subjects: Vec<Subject<'_>> = Vec::new();
     for (ti, t) in m.tensors.iter().enumerate() {
         if counts[ti] == 0 {
             continue;
         }
-        let si = *by_key.entry(t.view_key()).or_insert_with(|| {
+        let si = *by_key.entry((t.view_key(), t.storage)).or_insert_with(|| {
             subjects.push(Subject {
                 tensors: SmallVec::new(),
                 tensor: t,

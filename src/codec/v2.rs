@@ -130,6 +130,8 @@ column_table! {
         opt reference_digest: Digest,
         #[serde(default)]
         list alloc_site: Frame,
+        #[serde(default)]
+        opt storage: u32,
     }
 }
 

@@ -121,6 +121,8 @@ pub fn manifest_of_graphs(
             pool: (a.device != "cpu").then_some(default_pool),
             digest: None,
             alloc_site: Vec::new(),
+            storage: None,
+            alive: None,
         })?;
         b.add_owner(&a.path, id, a.registration, None)?;
         if let Some((base, size)) = super::driver::address_range(a.base.0)

@@ -338,6 +338,13 @@ pub struct Tensor {
     /// Where the storage was allocated, where the producer knew it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alloc_site: Vec<Frame>,
+    /// Which storage object holds the view, numbered within the document, where two
+    /// storages held the same memory at different captures (one died, the allocator gave
+    /// its block to the next): records of one number share a storage, records of two
+    /// numbers are different storages whatever their addresses. Absent, a storage is known
+    /// by its base and size alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<u32>,
 }
 
 impl Tensor {
@@ -355,6 +362,15 @@ impl Tensor {
     /// Whether `addr` lies in the view's span.
     pub fn contains(&self, addr: Addr) -> bool {
         self.data_ptr() <= addr && addr < self.end()
+    }
+
+    /// Whether `other` may be a view of this tensor's storage object by what the document
+    /// numbers (`storage`): where both are numbered, the numbers agree; else nothing says no.
+    pub fn same_storage_object(&self, other: &Tensor) -> bool {
+        match (self.storage, other.storage) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        }
     }
 
     /// The identity of a storage view: two tensors with equal keys are one view.

@@ -197,6 +197,8 @@ mod tests {
                     pool: None,
                     digest: None,
                     alloc_site: vec![],
+                    storage: None,
+                    alive: None,
                 })
                 .collect(),
             owners: m

@@ -39,6 +39,15 @@ pub struct TensorSpec {
     pub digest: Option<Digest>,
     #[serde(default)]
     pub alloc_site: Vec<Frame>,
+    /// The storage object's number, where two storages of the walks had one address
+    /// (the model's `Tensor::storage`): views are one record only within one storage.
+    #[serde(default)]
+    pub storage: Option<u32>,
+    /// The graphs at whose capture the storage was alive, by the order they were added:
+    /// `[first, end)`, `end` null while it lives. A graph's words resolve only to the views
+    /// alive at its capture. Absent: alive at every capture.
+    #[serde(default)]
+    pub alive: Option<(u32, Option<u32>)>,
 }
 
 impl TensorSpec {
@@ -60,6 +69,7 @@ impl TensorSpec {
             digest: self.digest,
             reference_digest: None,
             alloc_site: self.alloc_site,
+            storage: self.storage,
         }
     }
 }
@@ -95,7 +105,9 @@ pub struct ManifestBuilder {
     pool_ranges: Vec<(u64, u64, PoolId)>,
     known_allocations: Vec<(Addr, u64)>,
     tensors: Vec<Tensor>,
-    views: HashMap<(Addr, Vec<u64>, Vec<i64>, String), TensorId>,
+    /// Each tensor's captures alive (`TensorSpec::alive`), by position.
+    alive: Vec<Option<(u32, Option<u32>)>>,
+    views: HashMap<ViewOf, TensorId>,
     owners: Vec<Owner>,
     owner_paths: HashMap<String, TensorId>,
     graphs: Vec<(String, Option<PoolId>, Arc<WalkedGraph>)>,
@@ -113,6 +125,7 @@ impl ManifestBuilder {
             pool_ranges: Vec::new(),
             known_allocations: Vec::new(),
             tensors: Vec::new(),
+            alive: Vec::new(),
             views: HashMap::new(),
             owners: Vec::new(),
             owner_paths: HashMap::new(),
@@ -183,11 +196,13 @@ impl ManifestBuilder {
             spec.shape.clone(),
             spec.stride.clone(),
             spec.dtype.clone(),
+            spec.storage,
         );
         if let Some(&id) = self.views.get(&key) {
             return Ok(id);
         }
         let id = TensorId(self.tensors.len() as u32);
+        self.alive.push(spec.alive);
         self.tensors.push(spec.into_tensor(id));
         self.views.insert(key, id);
         Ok(id)
@@ -264,7 +279,8 @@ impl ManifestBuilder {
         let mut tensors = self.tensors;
         place_tensors(&mut tensors, &allocations, &pools);
         let mut nodes = NodeResolver {
-            views: ViewResolver::new(&tensors, &self.owners),
+            views: ViewResolver::new(&tensors, &self.owners, &self.alive),
+            graph: 0,
             view_of: FxHashMap::default(),
             by_base: allocations.iter().map(|a| (a.base, a.id)).collect(),
             free: RangeSet::new(self.free_ranges),
@@ -278,14 +294,17 @@ impl ManifestBuilder {
             .graphs
             .into_iter()
             .enumerate()
-            .map(|(gi, (name, pool, walked))| Graph {
-                id: GraphId(gi as u32),
-                name,
-                pool,
-                node_counts: walked.node_counts.clone(),
-                unread: walked.unread.clone(),
-                guards: guards.remove(&GraphId(gi as u32)).unwrap_or_default(),
-                nodes: walked.nodes.iter().map(|n| nodes.node(n)).collect(),
+            .map(|(gi, (name, pool, walked))| {
+                nodes.graph = gi as u32;
+                Graph {
+                    id: GraphId(gi as u32),
+                    name,
+                    pool,
+                    node_counts: walked.node_counts.clone(),
+                    unread: walked.unread.clone(),
+                    guards: guards.remove(&GraphId(gi as u32)).unwrap_or_default(),
+                    nodes: walked.nodes.iter().map(|n| nodes.node(n)).collect(),
+                }
             })
             .collect();
         drop(nodes);
@@ -380,15 +399,25 @@ fn place_tensors(tensors: &mut [Tensor], allocations: &[Allocation], pools: &Poo
     }
 }
 
+/// A view's key in the builder: address, layout, and the storage object's number.
+type ViewOf = (Addr, Vec<u64>, Vec<i64>, String, Option<u32>);
+
 /// From an address to the tensor view a kernel most likely was handed.
 struct ViewResolver<'a> {
     tensors: &'a [Tensor],
     owned: Vec<bool>,
     index: AddressIndex,
+    alive: &'a [Option<(u32, Option<u32>)>],
+    /// Whether any view lives for some captures only: then an address resolves per graph.
+    per_graph: bool,
 }
 
 impl<'a> ViewResolver<'a> {
-    fn new(tensors: &'a [Tensor], owners: &[Owner]) -> ViewResolver<'a> {
+    fn new(
+        tensors: &'a [Tensor],
+        owners: &[Owner],
+        alive: &'a [Option<(u32, Option<u32>)>],
+    ) -> ViewResolver<'a> {
         let mut owned = vec![false; tensors.len()];
         for o in owners {
             owned[o.tensor.0 as usize] = true;
@@ -397,14 +426,28 @@ impl<'a> ViewResolver<'a> {
             tensors,
             owned,
             index: AddressIndex::new(tensors, &[]),
+            alive,
+            per_graph: alive.iter().any(Option::is_some),
         }
     }
 
-    /// A view that starts at the address, owned, widest first: the kernel was most likely
-    /// handed the whole tensor. Else the narrowest view around it.
-    fn tensor_at(&self, addr: Addr) -> Option<TensorId> {
+    /// Whether view `i` was alive at the capture of graph `g` (by the order added).
+    fn alive_at(&self, i: usize, g: u32) -> bool {
+        match self.alive.get(i).copied().flatten() {
+            None => true,
+            Some((first, end)) => first <= g && end.is_none_or(|e| g < e),
+        }
+    }
+
+    /// Of the views alive at graph `g`'s capture: one that starts at the address, owned,
+    /// widest first (the kernel was most likely handed the whole tensor); else the
+    /// narrowest view around it.
+    fn tensor_at(&self, addr: Addr, g: u32) -> Option<TensorId> {
         let (tensors, owned) = (self.tensors, &self.owned);
-        let hits = self.index.views_at(addr);
+        let mut hits = self.index.views_at(addr);
+        if self.per_graph {
+            hits.retain(|&i| self.alive_at(i, g));
+        }
         let starting = hits
             .iter()
             .copied()
@@ -423,9 +466,12 @@ impl<'a> ViewResolver<'a> {
 /// Resolves the words of one walked node into touches and set-aside words.
 struct NodeResolver<'a> {
     views: ViewResolver<'a>,
+    /// The graph being resolved, by the order added.
+    graph: u32,
     /// The view each address resolved to: graphs of one model read the same weights and
-    /// buffers again and again (one per batch size), so each address is resolved once.
-    view_of: FxHashMap<u64, Option<TensorId>>,
+    /// buffers again and again (one per batch size), so each address is resolved once
+    /// (once per graph where views live for some captures only).
+    view_of: FxHashMap<(u64, u32), Option<TensorId>>,
     by_base: FxHashMap<Addr, AllocationId>,
     /// Memory the allocator holds free, for [`IgnoredReason::FreeMemory`].
     free: RangeSet,
@@ -462,10 +508,11 @@ impl NodeResolver<'_> {
         let mut ignored = Vec::new();
         for w in &n.words {
             let views = &self.views;
+            let g = if views.per_graph { self.graph } else { 0 };
             let tensor = *self
                 .view_of
-                .entry(w.addr.0)
-                .or_insert_with(|| views.tensor_at(w.addr));
+                .entry((w.addr.0, g))
+                .or_insert_with(|| views.tensor_at(w.addr, self.graph));
             let reason = match sig.role(w.param, w.offset) {
                 WordRole::SetAside(reason) => Some(reason),
                 // A word inside a by-value struct (offset > 0) into free memory that names

@@ -21,6 +21,8 @@ fn spec(base: u64, offset: u64, nbytes: u64, storage: u64) -> TensorSpec {
         pool: None,
         digest: None,
         alloc_site: vec![],
+        storage: None,
+        alive: None,
     }
 }
 
@@ -580,4 +582,49 @@ fn the_nccl_communicator_word_is_set_aside_and_the_user_buffers_stay_touches() {
         text.contains("param 0 +0: ignored (NCCL's communicator)"),
         "{text}"
     );
+}
+
+#[test]
+fn each_graph_resolves_to_the_storage_alive_at_its_capture() {
+    // model.a is read by bs1 and dies; model.b, another storage with its layout, takes
+    // its memory and is read by bs2: two records, and each graph's word names its own.
+    let mut b = ManifestBuilder::new(producer());
+    let seg = Some((0x10_0000, 0x20_0000));
+    let mut a = spec(0x10_0000, 0, 0x1000, 0x1000);
+    (a.storage, a.alive) = (Some(0), Some((0, Some(1))));
+    let mut later = spec(0x10_0000, 0, 0x1000, 0x1000);
+    (later.storage, later.alive) = (Some(1), Some((1, None)));
+    let ta = b.add_tensor(a.clone()).unwrap();
+    let tb = b.add_tensor(later).unwrap();
+    assert_ne!(ta, tb);
+    assert_eq!(
+        b.add_tensor(a).unwrap(),
+        ta,
+        "one storage's view is one record"
+    );
+    b.add_owner("model.a", ta, Registration::Buffer, None)
+        .unwrap();
+    b.add_owner("model.b", tb, Registration::Buffer, None)
+        .unwrap();
+    for name in ["bs1", "bs2"] {
+        b.add_graph(name, None, one_node("k", vec![word(0, 0, 0x10_0000, seg)]));
+    }
+    let m = b.finish().unwrap();
+    let read: Vec<Option<TensorId>> = m
+        .graphs
+        .iter()
+        .map(|g| g.nodes[0].touches[0].tensor)
+        .collect();
+    assert_eq!(read, [Some(ta), Some(tb)]);
+    assert_eq!(
+        (m.tensors[0].storage, m.tensors[1].storage),
+        (Some(0), Some(1))
+    );
+    // The numbers survive both formats' round trip.
+    for v in [1, 2] {
+        let text = serde_json::to_vec(&m.clone().in_version(v)).unwrap();
+        let back =
+            crate::codec::load::parse_manifest(&text, std::path::Path::new("m.json")).unwrap();
+        assert_eq!(back.tensors, m.tensors, "format {v}");
+    }
 }

@@ -772,3 +772,53 @@ fn a_live_index_of_another_snapshot_is_built_again() {
     let r = verify_indexed(&m, &mt, Some((&l, &lt, &index)), &allow).unwrap();
     assert_eq!(r, right);
 }
+
+/// `model.a`, read by bs1, died after its capture; `model.b`, a new storage with its layout
+/// in its memory, is read by bs8. The manifest numbers the two storages (`storage`).
+fn same_memory_twice(numbered: bool) -> (Manifest, Live) {
+    let mut m = manifest();
+    let mut a = tensor(3, 6, W);
+    let mut b = tensor(4, 6, W);
+    if numbered {
+        (a.storage, b.storage) = (Some(0), Some(1));
+    }
+    m.allocations.push(alloc(6, W));
+    m.graphs[0].nodes[0].touches.push(touch(Some(3), 6, 0));
+    m.graphs[1].nodes[0].touches.push(touch(Some(4), 6, 0));
+    m.tensors.extend([a, b]);
+    m.owners.push(owner("model.a", 3, Registration::Buffer));
+    m.owners.push(owner("model.b", 4, Registration::Buffer));
+    let mut l = live_of(&m, Contents::Preserved);
+    // Now: model.b holds the memory; model.a is no path any more.
+    drop_owner(&mut l, "model.a");
+    l.tensors.retain(|t| t.id != TensorId(3));
+    for t in &mut l.tensors {
+        t.storage = None;
+    }
+    (m, l)
+}
+
+#[test]
+fn a_storage_that_died_between_two_captures_is_its_own_subject() {
+    let (m, l) = same_memory_twice(true);
+    let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+    let reused = r
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Reused)
+        .expect("reused");
+    assert_eq!(reused.subject, "model.a");
+    assert_eq!(reused.new_owners, vec!["model.b".to_string()]);
+    assert_eq!(about(&r, "model.b"), Vec::<FindingKind>::new());
+    // Only the graph that captured model.a reads what model.b holds now.
+    assert_eq!(reused.graphs, vec!["bs1".to_string()]);
+    // Without the numbers the two records are one view, its two owners one subject, and
+    // bs1's read of model.b's bytes goes unseen (documents written before `storage`).
+    let (m, l) = same_memory_twice(false);
+    let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+    assert!(
+        !r.findings.iter().any(|f| f.kind == FindingKind::Reused),
+        "{:?}",
+        kinds(&r)
+    );
+}

@@ -52,6 +52,7 @@ fn tensor_span_and_view_key() {
         digest: None,
         reference_digest: None,
         alloc_site: vec![],
+        storage: None,
     };
     assert_eq!(t.data_ptr(), Addr(0x1040));
     assert!(t.contains(Addr(0x1040)) && t.contains(Addr(0x105f)));
