@@ -17,6 +17,7 @@ from ._native import GraphcheckError
 from ._paths import attr_hop, key_hop
 from ._producer import producer as producer_block
 from ._registry import Registry
+from ._tensors import view_key
 from ._torch_import import import_torch
 from ._walk import DEFAULT_MAX_DEPTH, root_arg, walk_roots
 
@@ -137,6 +138,11 @@ class Recorder:
         self._pool_by_key: dict = {}
         self._pool_ranges: list = []
         self._graphs: list = []
+        # The storages the walks saw, each with the graphs alive at its capture: a tensor
+        # a graph captured may die and another take its memory before the next capture.
+        self._lifetimes: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+        self._watched: list = []  # the weak references whose callbacks note a death
+        self._graphs_walked = 0  # graphs added before the last walk
         self._walked: list = []  # _native.Walked objects, by graphs' walked_index
         self._extra: list = []  # (path, tensor, registration)
         # What explains an address without a walk (class docstring), packed as (base,
@@ -205,11 +211,34 @@ class Recorder:
         if self.registry is not None:
             fresh.absorb(self.registry)
         self.registry = fresh
+        self._note_storages(fresh)
         self.walks += 1
         self._stale = False
         self._registry_ranges = None
         self._known = None
         return fresh
+
+    def _note_storages(self, reg: Registry) -> None:
+        """Gives each record the lifetime of its storage: one seen first by this walk was
+        alive from the first graph added since the last walk (which that walk did not
+        see); its death, when it comes, ends it at the graphs added by then."""
+        born = self._graphs_walked
+        for rec in reg.tensors:
+            if rec.lifetime is not None or rec.storage is None:
+                continue
+            s = rec.storage()
+            if s is None:
+                continue
+            try:
+                life = self._lifetimes.get(s)
+                if life is None:
+                    life = [len(self._watched), born, None]
+                    self._watched.append(weakref.ref(s, _death_noter(weakref.ref(self), life)))
+                    self._lifetimes[s] = life
+            except TypeError:  # not weakly referenceable: no lifetime, as before
+                continue
+            rec.lifetime = life
+        self._graphs_walked = len(self._graphs)
 
     # Keeping owners current (class docstring) ------------------------------------------
 
@@ -496,6 +525,9 @@ class Recorder:
     def _spec(f: "Frozen") -> dict:
         tensors = f.tensors if f.tensors is not None else f.registry.tensor_specs(None)
         AllocSites(f.raw_segments).annotate(tensors, f.registry.tensors)
+        # Read at the build, not copied at the freeze: a storage that died since ends at
+        # the graphs added by then, none fewer than the frozen ones, so they read the same.
+        _number_storages(tensors, f.registry.tensors)
         # The core reads the segments (graphcheck::resolve::spec): a bound pool's segments
         # are its ranges, free blocks are free memory (IgnoredReason::FreeMemory).
         return {
@@ -652,3 +684,31 @@ def _ranges_arg(ranges) -> list:
             _args.integer(f"ranges[{i}] size", pair[1], minimum=0),
         ))
     return out
+
+
+def _death_noter(recorder_ref, life: list):
+    """The callback that ends a storage's lifetime at the graphs added when it dies."""
+
+    def died(_ref) -> None:
+        recorder = recorder_ref()
+        if recorder is not None and life[2] is None:
+            life[2] = len(recorder._graphs)
+
+    return died
+
+
+def _number_storages(specs: list, records: list) -> None:
+    """Where two records have one view but are different storages (one died, another
+    took its memory), each spec says its storage's number and the graphs alive at its
+    capture, so that each graph names the one it read; other specs are left as they are."""
+    by_view: dict = {}
+    for i, rec in enumerate(records):
+        by_view.setdefault(view_key(rec.meta), []).append(i)
+    for same in by_view.values():
+        lives = [records[i].lifetime for i in same]
+        if len(same) < 2 or len({life[0] for life in lives if life is not None}) < 2:
+            continue
+        for i, life in zip(same, lives):
+            if life is not None and i < len(specs):
+                specs[i]["storage"] = life[0]
+                specs[i]["alive"] = [life[1], life[2]]

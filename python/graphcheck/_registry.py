@@ -79,6 +79,10 @@ class TensorRecord:
     meta: tuple
     #: The ``untyped_storage()`` object (weakly), ``None`` where it was not read.
     storage: Any = field(default=None, repr=False)
+    #: ``[number, first, end]`` of the storage, shared by its records, where a recorder
+    #: noted it: its number among the storages the recorder saw, and the graphs (by the
+    #: order added) at whose capture it was alive, ``end`` ``None`` while it lives.
+    lifetime: Optional[list] = field(default=None, repr=False, compare=False)
 
     @property
     def spec(self) -> dict:

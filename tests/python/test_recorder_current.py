@@ -195,13 +195,11 @@ def test_a_new_tensor_where_a_dead_one_was_is_walked_and_owned_apart(torch, coun
     assert len(counted) == 2  # the manifest does not walk again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the core merges views by address and layout (ManifestBuilder::add_tensor) and resolves "
-    "an address to one tensor for every graph, and verify takes an equal (base, size) for the "
-    "same storage: model.a and model.b become one tensor with two owners, and bs1's reused is silent",
-)
 def test_a_dead_capture_time_owner_stays_its_own_tensor_in_the_manifest(torch):
+    # Issue 28: model.a and model.b were one tensor with two owners (the core merged views
+    # by address and layout), every graph resolved the address to it, and bs1's read of
+    # model.b's bytes was no finding. Now each storage is its own record, numbered, and
+    # each graph names the one alive at its capture.
     model = make_model(torch)
     rec, _ = same_memory_twice(torch, model)
     m = graphcheck.load(rec.manifest())
@@ -210,8 +208,11 @@ def test_a_dead_capture_time_owner_stays_its_own_tensor_in_the_manifest(torch):
         owners.setdefault(o["tensor"], set()).add(o["path"])
     bs1, bs2 = (g["nodes"][0]["touches"][1]["tensor"] for g in m["graphs"])
     assert (owners[bs1], owners[bs2]) == ({"model.a"}, {"model.b"})
+    assert len({m["tensors"][t]["storage"] for t in (bs1, bs2)}) == 2
     live = gt.snapshot(model, m)
-    assert ("reused", "model.a") in {(f.kind, f.subject) for f in graphcheck.verify(m, live).findings}
+    report = graphcheck.verify(m, live)
+    (reused,) = [f for f in report.findings if f.kind == "reused"]
+    assert (reused.subject, reused.graphs, reused.new_owners) == ("model.a", ("bs1",), ("model.b",))
 
 
 def test_an_earlier_path_joins_a_later_view_only_through_one_live_storage(torch):
