@@ -437,3 +437,56 @@ fn a_path_longer_than_any_is_named_by_its_start() {
         "{err}"
     );
 }
+
+/// A storage number names one storage object (issue 28): two records of one number at two
+/// bases, or one view of it recorded twice, are refused in either format.
+#[test]
+fn a_storage_number_is_one_storage_object() {
+    let dir = fresh("storage");
+    let live = format!("{CLEAN}/live.json");
+    for version in [1, 2] {
+        let number = |doc: &mut Value, rows: &[usize]| {
+            if version == 2 {
+                let n = doc["tensors"]["id"].as_array().unwrap().len();
+                doc["tensors"]["storage"] = json!(vec![Value::Null; n]);
+            }
+            for &r in rows {
+                *field(doc, version, "tensors", r, "storage") = json!(5);
+            }
+        };
+        let mut m = document(CLEAN, "manifest.json", version);
+        number(&mut m, &[0, 1]);
+        let (code, err) = verify_with(&put(&dir, "manifest.json", &m), &live);
+        assert_eq!(code, Some(2), "format {version}: {err}");
+        assert!(err.contains(&at(version, "tensors", 1, "storage")), "{err}");
+        assert!(
+            err.contains("one storage object has one base, size and device"),
+            "{err}"
+        );
+
+        let mut m = document(CLEAN, "manifest.json", version);
+        for name in [
+            "storage_base",
+            "storage_nbytes",
+            "offset",
+            "nbytes",
+            "shape",
+            "stride",
+            "dtype",
+            "itemsize",
+            "device",
+            "allocation",
+            "pool",
+        ] {
+            let v = field(&mut m, version, "tensors", 0, name).clone();
+            *field(&mut m, version, "tensors", 1, name) = v;
+        }
+        number(&mut m, &[0, 1]);
+        let (code, err) = verify_with(&put(&dir, "manifest.json", &m), &live);
+        assert_eq!(code, Some(2), "format {version}: {err}");
+        assert!(
+            err.contains("the same view of storage 5 as tensors[0]"),
+            "{err}"
+        );
+    }
+}

@@ -61,6 +61,19 @@ pub fn consistent(doc: &Document) -> Result<(), String> {
     for (i, t) in doc.tensors().iter().enumerate() {
         tensor_ok(i, t)?;
     }
+    let mut storages = BTreeMap::new();
+    for (i, t) in doc.tensors().iter().enumerate() {
+        if let Some(n) = t.storage {
+            let (base, size) = *storages
+                .entry(n)
+                .or_insert((t.storage_base, t.storage_nbytes));
+            if (base, size) != (t.storage_base, t.storage_nbytes) {
+                return Err(format!(
+                    "accepted tensors[{i}] of storage {n} at a second base or size"
+                ));
+            }
+        }
+    }
     match doc {
         Document::Live(l) => {
             let mut seen = BTreeSet::new();
@@ -134,6 +147,22 @@ fn plant(rng: &mut SmallRng, doc: &mut Document) -> Option<&'static str> {
             }
             _ => unreachable!("choice < 5"),
         });
+    }
+    if choice == 5 && tensors.len() >= 2 {
+        // Two records of one storage number at different places.
+        let (i, j) = (
+            rng.random_range(0..tensors.len()),
+            rng.random_range(0..tensors.len()),
+        );
+        if i != j
+            && (tensors[i].storage_base, tensors[i].storage_nbytes)
+                != (tensors[j].storage_base, tensors[j].storage_nbytes)
+        {
+            let n = rng.random_range(0..4);
+            tensors[i].storage = Some(n);
+            tensors[j].storage = Some(n);
+            return Some("one storage number at two bases");
+        }
     }
     match doc {
         Document::Live(l) => duplicate_probe(rng, l),

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use crate::model::dtype;
 use crate::model::format::{
     Addr, Allocation, AllocationId, DocKind, Graph, Live, Manifest, Owner, Pool, PoolId,
-    RangeDigest, Tensor, TensorId,
+    RangeDigest, Tensor, TensorId, ViewKey,
 };
 use crate::model::ids::IdIndex;
 use crate::model::version::{FORMAT_VERSIONS, version_message};
@@ -189,7 +189,40 @@ impl Tables {
             }
             pool_ref(&t, a.pool, &|| format!("allocations[{i}].pool"))?;
         }
+        // A storage number names one storage object: one base, one size, one device, and
+        // each of its views once.
+        let mut storages: FxHashMap<u32, usize> = FxHashMap::default();
+        let mut numbered_views: FxHashMap<(ViewKey<'_>, u32), usize> = FxHashMap::default();
         for (i, x) in tensors.iter().enumerate() {
+            if let Some(n) = x.storage {
+                let first = *storages.entry(n).or_insert(i);
+                let f = &tensors[first];
+                if (f.storage_base, f.storage_nbytes, &f.device)
+                    != (x.storage_base, x.storage_nbytes, &x.device)
+                {
+                    return Err(Invalid::at(
+                        format!("tensors[{i}].storage"),
+                        format!(
+                            "storage {n} is {}+{} on {} at tensors[{first}], here {}+{} on {}: \
+                             one storage object has one base, size and device",
+                            f.storage_base,
+                            f.storage_nbytes,
+                            f.device,
+                            x.storage_base,
+                            x.storage_nbytes,
+                            x.device
+                        ),
+                    ));
+                }
+                if let Some(j) = numbered_views.insert((x.view_key(), n), i) {
+                    return Err(Invalid::at(
+                        format!("tensors[{i}].storage"),
+                        format!(
+                            "the same view of storage {n} as tensors[{j}]: a view is one record"
+                        ),
+                    ));
+                }
+            }
             if t.tensor_ix.insert(x.id, i).is_some() {
                 return Err(Invalid::at(
                     format!("tensors[{i}].id"),
