@@ -56,6 +56,8 @@ fn describe_facts(
     // Long values are shortened where the error is shown (`LoadError`'s Display).
     let m = &f.message;
     let position = (f.line, f.column);
+    // The document parsed once, where a rule needs the value at `at`.
+    let doc = Parsed::new(bytes);
     match f.category {
         Category::Eof => format!(
             "the document ends early, in the middle of {}",
@@ -64,22 +66,25 @@ fn describe_facts(
         // serde_json reports a number or a list where a name is due (an enum) as a syntax
         // error; in text that is JSON, it is a value of the wrong type.
         Category::Syntax if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => {
-            wrong_type(bytes, expected, at, position)
+            wrong_type(&doc, expected, at, position)
                 .unwrap_or_else(|| format!("a value of the wrong type: {m}"))
         }
         Category::Syntax => format!("not valid JSON: {m}"),
         // A value of the wrong JSON type or out of its integer's range, found by reading the
         // value and the schema (serde's words name Rust types: "expected struct Pool").
-        Category::Data => match out_of_range(bytes, expected, at, position) {
-            Some(Range::Only(words)) => Some(words),
-            // Out of the integer's range where other types are allowed too (an address
-            // as a number or a string): a value none of them takes.
-            Some(Range::OneOf) => wrong_type(bytes, expected, at, position),
-            None => mismatched(bytes, expected, at)
-                .then(|| wrong_type(bytes, expected, at, position))
-                .flatten(),
+        Category::Data => {
+            let allowed = expected.and_then(|(k, v)| schema::allowed_at(k, v, at));
+            match out_of_range(bytes, allowed.as_ref(), position) {
+                Some(Range::Only(words)) => Some(words),
+                // Out of the integer's range where other types are allowed too (an address
+                // as a number or a string): a value none of them takes.
+                Some(Range::OneOf) => wrong_type(&doc, expected, at, position),
+                None => mismatched(&doc, allowed.as_ref(), at)
+                    .then(|| wrong_type(&doc, expected, at, position))
+                    .flatten(),
+            }
+            .unwrap_or_else(|| m.clone())
         }
-        .unwrap_or_else(|| m.clone()),
         Category::Io => m.clone(),
     }
 }
@@ -139,18 +144,33 @@ fn open_at_end(bytes: &[u8]) -> &'static str {
     }
 }
 
-/// Whether the value at `at` is of a JSON type the schema does not allow there.
-fn mismatched(bytes: &[u8], expected: Option<(DocKind, u32)>, at: &[schema::Step]) -> bool {
-    let Some((kind, version)) = expected else {
-        return false;
-    };
-    let Some(allowed) = schema::allowed_at(kind, version, at) else {
-        return false;
-    };
-    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(bytes) else {
-        return false;
-    };
-    let Some(found) = schema::value_at(&doc, at) else {
+/// A document's bytes and, when first asked, their JSON value.
+struct Parsed<'a> {
+    bytes: &'a [u8],
+    value: std::cell::OnceCell<Option<serde_json::Value>>,
+}
+
+impl<'a> Parsed<'a> {
+    fn new(bytes: &'a [u8]) -> Parsed<'a> {
+        Parsed {
+            bytes,
+            value: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The value at `at`, where the bytes are JSON and hold one there.
+    fn at(&self, at: &[schema::Step]) -> Option<&serde_json::Value> {
+        let doc = self
+            .value
+            .get_or_init(|| serde_json::from_slice(self.bytes).ok())
+            .as_ref()?;
+        schema::value_at(doc, at)
+    }
+}
+
+/// Whether the value at `at` is of a JSON type the schema (`allowed` there) does not allow.
+fn mismatched(doc: &Parsed<'_>, allowed: Option<&schema::Allowed>, at: &[schema::Step]) -> bool {
+    let (Some(allowed), Some(found)) = (allowed, doc.at(at)) else {
         return false;
     };
     let t = schema::json_type(found);
@@ -161,25 +181,22 @@ fn mismatched(bytes: &[u8], expected: Option<(DocKind, u32)>, at: &[schema::Step
 /// "expected X, found Y" for a value of the wrong type at `at`, where the schema says
 /// what belongs there.
 fn wrong_type(
-    bytes: &[u8],
+    doc: &Parsed<'_>,
     expected: Option<(DocKind, u32)>,
     at: &[schema::Step],
     (line, column): (usize, usize),
 ) -> Option<String> {
     let (kind, version) = expected?;
     let want = schema::expected_at(kind, version, at)?;
-    let found = serde_json::from_slice::<serde_json::Value>(bytes)
-        .ok()
-        .and_then(|v| {
-            let found = schema::value_at(&v, at)?;
-            // A number as written (`1e3`), not as serde_json reread it (`1000.0`).
-            let written = found.as_f64().and_then(|n| {
-                number_ending_at(bytes, line, column)
-                    .filter(|w| w.parse::<f64>().ok() == Some(n))
-                    .map(|w| format!("the number {w}"))
-            });
-            Some(written.unwrap_or_else(|| schema::describe_value(found)))
+    let found = doc.at(at).map(|found| {
+        // A number as written (`1e3`), not as serde_json reread it (`1000.0`).
+        let written = found.as_f64().and_then(|n| {
+            number_ending_at(doc.bytes, line, column)
+                .filter(|w| w.parse::<f64>().ok() == Some(n))
+                .map(|w| format!("the number {w}"))
         });
+        written.unwrap_or_else(|| schema::describe_value(found))
+    });
     Some(match found {
         Some(found) => format!("expected {want}, found {found}"),
         None => format!("expected {want}"),
@@ -191,12 +208,10 @@ fn wrong_type(
 /// fits 64 bits but not the field as a number of the wrong size.
 fn out_of_range(
     bytes: &[u8],
-    expected: Option<(DocKind, u32)>,
-    at: &[schema::Step],
+    allowed: Option<&schema::Allowed>,
     (line, column): (usize, usize),
 ) -> Option<Range> {
-    let (kind, version) = expected?;
-    let allowed = schema::allowed_at(kind, version, at)?;
+    let allowed = allowed?;
     let format = allowed.integer_format.as_deref()?;
     let only = allowed.types.iter().all(|t| t == "integer" || t == "null");
     let (what, min, max): (&str, i128, i128) = match format {
