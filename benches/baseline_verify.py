@@ -97,6 +97,14 @@ def storage_of(t):
     return (int(t["storage_base"], 16), t["storage_nbytes"])
 
 
+def same_storage_object(a, b):
+    """Whether `b` may be a view of `a`'s storage object by what the manifest numbers
+    (`storage`): where both records carry a number they must agree, since two numbers are
+    two storages whatever their addresses; an absent number says nothing either way."""
+    x, y = a.get("storage"), b.get("storage")
+    return x is None or y is None or x == y
+
+
 def storage_holds(storage, t):
     """Whether a storage `(base, nbytes)` holds every byte of view `t`'s span."""
     start = data_ptr(t)
@@ -136,7 +144,9 @@ def shift_siblings(a, b):
 
 
 class Subject:
-    """A touched storage view: touched tensors sharing a view key, with all their owners."""
+    """A touched storage view: touched tensors sharing a view key and storage number (two
+    numbered storages that held one address at different captures are two subjects), with
+    all their owners."""
 
     __slots__ = (
         "tensor", "start", "end", "tensor_ids", "owners", "persistent", "all_shift", "carriers"
@@ -162,7 +172,8 @@ def subject_of(owners):
 
 
 def build_subjects(manifest):
-    """Touched tensors grouped by view key, plus the touches no owned tensor explains."""
+    """Touched tensors grouped by view key and storage number, plus the touches no owned
+    tensor explains."""
     tensors = manifest["tensors"]
     owners_of = {}
     for o in manifest["owners"]:
@@ -183,7 +194,10 @@ def build_subjects(manifest):
         if tid not in touched:
             continue
         start = data_ptr(t)
-        key = (start, tuple(t["shape"]), tuple(t["stride"]), t["dtype"])
+        # The storage number keeps apart two storages that held this view at different
+        # captures, so each is judged for the graphs that captured it; absent (None), the
+        # records of one view are one subject as before.
+        key = (start, tuple(t["shape"]), tuple(t["stride"]), t["dtype"], t.get("storage"))
         s = by_key.get(key)
         if s is None:
             s = by_key[key] = Subject(t, start)
@@ -198,26 +212,34 @@ def build_subjects(manifest):
 
 class Storages:
     """The manifest's tensors and owners by storage, view and path, built on first use.
-    Views of one storage share its base, so tensors are grouped by base."""
+    Views of one storage share its base, so tensors are grouped by base. A manifest may give
+    a path once per storage it held at one capture or another (a parameter rebound between
+    two captures), so `owners_at` keeps every record of a path, in document order."""
 
     def __init__(self, manifest):
         self.manifest = manifest
         self._by_base = None
         self._by_view = None
         self.owners_of = {}
-        self.owner_at = {}
+        self.owners_at = {}
         for o in manifest["owners"]:
             self.owners_of.setdefault(o["tensor"], []).append(o)
-            self.owner_at[o["path"]] = o
+            self.owners_at.setdefault(o["path"], []).append(o)
         self.tensors = {t["id"]: t for t in manifest["tensors"]}
 
     def holders(self, t):
-        """Manifest tensors whose storage holds every byte of view `t`."""
+        """Manifest tensors whose storage holds every byte of view `t`, of `t`'s storage
+        object where the manifest numbers storages: a storage that died and one the
+        allocator put in its block share an address, not bytes a reload restores."""
         if self._by_base is None:
             self._by_base = {}
             for m in self.manifest["tensors"]:
                 self._by_base.setdefault(storage_of(m)[0], []).append(m)
-        return [m for m in self._by_base.get(storage_of(t)[0], ()) if storage_holds(storage_of(m), t)]
+        return [
+            m
+            for m in self._by_base.get(storage_of(t)[0], ())
+            if storage_holds(storage_of(m), t) and same_storage_object(m, t)
+        ]
 
     def known(self, t):
         """Whether the manifest has a tensor with `t`'s view key and storage."""
@@ -367,18 +389,21 @@ class LiveIndex:
         return self._by_ptr.get(ptr, ())
 
     def still_held(self, path):
-        """Whether the tensor `path` held at capture is still held, by a persistent owner,
-        with its view and storage."""
-        o = self.storages.owner_at.get(path)
-        if o is None:
-            return False
-        was = self.storages.tensors[o["tensor"]]
-        return any(
-            view_key(t) == view_key(was)
-            and storage_of(t) == storage_of(was)
-            and any(q["registration"] not in NOT_PERSISTENT for q in self.owners_of.get(t["id"], ()))
-            for t in self.at_ptr(data_ptr(was))
-        )
+        """Whether a tensor `path` held at capture is still held, by a persistent owner,
+        with its view and storage. A path rebound between two captures held several: any
+        of them still held means the path's old tensor moved on, as a shift moves it."""
+        for o in self.storages.owners_at.get(path, ()):
+            was = self.storages.tensors[o["tensor"]]
+            if any(
+                view_key(t) == view_key(was)
+                and storage_of(t) == storage_of(was)
+                and any(
+                    q["registration"] not in NOT_PERSISTENT for q in self.owners_of.get(t["id"], ())
+                )
+                for t in self.at_ptr(data_ptr(was))
+            ):
+                return True
+        return False
 
     def carriers(self, s):
         """(paths, a carrying tensor with the subject's view) of the live owners, none of

@@ -3,7 +3,9 @@
 benches/baseline_verify.py is only a fair yardstick if it computes what `graphcheck verify`
 computes. These tests hold it to the fixture index (every scenario's expected findings,
 exactly, in report order) and to the graphcheck binary itself (the same findings on every
-scenario). The hand-made scenarios in tests/python/data add one of every finding kind.
+scenario). The hand-made scenarios in tests/python/data add one of every finding kind, and
+the tests at the end build small documents of their own for the capture identity (issue
+28): storages numbered apart at one address, and a path rebound between two captures.
 """
 
 import importlib.util
@@ -149,3 +151,187 @@ def test_glob_star_stays_in_one_hop_and_brackets_are_literal():
     assert not g.fullmatch("model.layers1.attn.W_UV")
     assert baseline.glob_regex("**.workspace").fullmatch("model.layers[0].kernel.workspace")
     assert not baseline.glob_regex("**.workspace").fullmatch("model.workspace2")
+
+
+# --- capture identity (issue 28): hand-made documents ----------------------------------
+#
+# Each test below writes a small format 1 manifest and live snapshot, runs the baseline on
+# them and on their format 2 conversion (`graphcheck convert`, so a `storage` column must
+# come through the baseline's column reading), and holds graphcheck's own report to the
+# same findings and the same number of subjects.
+
+PRODUCER = {"tool": "hand", "tool_version": "0", "rank": 0, "world_size": 1}
+POOLS = [
+    {"id": 0, "name": "weights", "kind": "weights", "sleep": "restored"},
+    {"id": 1, "name": "graph", "kind": "graph", "sleep": "untouched"},
+]
+HEAP = 0x10000
+ALLOCATIONS = [{"id": 0, "base": hex(HEAP), "size": 0x10000, "pool": 0}]
+
+
+def vector(tid, base, storage=None):
+    """A 256-byte float32 tensor of its own storage at `base`, numbered where `storage` is
+    given (live snapshots carry no numbers)."""
+    t = {
+        "id": tid, "storage_base": hex(base), "storage_nbytes": 256, "offset": 0,
+        "nbytes": 256, "shape": [64], "stride": [1], "dtype": "float32", "itemsize": 4,
+        "device": "cuda:0", "allocation": 0, "pool": 0,
+    }
+    if storage is not None:
+        t["storage"] = storage
+    return t
+
+
+def manifest_of(tensors, owners, reads):
+    """A manifest whose `owners` are (path, tensor id) parameters and whose graphs, by
+    name, each read their tensor ids in one kernel."""
+    by_id = {t["id"]: t for t in tensors}
+    graphs = [
+        {
+            "id": i, "name": name, "pool": 1, "node_counts": {"kernel": 1},
+            "nodes": [{
+                "index": 0, "kind": "kernel", "name": f"k_{name}",
+                "touches": [
+                    {"param": p, "offset": 0, "addr": by_id[tid]["storage_base"],
+                     "tensor": tid, "allocation": 0}
+                    for p, tid in enumerate(tids)
+                ],
+            }],
+        }
+        for i, (name, tids) in enumerate(reads.items())
+    ]
+    return {
+        "format_version": 1, "kind": "manifest", "producer": PRODUCER, "pools": POOLS,
+        "allocations": ALLOCATIONS, "tensors": tensors,
+        "owners": [{"path": p, "tensor": t, "registration": "parameter"} for p, t in owners],
+        "graphs": graphs,
+    }
+
+
+def live_of(tensors, owners, probes):
+    """A live snapshot after an event that preserves contents; `probes` maps each address
+    the graphs hold to its state."""
+    return {
+        "format_version": 1, "kind": "live", "producer": PRODUCER,
+        "event": {"name": "step", "contents": "preserved"}, "pools": POOLS,
+        "allocations": ALLOCATIONS, "tensors": tensors,
+        "owners": [{"path": p, "tensor": t, "registration": "parameter"} for p, t in owners],
+        "probes": [
+            {"addr": hex(a), "state": state, "allocation": 0, "pool": 0}
+            for a, state in probes.items()
+        ],
+    }
+
+
+def graphcheck(*argv):
+    binary = graphcheck_binary()
+    if binary is None or not binary.is_file():
+        pytest.fail("no graphcheck binary: build it first (`cargo build -p graphcheck-cli`)")
+    return subprocess.run([binary, *map(str, argv)], capture_output=True, text=True)
+
+
+def verified(tmp_path, manifest, live):
+    """The baseline's findings on the pair, after checking that its format 2 conversion
+    gives the same and that graphcheck agrees; with graphcheck's findings, (kind, subject)
+    -> the graphs it names."""
+    paths = []
+    for name, doc in (("manifest", manifest), ("live", live)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        paths.append(path)
+    findings, _ = baseline.verify(manifest, live)
+    converted = []
+    for path in paths:
+        done = graphcheck("convert", path, "--format-version", "2")
+        assert done.returncode == 0, done.stderr
+        converted.append(json.loads(done.stdout))
+    assert converted[0]["format_version"] == 2
+    assert baseline.verify(*converted) == (findings, [])
+    done = graphcheck("verify", *paths, "--format", "json")
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    assert pairs(report["findings"]) == findings
+    subjects, _, _ = baseline.build_subjects(manifest)
+    assert len(subjects) == report["subjects"]
+    return findings, {(f["kind"], f["subject"]): f["graphs"] for f in report["findings"]}
+
+
+def one_memory_two_storages(numbered):
+    """`model.a`, read by bs1, died after its capture, and the allocator gave its block to
+    `model.b`, of the same layout, read by bs8; the live model holds only `model.b`. Where
+    `numbered`, the manifest numbers the two storages, as the recorder does."""
+    w = HEAP
+    manifest = manifest_of(
+        [vector(0, w, 0 if numbered else None), vector(1, w, 1 if numbered else None)],
+        [("model.a", 0), ("model.b", 1)],
+        {"bs1": [0], "bs8": [1]},
+    )
+    live = live_of([vector(1, w)], [("model.b", 1)], {w: "active"})
+    return manifest, live
+
+
+def test_a_storage_that_died_between_captures_is_reused_for_its_graph_alone(tmp_path):
+    # model.a's bytes are model.b's now: bs1 reads another owner's data. model.b shares an
+    # address with model.a, not its storage, so it neither carries model.a nor answers for it.
+    findings, graphs = verified(tmp_path, *one_memory_two_storages(numbered=True))
+    assert findings == [("vanished", "model.a"), ("reused", "model.a")]
+    assert graphs == {("vanished", "model.a"): ["bs1"], ("reused", "model.a"): ["bs1"]}
+
+
+def test_without_storage_numbers_the_two_records_are_one_subject_again(tmp_path):
+    # Documents written before `storage`: one view is one subject, its owners model.a and
+    # model.b, and model.b keeping it hides bs1's read (the old answer). The numbers alone
+    # make the difference, as the subject counts show.
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    unnumbered = one_memory_two_storages(numbered=False)
+    numbered = one_memory_two_storages(numbered=True)
+    assert verified(old, *unnumbered) == ([], {})
+    assert len(baseline.build_subjects(unnumbered[0])[0]) == 1
+    assert len(baseline.build_subjects(numbered[0])[0]) == 2
+    assert verified(new, *numbered)[0] != []
+
+
+def test_a_path_rebound_between_captures_is_drifted_for_the_first_graph_only(tmp_path):
+    # bs8 captured layer.w at x; layer.w was then rebound to a new tensor at y, which bs1
+    # captured, and x was freed. The manifest gives layer.w once per storage, the last
+    # walk's first. bs8 still reads x: drifted and freed, for bs8 alone; bs1 is fine.
+    x, y = HEAP, HEAP + 0x100
+    manifest = manifest_of(
+        [vector(0, y, 1), vector(1, x, 0)],
+        [("layer.w", 0), ("layer.w", 1)],
+        {"bs8": [1], "bs1": [0]},
+    )
+    live = live_of([vector(0, y)], [("layer.w", 0)], {x: "free", y: "active"})
+    (tmp_path / "alone").mkdir()
+    findings, graphs = verified(tmp_path / "alone", manifest, live)
+    assert findings == [("drifted", "layer.w"), ("freed", "layer.w")]
+    assert graphs == {("drifted", "layer.w"): ["bs8"], ("freed", "layer.w"): ["bs8"]}
+
+    # The same rebind in a list that then shifted: ws[1] was rebound from b0 (at z0, read
+    # by bs8, freed) to b1 (at z1, read by bs1); afterwards ws[0] took a new tensor, ws[1]
+    # took ws[0]'s a (at xa) and ws[2] took b1. ws[1] now holding a at xa is the list's
+    # shift, not a new tensor in a's freed block, because a tensor ws[1] held at capture,
+    # b1, is still held: any of a rebound path's records counts. The lone path above needs
+    # no more than view keys (x and y differ); here the records of ws[1] decide, in either
+    # order (the last walk's first, as the recorder writes them, and the other way round).
+    xa, z0, z1, new = HEAP + 0x200, HEAP + 0x300, HEAP + 0x400, HEAP + 0x500
+    for order in ((1, 2), (2, 1)):
+        manifest = manifest_of(
+            [vector(0, xa, 0), vector(1, z1, 1), vector(2, z0, 2)],
+            [("ws[0]", 0)] + [("ws[1]", tid) for tid in order],
+            {"bs8": [0, 2], "bs1": [0, 1]},
+        )
+        live = live_of(
+            [vector(9, new), vector(0, xa), vector(1, z1)],
+            [("ws[0]", 9), ("ws[1]", 0), ("ws[2]", 1)],
+            {xa: "active", z0: "free", z1: "active"},
+        )
+        folder = tmp_path / f"list{order[0]}{order[1]}"
+        folder.mkdir()
+        findings, graphs = verified(folder, manifest, live)
+        # a is reached through ws[1] (no `reused`); ws[0] holds a tensor no graph read.
+        assert findings == [("drifted", "ws[0]"), ("drifted", "ws[1]"), ("freed", "ws[1]")]
+        assert graphs[("drifted", "ws[1]")] == ["bs8"]
+        assert graphs[("freed", "ws[1]")] == ["bs8"]
