@@ -490,3 +490,66 @@ fn a_storage_number_is_one_storage_object() {
         );
     }
 }
+
+/// A manifest may give an owner path once per storage it held at different captures (a
+/// parameter rebound between two captures), each record naming a tensor of its own
+/// storage number; the same path for two unnumbered tensors is given twice, and a live
+/// snapshot (one moment) gives each path once. In either format.
+#[test]
+fn a_manifest_gives_a_path_once_per_storage_it_held() {
+    let dir = fresh("paths");
+    let live = format!("{CLEAN}/live.json");
+    for version in [1, 2] {
+        let mut m = document(CLEAN, "manifest.json", version);
+        let first = field(&mut m, version, "owners", 0, "path").clone();
+        let tensor = |m: &mut Value, row| field(m, version, "owners", row, "tensor").clone();
+        let (t0, t1) = (tensor(&mut m, 0), tensor(&mut m, 1));
+        assert_ne!(t0, t1, "the fixture's first two owners hold two tensors");
+        *field(&mut m, version, "owners", 1, "path") = first.clone();
+        let (code, err) = verify_with(&put(&dir, "manifest.json", &m), &live);
+        assert_eq!(code, Some(2), "format {version}: {err}");
+        assert!(err.contains(&at(version, "owners", 1, "path")), "{err}");
+        assert!(
+            err.contains(
+                "a manifest gives a path again only for a tensor of another storage number"
+            ),
+            "{err}"
+        );
+
+        if version == 2 {
+            let n = m["tensors"]["id"].as_array().unwrap().len();
+            m["tensors"]["storage"] = json!(vec![Value::Null; n]);
+        }
+        let row = |v: &Value| -> usize {
+            let ids = if version == 1 {
+                m["tensors"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["id"].clone())
+                    .collect::<Vec<_>>()
+            } else {
+                m["tensors"]["id"].as_array().unwrap().clone()
+            };
+            ids.iter().position(|id| id == v).unwrap()
+        };
+        let (r0, r1) = (row(&t0), row(&t1));
+        *field(&mut m, version, "tensors", r0, "storage") = json!(0);
+        *field(&mut m, version, "tensors", r1, "storage") = json!(1);
+        let (code, err) = verify_with(&put(&dir, "manifest.json", &m), &live);
+        assert_ne!(
+            code,
+            Some(2),
+            "format {version}: a path once per storage loads: {err}"
+        );
+
+        let mut l = document(CLEAN, "live.json", version);
+        let first = field(&mut l, version, "owners", 0, "path").clone();
+        *field(&mut l, version, "owners", 1, "path") = first;
+        let manifest = format!("{CLEAN}/manifest.json");
+        let (code, err) = verify_with(&manifest, &put(&dir, "live.json", &l));
+        assert_eq!(code, Some(2), "format {version}: {err}");
+        assert!(err.contains(&at(version, "owners", 1, "path")), "{err}");
+        assert!(err.contains("is given twice"), "{err}");
+    }
+}

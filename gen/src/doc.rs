@@ -105,7 +105,13 @@ pub struct Doc {
     /// Every tensor ever made, by id; a freed one stays here but no owner names it.
     tensors: Vec<Tensor>,
     freed: Vec<bool>,
+    /// Each tensor's storage object, numbered in allocation order (a view shares its
+    /// base's): two storages one after the other at one address have two numbers.
+    storages: Vec<u32>,
     owners: Vec<Owner>,
+    /// Owner records a rebinding or removal ended after a graph had read their tensor: the
+    /// manifest keeps what each graph was captured with.
+    past_owners: Vec<Owner>,
     graphs: Vec<Graph>,
 }
 
@@ -148,7 +154,9 @@ impl Doc {
             heap: Heap::new(pools, REGIONS.to_vec()),
             tensors: Vec::new(),
             freed: Vec::new(),
+            storages: Vec::new(),
             owners: Vec::new(),
+            past_owners: Vec::new(),
             graphs: Vec::new(),
         }
     }
@@ -178,6 +186,8 @@ impl Doc {
             storage: None,
         });
         self.freed.push(false);
+        let next = self.storages.iter().max().map_or(0, |n| n + 1);
+        self.storages.push(next);
         id
     }
 
@@ -215,6 +225,7 @@ impl Doc {
             ..b
         });
         self.freed.push(false);
+        self.storages.push(self.storages[base.0 as usize]);
         id
     }
 
@@ -304,19 +315,37 @@ impl Doc {
 
     /// Points an owner path at another tensor (a rebinding).
     pub fn rebind(&mut self, path: &str, t: TensorId) {
-        let o = self
-            .owners
-            .iter_mut()
-            .find(|o| o.path == path)
-            .unwrap_or_else(|| panic!("no owner {path}"));
-        o.tensor = t;
+        let i = self.owner_index(path);
+        self.keep_if_captured(i);
+        self.owners[i].tensor = t;
     }
 
     /// Removes an owner path (the attribute is gone, or set to `None`).
     pub fn remove_owner(&mut self, path: &str) {
-        let before = self.owners.len();
-        self.owners.retain(|o| o.path != path);
-        assert_eq!(before, self.owners.len() + 1, "no owner {path}");
+        let i = self.owner_index(path);
+        self.keep_if_captured(i);
+        self.owners.remove(i);
+    }
+
+    fn owner_index(&self, path: &str) -> usize {
+        self.owners
+            .iter()
+            .position(|o| o.path == path)
+            .unwrap_or_else(|| panic!("no owner {path}"))
+    }
+
+    /// Keeps owner `i` for the manifest where a graph captured so far read its tensor.
+    fn keep_if_captured(&mut self, i: usize) {
+        let t = self.owners[i].tensor;
+        let read = self
+            .graphs
+            .iter()
+            .flat_map(|g| &g.nodes)
+            .flat_map(|n| &n.touches)
+            .any(|k| k.tensor == Some(t));
+        if read {
+            self.past_owners.push(self.owners[i].clone());
+        }
     }
 
     /// Releases `t`'s storage to the allocator; no owner may hold it, nor a view of it,
@@ -446,7 +475,11 @@ impl Doc {
         });
     }
 
-    /// The manifest of the process as it is now: tensors that are owned or touched.
+    /// The manifest of the process as it is now: tensors that are owned or that a graph
+    /// read (also one since freed), and each graph's capture-time owners. Where two of its
+    /// tensors are one view of two storages (one died, another took its memory), or a
+    /// path held two storages at two captures, their tensors carry storage numbers, as
+    /// graphcheck's recorder writes them.
     pub fn manifest(&self) -> Manifest {
         let touched: HashSet<TensorId> = self
             .graphs
@@ -459,16 +492,67 @@ impl Doc {
         let mut m = Manifest::new(producer());
         m.pools = self.heap.pools().to_vec();
         m.allocations = self.heap.allocations();
+        m.owners = self.owners.clone();
+        for o in &self.past_owners {
+            if !m
+                .owners
+                .iter()
+                .any(|x| x.path == o.path && x.tensor == o.tensor)
+            {
+                m.owners.push(o.clone());
+            }
+        }
         m.tensors = self
             .tensors
             .iter()
-            .filter(|t| !self.freed[t.id.0 as usize])
-            .filter(|t| touched.contains(&t.id) || owned.contains(&t.id))
+            .filter(|t| {
+                touched.contains(&t.id) || (!self.freed[t.id.0 as usize] && owned.contains(&t.id))
+            })
             .cloned()
             .collect();
-        m.owners = self.owners.clone();
+        self.number_storages(&mut m);
         m.graphs = self.graphs.clone();
         m
+    }
+
+    fn number_storages(&self, m: &mut Manifest) {
+        let mut numbered: HashSet<TensorId> = HashSet::new();
+        let mut by_view: BTreeMap<(u64, &[u64], &[i64], &str), Vec<TensorId>> = BTreeMap::new();
+        for t in &m.tensors {
+            by_view
+                .entry((t.data_ptr().0, &t.shape, &t.stride, &t.dtype))
+                .or_default()
+                .push(t.id);
+        }
+        for same in by_view.values() {
+            let storages: HashSet<u32> = same.iter().map(|t| self.storages[t.0 as usize]).collect();
+            if storages.len() > 1 {
+                numbered.extend(same);
+            }
+        }
+        let mut paths: BTreeMap<&str, Vec<TensorId>> = BTreeMap::new();
+        for o in &m.owners {
+            paths.entry(o.path.as_str()).or_default().push(o.tensor);
+        }
+        for held in paths.values().filter(|h| h.len() > 1) {
+            numbered.extend(held);
+        }
+        for t in &mut m.tensors {
+            if numbered.contains(&t.id) {
+                t.storage = Some(self.storages[t.id.0 as usize]);
+            }
+        }
+    }
+
+    /// Gives the manifest storage numbers to every view of `t`'s storage (a producer that
+    /// numbers storages it need not tell apart).
+    pub fn number_all_views(&self, m: &mut Manifest, t: TensorId) {
+        let n = self.storages[t.0 as usize];
+        for x in &mut m.tensors {
+            if self.storages[x.id.0 as usize] == n {
+                x.storage = Some(n);
+            }
+        }
     }
 
     /// The live snapshot of the process as it is now, probing every address `m` captured.

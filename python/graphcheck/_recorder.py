@@ -528,6 +528,7 @@ class Recorder:
         # Read at the build, not copied at the freeze: a storage that died since ends at
         # the graphs added by then, none fewer than the frozen ones, so they read the same.
         _number_storages(tensors, f.registry.tensors)
+        owners = _owners_by_storage(tensors, f.registry)
         # The core reads the segments (graphcheck::resolve::spec): a bound pool's segments
         # are its ranges, free blocks are free memory (IgnoredReason::FreeMemory).
         return {
@@ -537,7 +538,7 @@ class Recorder:
             "segments": _caching_allocator.segment_facts(f.raw_segments),
             "pool_bindings": f.pool_bindings,
             "tensors": tensors,
-            "owners": f.registry.owner_specs(),
+            "owners": owners,
             "graphs": f.graphs,
         }
 
@@ -712,3 +713,32 @@ def _number_storages(specs: list, records: list) -> None:
             if life is not None and i < len(specs):
                 specs[i]["storage"] = life[0]
                 specs[i]["alive"] = [life[1], life[2]]
+
+
+def _owners_by_storage(specs: list, reg: Registry) -> list:
+    """The owner specs, with each path a walk found holding another storage than an
+    earlier walk did (:attr:`Registry.held_before`) given once per storage: each of its
+    storages numbered, with the graphs alive at its capture, so that a graph captured
+    before the rebinding names the storage it read. A path whose storages cannot all be
+    numbered (an object without weak references has no lifetime) is given once, as
+    before."""
+    owners = reg.owner_specs()
+    if not reg.held_before:
+        return owners
+    now = {o.path: o.tensor for o in reg.owners}
+    groups: dict = {}
+    for o in reg.held_before:
+        groups.setdefault(o.path, [now[o.path]]).append(o.tensor)
+    unnumbered = set()
+    for path, group in groups.items():
+        lives = [reg.tensors[i].lifetime for i in group]
+        if any(life is None for life in lives) or len({life[0] for life in lives}) < len(lives):
+            unnumbered.add(path)
+            continue
+        for i, life in zip(group, lives):
+            specs[i]["storage"] = life[0]
+            specs[i]["alive"] = [life[1], life[2]]
+    if not unnumbered:
+        return owners
+    first = len(reg.owners)
+    return owners[:first] + [o for o in owners[first:] if o["path"] not in unnumbered]

@@ -170,6 +170,11 @@ class Registry:
     owners: list = field(default_factory=list)
     #: (path, why) for what the walk did not enter or could not read.
     skipped: list = field(default_factory=list)
+    #: Owner records of paths that hold another storage now than when an earlier walk
+    #: read them (a parameter rebound between two captures): the storages the graphs
+    #: captured before may have read through them (:meth:`absorb`). Not in
+    #: :meth:`by_path`, which says what each path holds now.
+    held_before: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -216,7 +221,8 @@ class Registry:
         return out
 
     def owner_specs(self) -> list:
-        """Owner dicts of a build spec (``tensor`` is a position in :attr:`tensors`)."""
+        """Owner dicts of a build spec (``tensor`` is a position in :attr:`tensors`): what
+        each path holds now, then :attr:`held_before`."""
         return [
             {
                 "path": o.path,
@@ -224,7 +230,7 @@ class Registry:
                 "registration": o.registration,
                 **({"holder": o.holder} if o.holder else {}),
             }
-            for o in self.owners
+            for o in (*self.owners, *self.held_before)
         ]
 
     def add(self, t, path: str, registration: str, holder: Optional[str]) -> Optional[int]:
@@ -267,7 +273,9 @@ class Registry:
 
     def copy(self) -> "Registry":
         """A registry with the same records, to add owners to without changing this one."""
-        other = Registry(self.root, list(self.tensors), list(self.owners), list(self.skipped))
+        other = Registry(
+            self.root, list(self.tensors), list(self.owners), list(self.skipped), list(self.held_before)
+        )
         other._views, other._paths = dict(self._views), set(self._paths)
         return other
 
@@ -276,26 +284,47 @@ class Registry:
         that walks again keeps, for the graphs captured before, the owners they were
         captured with (a tensor since dropped from the model stays owned by its old path,
         and verify's live checks say what became of it). Where both walks have a path,
-        this walk's view wins. An earlier path joins a view of this walk only where both
-        are views of one live storage object; otherwise (its tensor died, and a new one
-        may sit at its address with its layout) its record comes along as a tensor of its
+        this walk's view wins, and the earlier one, where it is another storage (the path
+        was rebound), is kept in :attr:`held_before`: a graph captured before read it
+        through that path. An earlier path joins a view of this walk only where both are
+        views of one live storage object; otherwise (its tensor died, and a new one may
+        sit at its address with its layout) its record comes along as a tensor of its
         own, its capture-time metadata kept without reading the tensor."""
         kept: dict = {}  # earlier position -> position here
-        for o in earlier.owners:
-            if o.path in self._paths:
-                continue
-            index = kept.get(o.tensor)
+        now: Optional[dict] = None  # path -> this walk's position, made where needed
+        before = {(o.path, o.tensor) for o in self.held_before}
+
+        def place(position: int) -> int:
+            index = kept.get(position)
             if index is None:
-                rec = earlier.tensors[o.tensor]
+                rec = earlier.tensors[position]
                 key = view_key(rec.meta)
                 index = self._views.get(key)
                 if index is None or not self.tensors[index].same_storage(rec):
                     index = len(self.tensors)
                     self._views.setdefault(key, index)
                     self.tensors.append(rec)
-                kept[o.tensor] = index
+                kept[position] = index
+            return index
+
+        for o in earlier.owners:
+            if o.path in self._paths:
+                continue
             self._paths.add(o.path)
-            self.owners.append(_owner_record(o.path, index, o.registration, o.holder))
+            self.owners.append(_owner_record(o.path, place(o.tensor), o.registration, o.holder))
+        for o in (*earlier.owners, *earlier.held_before):
+            if o.path not in self._paths:
+                continue
+            if now is None:
+                now = {x.path: x.tensor for x in self.owners}
+            rec = earlier.tensors[o.tensor]
+            held = [now[o.path]] + [t for p, t in before if p == o.path]
+            if any(self.tensors[t] is rec or self.tensors[t].same_storage(rec) for t in held):
+                continue
+            index = place(o.tensor)
+            if (o.path, index) not in before:
+                before.add((o.path, index))
+                self.held_before.append(_owner_record(o.path, index, o.registration, o.holder))
         seen = set(self.skipped)
         self.skipped.extend(s for s in earlier.skipped if s not in seen)
 

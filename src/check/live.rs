@@ -165,23 +165,27 @@ fn carriers<'l>(
     c
 }
 
-/// Whether the tensor `path` held at capture is still held, by any persistent owner, with
-/// its view and storage.
+/// Whether a tensor `path` held at capture (one per storage, where the path held several
+/// at different captures) is still held, by any persistent owner, with its view and
+/// storage.
 fn still_held(ctx: &Ctx<'_>, l: &Live, lt: &Tables, live_index: &AddressIndex, path: &str) -> bool {
-    let Some(&o) = ctx.mt.owner_by_path.get(&ctx.m.owners, path) else {
-        return false;
-    };
-    let was = ctx.mt.tensor(&ctx.m.tensors, ctx.m.owners[o].tensor);
-    let mut held = false;
-    live_index.for_each_view_at(was.data_ptr(), |vi| {
-        let t = &l.tensors[vi];
-        held |= t.view_key() == was.view_key()
-            && same_storage(t, was)
-            && lt.owners_of[vi]
-                .iter()
-                .any(|&lo| l.owners[lo].registration.is_persistent());
-    });
-    held
+    ctx.mt
+        .owner_by_path
+        .all(&ctx.m.owners, path)
+        .into_iter()
+        .any(|o| {
+            let was = ctx.mt.tensor(&ctx.m.tensors, ctx.m.owners[o].tensor);
+            let mut held = false;
+            live_index.for_each_view_at(was.data_ptr(), |vi| {
+                let t = &l.tensors[vi];
+                held |= t.view_key() == was.view_key()
+                    && same_storage(t, was)
+                    && lt.owners_of[vi]
+                        .iter()
+                        .any(|&lo| l.owners[lo].registration.is_persistent());
+            });
+            held
+        })
 }
 
 /// `names` as `` `a`, `b` ``.

@@ -69,11 +69,13 @@ impl std::ops::Index<usize> for OwnersOf {
 
 /// Owner index by path, without a copy of each path: by the path's hash, the path itself
 /// compared in the owners (paths whose hash another path already has, which 64 bits make
-/// rare, are kept by their text).
+/// rare, are kept by their text). A manifest's path given once per storage it held at one
+/// capture or another has its further records in `more`, by the first one's position.
 #[derive(Debug, Default, Clone)]
 pub struct PathIndex {
     by_hash: FxHashMap<u64, usize>,
     clashes: FxHashMap<String, usize>,
+    more: FxHashMap<usize, Vec<usize>>,
 }
 
 impl PathIndex {
@@ -81,6 +83,7 @@ impl PathIndex {
         PathIndex {
             by_hash: FxHashMap::with_capacity_and_hasher(n, Default::default()),
             clashes: FxHashMap::default(),
+            more: FxHashMap::default(),
         }
     }
 
@@ -116,8 +119,24 @@ impl PathIndex {
         }
     }
 
-    /// The position in `owners` (the records this index was built over) of the owner with
-    /// this path.
+    /// Notes `owners[i]` as a further record of the path first given at `first`.
+    fn add_more(&mut self, first: usize, i: usize) {
+        self.more.entry(first).or_default().push(i);
+    }
+
+    /// The positions of every record of this path: the first, then the others in order
+    /// (more than one only in a manifest whose path held several storages, one per capture).
+    pub fn all(&self, owners: &[Owner], path: &str) -> Vec<usize> {
+        let Some(&first) = self.get(owners, path) else {
+            return Vec::new();
+        };
+        let mut v = vec![first];
+        v.extend(self.more.get(&first).into_iter().flatten().copied());
+        v
+    }
+
+    /// The position in `owners` (the records this index was built over) of the first owner
+    /// with this path.
     pub fn get(&self, owners: &[Owner], path: &str) -> Option<&usize> {
         match self.by_hash.get(&Self::hash(path)) {
             Some(i) if owners[*i].path.as_str() == path => Some(i),
@@ -143,12 +162,15 @@ pub struct Tables {
 }
 
 impl Tables {
-    /// Checks ids, references and paths, and indexes them.
+    /// Checks ids, references and paths, and indexes them. `per_capture`: a path may be
+    /// given once per storage it held (a manifest, whose graphs were captured at different
+    /// times), not only once (a live snapshot: one moment).
     pub fn build(
         pools: &[Pool],
         allocations: &[Allocation],
         tensors: &[Tensor],
         owners: &[Owner],
+        per_capture: bool,
     ) -> Result<Tables, Invalid> {
         let mut t = Tables {
             pool_ix: IdIndex::with_capacity(pools.len()),
@@ -261,14 +283,9 @@ impl Tables {
                     format!("no tensor has id {}", o.tensor.0),
                 ));
             };
-            if let Some(prev) = t.owner_by_path.insert(owners, i) {
-                return Err(Invalid::at(
-                    format!("owners[{i}].path"),
-                    format!(
-                        "path {:?} is given twice (also by the owner at position {prev})",
-                        o.path.as_str()
-                    ),
-                ));
+            if let Some(first) = t.owner_by_path.insert(owners, i) {
+                repeated_path(&t, tensors, owners, first, i, per_capture)?;
+                t.owner_by_path.add_more(first, i);
             }
             of_owner.push(ti);
         }
@@ -280,6 +297,51 @@ impl Tables {
     pub fn tensor<'a>(&self, tensors: &'a [Tensor], id: TensorId) -> &'a Tensor {
         &tensors[self.tensor_ix[&id] as usize]
     }
+}
+
+/// Owner `i` gives the path of owner `first` again. A manifest may: where the path held
+/// another storage at another capture (a parameter rebound between two captures), each
+/// record names a tensor of its own storage number. Anything else is the path given twice.
+fn repeated_path(
+    t: &Tables,
+    tensors: &[Tensor],
+    owners: &[Owner],
+    first: usize,
+    i: usize,
+    per_capture: bool,
+) -> Result<(), Invalid> {
+    let path = owners[i].path.as_str();
+    let twice = |why: String| {
+        Err(Invalid::at(
+            format!("owners[{i}].path"),
+            format!("path {path:?} is given twice (also by the owner at position {first}){why}"),
+        ))
+    };
+    if !per_capture {
+        return twice(String::new());
+    }
+    let storage = |o: usize| tensors[t.tensor_ix[&owners[o].tensor] as usize].storage;
+    let Some(mine) = storage(i) else {
+        return twice(
+            "; a manifest gives a path again only for a tensor of another storage number".into(),
+        );
+    };
+    for o in t.owner_by_path.all(owners, path) {
+        match storage(o) {
+            Some(n) if n != mine => {}
+            Some(_) => {
+                return twice(format!(
+                    ", for storage {mine} both times: a path holds one view of a storage"
+                ));
+            }
+            None => {
+                return twice(format!(
+                    "; the owner at position {o} names a tensor with no storage number"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A tensor record agrees with itself: one stride per dimension, none negative (PyTorch
@@ -428,7 +490,7 @@ fn check_header(version: u32, kind: DocKind, expected: DocKind) -> Result<(), In
 /// Checks every reference of a manifest.
 pub fn check_manifest(m: &Manifest) -> Result<Tables, Invalid> {
     check_header(m.format_version, m.kind, DocKind::Manifest)?;
-    let mut t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners)?;
+    let mut t = Tables::build(&m.pools, &m.allocations, &m.tensors, &m.owners, true)?;
     let mut graph_ids = FxHashMap::default();
     for (gi, g) in m.graphs.iter().enumerate() {
         if graph_ids.insert(g.id, gi).is_some() {
@@ -623,7 +685,7 @@ fn graph_touches(
 /// Checks every reference of a live snapshot.
 pub fn check_live(l: &Live) -> Result<Tables, Invalid> {
     check_header(l.format_version, l.kind, DocKind::Live)?;
-    let t = Tables::build(&l.pools, &l.allocations, &l.tensors, &l.owners)?;
+    let t = Tables::build(&l.pools, &l.allocations, &l.tensors, &l.owners, false)?;
     let mut probed: FxHashMap<Addr, usize> = FxHashMap::default();
     for (i, p) in l.probes.iter().enumerate() {
         if let Some(first) = probed.insert(p.addr, i) {

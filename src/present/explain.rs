@@ -126,6 +126,17 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
                 keep.insert(og.allocation_node(ai));
             }
             let views = idx.views_at(*a);
+            let storages: BTreeSet<u32> = views
+                .iter()
+                .filter_map(|&ti| m.tensors[ti].storage)
+                .collect();
+            if storages.len() > 1 {
+                let _ = writeln!(
+                    text,
+                    "  {} storages held this address, one after another: each graph reads the one alive at its capture",
+                    storages.len()
+                );
+            }
             for &ti in &views {
                 text.push('\n');
                 tensor_text(&og, ti, fmt, &mut text);
@@ -175,32 +186,46 @@ pub fn explain(m: &Manifest, q: &Query, fmt: &dyn AddrFmt) -> Explanation {
         }
         Query::Owner(p) => match m.owners.iter().find(|o| &o.path == p) {
             Some(o) => {
-                let ti = m
-                    .tensors
-                    .iter()
-                    .position(|t| t.id == o.tensor)
-                    .expect("checked manifest");
+                let held: Vec<&crate::model::format::Owner> =
+                    m.owners.iter().filter(|x| &x.path == p).collect();
                 let _ = writeln!(text, "owner {p} ({})", o.registration);
-                let t = &m.tensors[ti];
-                match t
-                    .allocation
-                    .and_then(|a| og.allocation_index(a))
-                    .map(|ai| &m.allocations[ai])
-                {
-                    Some(al) => {
-                        let _ = writeln!(
-                            text,
-                            "  in allocation {}+{} ({} bytes in){}",
-                            fmt.addr(al.base),
-                            al.size,
-                            t.data_ptr().0 - al.base.0,
-                            pool_suffix(m, al.pool)
-                        );
-                    }
-                    None => text.push_str("  in no allocation of the manifest\n"),
+                if held.len() > 1 {
+                    let _ = writeln!(
+                        text,
+                        "  held {} storages at different captures (rebound between them); the first is what it held at the last walk",
+                        held.len()
+                    );
                 }
-                tensor_text(&og, ti, fmt, &mut text);
-                keep.extend(og.neighbourhood(ti));
+                for (k, o) in held.into_iter().enumerate() {
+                    if k > 0 {
+                        text.push('\n');
+                    }
+                    let ti = m
+                        .tensors
+                        .iter()
+                        .position(|t| t.id == o.tensor)
+                        .expect("checked manifest");
+                    let t = &m.tensors[ti];
+                    match t
+                        .allocation
+                        .and_then(|a| og.allocation_index(a))
+                        .map(|ai| &m.allocations[ai])
+                    {
+                        Some(al) => {
+                            let _ = writeln!(
+                                text,
+                                "  in allocation {}+{} ({} bytes in){}",
+                                fmt.addr(al.base),
+                                al.size,
+                                t.data_ptr().0 - al.base.0,
+                                pool_suffix(m, al.pool)
+                            );
+                        }
+                        None => text.push_str("  in no allocation of the manifest\n"),
+                    }
+                    tensor_text(&og, ti, fmt, &mut text);
+                    keep.extend(og.neighbourhood(ti));
+                }
                 true
             }
             None => {
@@ -305,9 +330,10 @@ fn touch_target(m: &Manifest, og: &OwnershipGraph<'_>, t: &crate::model::format:
 fn tensor_text(og: &OwnershipGraph<'_>, ti: usize, fmt: &dyn AddrFmt, out: &mut String) {
     let m = og.manifest;
     let t = &m.tensors[ti];
+    let number = t.storage.map(|n| format!(" #{n}")).unwrap_or_default();
     let _ = writeln!(
         out,
-        "  tensor {} at {} (storage {}+{} bytes, offset {}){}",
+        "  tensor {} at {} (storage{number} {}+{} bytes, offset {}){}",
         t.layout(),
         fmt.addr(t.data_ptr()),
         fmt.addr(t.storage_base),
@@ -388,6 +414,7 @@ fn storage_sharers(m: &Manifest, ti: usize, out: &mut String) {
         .enumerate()
         .filter(|&(i, s)| {
             i != ti
+                && s.same_storage_object(t)
                 && s.storage_base.0 <= start
                 && end <= s.storage_base.0.saturating_add(s.storage_nbytes)
         })

@@ -109,7 +109,9 @@ pub struct ManifestBuilder {
     alive: Vec<Option<(u32, Option<u32>)>>,
     views: HashMap<ViewOf, TensorId>,
     owners: Vec<Owner>,
-    owner_paths: HashMap<String, TensorId>,
+    /// Each path's tensors: more than one where the path held another storage at another
+    /// capture (each numbered, `TensorSpec::storage`).
+    owner_paths: HashMap<String, Vec<TensorId>>,
     graphs: Vec<(String, Option<PoolId>, Arc<WalkedGraph>)>,
     /// Memory the allocator holds free (`[start, end)`), for [`IgnoredReason::FreeMemory`].
     free_ranges: Vec<(u64, u64)>,
@@ -209,7 +211,10 @@ impl ManifestBuilder {
     }
 
     /// Adds an owner path of a tensor. The same path for the same tensor is accepted once
-    /// more (walks meet aliases twice); for another tensor it is an error.
+    /// more (walks meet aliases twice). For another tensor it is accepted where the path
+    /// held another storage at another capture: both tensors carry storage numbers, and
+    /// they differ (the manifest then gives the path once per storage, `docs/format.md`);
+    /// else it is an error.
     pub fn add_owner(
         &mut self,
         path: &str,
@@ -221,18 +226,27 @@ impl ManifestBuilder {
         if tensor.0 as usize >= self.tensors.len() {
             return Err(BuildError::UnknownTensor(tensor));
         }
-        match self.owner_paths.get(path.as_str()) {
-            Some(&t) if t == tensor => return Ok(()),
-            Some(&t) => {
+        let storage = |t: TensorId| self.tensors[t.0 as usize].storage;
+        if let Some(held) = self.owner_paths.get(path.as_str()) {
+            if held.contains(&tensor) {
+                return Ok(());
+            }
+            let mine = storage(tensor);
+            if let Some(&t) = held
+                .iter()
+                .find(|&&t| mine.is_none() || storage(t).is_none_or(|n| Some(n) == mine))
+            {
                 return Err(BuildError::DuplicateOwner {
                     path: path.to_string(),
                     first: t,
                     second: tensor,
                 });
             }
-            None => {}
         }
-        self.owner_paths.insert(path.to_string(), tensor);
+        self.owner_paths
+            .entry(path.to_string())
+            .or_default()
+            .push(tensor);
         self.owners.push(Owner {
             path,
             tensor,
@@ -290,7 +304,7 @@ impl ManifestBuilder {
             layout_by_name: FxHashMap::default(),
         };
         let mut guards = self.guards;
-        let graphs = self
+        let graphs: Vec<Graph> = self
             .graphs
             .into_iter()
             .enumerate()
@@ -312,12 +326,43 @@ impl ManifestBuilder {
         let mut m = Manifest::new(self.producer);
         m.pools = self.pools;
         m.allocations = allocations;
+        m.owners = captured_owners(self.owners, &self.owner_paths, &tensors, &graphs);
         m.tensors = tensors;
-        m.owners = self.owners;
         m.graphs = graphs;
         check_manifest(&m).map_err(BuildError::Inconsistent)?;
         Ok(m)
     }
+}
+
+/// The owners, where a path held several storages, only with those a graph captured: the
+/// first one added (what the path held at the last walk) stays whether a graph read it or
+/// not, a storage the path held earlier only where a graph read it.
+fn captured_owners(
+    owners: Vec<Owner>,
+    paths: &HashMap<String, Vec<TensorId>>,
+    tensors: &[Tensor],
+    graphs: &[Graph],
+) -> Vec<Owner> {
+    if paths.values().all(|held| held.len() < 2) {
+        return owners;
+    }
+    let mut touched = vec![false; tensors.len()];
+    for t in graphs
+        .iter()
+        .flat_map(|g| &g.nodes)
+        .flat_map(|n| &n.touches)
+    {
+        if let Some(id) = t.tensor {
+            touched[id.0 as usize] = true;
+        }
+    }
+    owners
+        .into_iter()
+        .filter(|o| {
+            let held = &paths[o.path.as_str()];
+            held.len() < 2 || held[0] == o.tensor || touched[o.tensor.0 as usize]
+        })
+        .collect()
 }
 
 /// Which pool holds an address, from the declared pool ranges.

@@ -628,3 +628,60 @@ fn each_graph_resolves_to_the_storage_alive_at_its_capture() {
         assert_eq!(back.tensors, m.tensors, "format {v}");
     }
 }
+
+#[test]
+fn a_path_rebound_between_captures_names_each_storage_a_graph_read() {
+    // model.r held storage 1 (0x20_0000) at the last walk and storage 0 (0x10_0000) when
+    // bs1 was captured; storage 2 (0x30_0000) it held in between, and no graph read it.
+    let mut b = ManifestBuilder::new(producer());
+    let mut numbered = |base: u64, n: u32, alive| {
+        let mut s = spec(base, 0, 0x1000, 0x1000);
+        (s.storage, s.alive) = (Some(n), Some(alive));
+        b.add_tensor(s).unwrap()
+    };
+    let now = numbered(0x20_0000, 1, (1, None));
+    let was = numbered(0x10_0000, 0, (0, None));
+    let between = numbered(0x30_0000, 2, (1, None));
+    let plain = b.add_tensor(spec(0x40_0000, 0, 0x1000, 0x1000)).unwrap();
+    for t in [now, was, between] {
+        b.add_owner("model.r", t, Registration::Parameter, None)
+            .unwrap();
+    }
+    // An unnumbered tensor, or one of a number the path already holds, is the path twice.
+    assert!(matches!(
+        b.add_owner("model.r", plain, Registration::Parameter, None),
+        Err(BuildError::DuplicateOwner { .. })
+    ));
+    b.add_owner("model.p", plain, Registration::Parameter, None)
+        .unwrap();
+    assert!(matches!(
+        b.add_owner("model.p", now, Registration::Parameter, None),
+        Err(BuildError::DuplicateOwner { .. })
+    ));
+    let seg = |base| Some((base, 0x1000));
+    b.add_graph(
+        "bs1",
+        None,
+        one_node("k", vec![word(0, 0, 0x10_0000, seg(0x10_0000))]),
+    );
+    b.add_graph(
+        "bs8",
+        None,
+        one_node("k", vec![word(0, 0, 0x20_0000, seg(0x20_0000))]),
+    );
+    let m = b.finish().unwrap();
+    let held: Vec<TensorId> = m
+        .owners
+        .iter()
+        .filter(|o| o.path == "model.r")
+        .map(|o| o.tensor)
+        .collect();
+    // What the path holds now, and what bs1 read; not the storage no graph read.
+    assert_eq!(held, [now, was]);
+    let read: Vec<Option<TensorId>> = m
+        .graphs
+        .iter()
+        .map(|g| g.nodes[0].touches[0].tensor)
+        .collect();
+    assert_eq!(read, [Some(was), Some(now)]);
+}

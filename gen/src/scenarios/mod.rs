@@ -13,6 +13,7 @@ use crate::model::{
     nvjet, silu_and_mul,
 };
 
+mod captures;
 mod dense;
 mod gemma3n;
 mod identity;
@@ -21,6 +22,7 @@ mod mla;
 mod moe;
 pub mod ranks;
 
+use captures::{rebind_between_captures, reuse_between_captures, sliced_static_input};
 use dense::{
     allowlisted_workspace, clean_reload_inplace, freed_then_reused, inplace_reshape,
     kv_pool_metadata, module_global_cache, module_global_cache_rebuilt,
@@ -75,6 +77,9 @@ pub fn all() -> Vec<Scenario> {
         mla_views_rebound_base(),
         lora_scalings_list_shift(),
         module_global_cache_rebuilt(),
+        reuse_between_captures(),
+        rebind_between_captures(),
+        sliced_static_input(),
     ]
 }
 

@@ -822,3 +822,65 @@ fn a_storage_that_died_between_two_captures_is_its_own_subject() {
         kinds(&r)
     );
 }
+
+/// `model.r` captured by bs1 in slot 6 (storage 0), then rebound between the captures to a
+/// new tensor in slot 7 (storage 1), which bs8 captured: the manifest gives the path once
+/// per storage. Live: `model.r` holds slot 7; slot 6 was freed.
+fn rebound_between_captures() -> (Manifest, Live) {
+    let mut m = manifest();
+    let (mut old, mut new) = (tensor(3, 6, W), tensor(4, 7, W));
+    (old.storage, new.storage) = (Some(0), Some(1));
+    m.allocations.extend([alloc(6, W), alloc(7, W)]);
+    m.graphs[0].nodes[0].touches.push(touch(Some(3), 6, 0));
+    m.graphs[1].nodes[0].touches.push(touch(Some(4), 7, 0));
+    m.tensors.extend([old, new]);
+    m.owners.push(owner("model.r", 4, Registration::Parameter));
+    m.owners.push(owner("model.r", 3, Registration::Parameter));
+    let mut l = live_of(&m, Contents::Preserved);
+    l.owners
+        .retain(|o| !(o.path == "model.r" && o.tensor == TensorId(3)));
+    l.tensors.retain(|t| t.id != TensorId(3));
+    for t in &mut l.tensors {
+        t.storage = None;
+    }
+    for p in l
+        .probes
+        .iter_mut()
+        .filter(|p| p.addr == Addr(BASE + 6 * 0x1000))
+    {
+        p.state = AllocState::Free;
+    }
+    (m, l)
+}
+
+#[test]
+fn a_parameter_rebound_between_two_captures_drifts_for_the_first_graph_alone() {
+    let (m, l) = rebound_between_captures();
+    crate::index::refs::check_manifest(&m).expect("a path once per storage loads");
+    crate::index::refs::check_live(&l).expect("the live snapshot has the path once");
+    let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+    let on = |kind| {
+        r.findings
+            .iter()
+            .filter(|f| f.kind == kind && f.subject == "model.r")
+            .map(|f| f.graphs.clone())
+            .collect::<Vec<_>>()
+    };
+    // bs1 holds the old address: the owner moved, and what it read is free.
+    assert_eq!(on(FindingKind::Drifted), vec![vec!["bs1".to_string()]]);
+    assert_eq!(on(FindingKind::Freed), vec![vec!["bs1".to_string()]]);
+    // bs8 captured what model.r holds now: nothing.
+    assert!(
+        r.findings
+            .iter()
+            .all(|f| f.subject != "model.r" || f.graphs == ["bs1"]),
+        "{:?}",
+        kinds(&r)
+    );
+    let d = r
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Drifted)
+        .unwrap();
+    assert_eq!(d.live_addr, Some(Addr(BASE + 7 * 0x1000)));
+}
