@@ -28,6 +28,11 @@ pub enum Change {
     Kind,
     /// A pool's sleep policy (`untouched`, `restored`, `discarded`).
     Sleep,
+    /// A graph of both manifests reads, through its captured tensors, owner paths that
+    /// the other's does not: it captured other tensors (a storage that died between two
+    /// captures and whose block another owner's tensor took, told apart in one manifest
+    /// and merged in the other).
+    Reads,
 }
 
 /// One difference.
@@ -90,10 +95,17 @@ pub fn diff(a: &Document, b: &Document) -> DiffReport {
             .enumerate()
             .map(|(i, t)| (t.id, i))
             .collect();
-        d.owners()
-            .iter()
-            .filter_map(|o| Some((o.path.to_string(), (o.registration, *ix.get(&o.tensor)?))))
-            .collect()
+        // A manifest's path given once per storage it held compares by its first record:
+        // what it held at the producer's last walk.
+        let mut paths = BTreeMap::new();
+        for o in d.owners() {
+            if let Some(&t) = ix.get(&o.tensor) {
+                paths
+                    .entry(o.path.to_string())
+                    .or_insert((o.registration, t));
+            }
+        }
+        paths
     };
     let (ia, ib) = (index(a), index(b));
     let mut differences = Vec::new();
@@ -199,6 +211,7 @@ pub fn diff(a: &Document, b: &Document) -> DiffReport {
                 });
             }
         }
+        graphs.extend(read_changes(ma, mb));
     }
     let pools = pool_changes(a, b);
     DiffReport {
@@ -209,6 +222,54 @@ pub fn diff(a: &Document, b: &Document) -> DiffReport {
         graphs,
         pools,
     }
+}
+
+/// The owner paths each graph reads through the tensors its touches name, by graph name.
+fn reads(m: &crate::model::format::Manifest) -> BTreeMap<&str, std::collections::BTreeSet<&str>> {
+    let mut owners: HashMap<crate::model::format::TensorId, Vec<&str>> = HashMap::new();
+    for o in &m.owners {
+        owners.entry(o.tensor).or_default().push(o.path.as_str());
+    }
+    m.graphs
+        .iter()
+        .map(|g| {
+            let paths = g
+                .nodes
+                .iter()
+                .flat_map(|n| &n.touches)
+                .filter_map(|t| t.tensor)
+                .flat_map(|t| owners.get(&t).into_iter().flatten().copied())
+                .collect();
+            (g.name.as_str(), paths)
+        })
+        .collect()
+}
+
+/// Graphs of both manifests whose captured tensors are owned by other paths: A's side
+/// lists the paths only A's graph reads, B's those only B's reads.
+fn read_changes(
+    a: &crate::model::format::Manifest,
+    b: &crate::model::format::Manifest,
+) -> Vec<Difference> {
+    let (ra, rb) = (reads(a), reads(b));
+    let mut out = Vec::new();
+    for (name, pa) in &ra {
+        let Some(pb) = rb.get(name) else { continue };
+        if pa == pb {
+            continue;
+        }
+        let only = |x: &std::collections::BTreeSet<&str>, y: &std::collections::BTreeSet<&str>| {
+            let v: Vec<&str> = x.difference(y).copied().collect();
+            (!v.is_empty()).then(|| v.join(", "))
+        };
+        out.push(Difference {
+            path: name.to_string(),
+            change: Change::Reads,
+            a: only(pa, pb),
+            b: only(pb, pa),
+        });
+    }
+    out
 }
 
 /// An enum value as the format spells it (`kv_cache`, `discarded`).
@@ -324,5 +385,51 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn graphs_that_captured_other_tensors_at_one_address_differ() {
+        use crate::testkit::{W, alloc, owner, tensor, touch};
+        // model.a, read by bs1, died; model.b took its block and bs8 read it. B tells the
+        // two storages apart (numbered); A, as written before `storage`, merged them into
+        // one tensor with both owners, so each graph there reads both paths.
+        let base = |numbered: bool| {
+            let mut m = manifest();
+            m.allocations.push(alloc(6, W));
+            let (mut x, mut y) = (tensor(3, 6, W), tensor(4, 6, W));
+            if numbered {
+                (x.storage, y.storage) = (Some(0), Some(1));
+                m.tensors.extend([x, y]);
+                m.owners.push(owner("model.a", 3, Registration::Buffer));
+                m.owners.push(owner("model.b", 4, Registration::Buffer));
+                m.graphs[0].nodes[0].touches.push(touch(Some(3), 6, 0));
+                m.graphs[1].nodes[0].touches.push(touch(Some(4), 6, 0));
+            } else {
+                m.tensors.push(x);
+                m.owners.push(owner("model.a", 3, Registration::Buffer));
+                m.owners.push(owner("model.b", 3, Registration::Buffer));
+                m.graphs[0].nodes[0].touches.push(touch(Some(3), 6, 0));
+                m.graphs[1].nodes[0].touches.push(touch(Some(3), 6, 0));
+            }
+            crate::index::refs::check_manifest(&m).unwrap();
+            Document::Manifest(m)
+        };
+        let (merged, apart) = (base(false), base(true));
+        let r = diff(&merged, &apart);
+        assert!(!r.same);
+        let reads: Vec<(&str, Option<&str>, Option<&str>)> = r
+            .graphs
+            .iter()
+            .filter(|d| d.change == Change::Reads)
+            .map(|d| (d.path.as_str(), d.a.as_deref(), d.b.as_deref()))
+            .collect();
+        assert_eq!(
+            reads,
+            [
+                ("bs1", Some("model.b"), None),
+                ("bs8", Some("model.a"), None)
+            ]
+        );
+        assert!(diff(&apart, &apart).same);
     }
 }
