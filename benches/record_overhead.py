@@ -48,7 +48,10 @@ def main():
             t0 = time.perf_counter()
             rec.write(os.path.join(d, "manifest.json"))
             t_write = time.perf_counter() - t0
+            sizes.append(os.path.getsize(os.path.join(d, "manifest.json")))
         return t_rec, t_man, t_write, graphcheck.load(text), gs, getattr(rec, "walks", None)
+
+    sizes = []  # bytes of each written manifest
 
     plain_t, rec_t, man_t, write_t = [], [], [], []
     manifest = None
@@ -76,6 +79,7 @@ def main():
         "overhead_capture_pct": 100 * (r - p) / p, "overhead_total_pct": 100 * (r + m - p) / p,
         "overhead_written_pct": 100 * (r + w - p) / p,
         "added_capture_ms": (r - p) * 1e3, "registry_walks": walks,
+        "manifest_bytes": statistics.median(sizes),
     }
     print(f"anchor model: {rows['graphs']} graphs, {nodes} nodes, {touches} address words, "
           f"{rows['tensors']} tensors; capture-time findings: {rows['findings']}")
@@ -84,6 +88,7 @@ def main():
     print(f"manifest build     {m * 1e3:8.1f} ms")
     print(f"manifest written   {w * 1e3:8.1f} ms  (build + JSON to a file, atomically)")
     print(f"registry walks     {walks} (per recorder of {len(bss)} graphs)")
+    print(f"manifest size      {rows['manifest_bytes']:.0f} bytes as written")
     print(f"total overhead     {rows['overhead_total_pct']:+.1f}% of the plain capture with the manifest built, "
           f"{rows['overhead_written_pct']:+.1f}% with it written (targets: capture path <= 5%, everything <= 15%)")
     if report.findings:

@@ -14,6 +14,7 @@ at most 80 MiB. The documents are format 2 (`--format-version 1` for format 1); 
 alternating with the others, so the table shows what the format change gave each side.
 
 Usage: python3 benches/verify_bench.py [--no-build] [--runs N] [--keep DIR] [--json OUT]
+                                       [--against OLD_GRAPHCHECK]
 
 Exit codes: 0 measured (and, with --strict, every target met), 1 the tools disagree, a
 run failed, or (with --strict) a target was missed, 2 usage.
@@ -186,6 +187,9 @@ def bench(args, work):
     }
     if args.v1_baseline:
         tools["baseline_v1"] = ([sys.executable, BASELINE, v1_manifest, v1_live], baseline_findings)
+    if args.against:
+        tools["against"] = ([args.against, "verify", manifest, live, "--format", "json"],
+                            graphcheck_findings)
     runs = {name: [] for name in tools}
     found = {}
     for i in range(1, args.runs + 1):
@@ -200,6 +204,13 @@ def bench(args, work):
             found[name] = findings
             runs[name].append({"wall_s": wall, "max_rss_kib": rss_kib, "exit_code": code})
 
+    if args.against:
+        # The same report, byte for byte (the last run of each): a change that makes verify
+        # faster or slower must not change what it says.
+        same = (work / "graphcheck.out").read_bytes() == (work / "against.out").read_bytes()
+        if not same:
+            raise BenchError(f"{args.against} reports other bytes than {graphcheck}")
+        progress("compare: the --against binary's report is byte-identical")
     progress("compare: graphcheck findings against the baseline's")
     compare(found["graphcheck"], found["baseline"])
     if args.v1_baseline:
@@ -235,6 +246,11 @@ def bench(args, work):
           f"{args.runs} runs each, alternating")
     print()
     print_table(gc, py, speedup, met, manifest_mib, py_v1)
+    against = summarize(runs["against"]) if args.against else None
+    if against is not None:
+        print(f"\nagainst {args.against}: median {against['median_wall_s']:.3f} s, this build "
+              f"{gc['median_wall_s']:.3f} s: ratio {gc['median_wall_s'] / against['median_wall_s']:.3f} "
+              f"(this / against; same report bytes)")
     return {
         "config": {"touches": args.touches, "tensors": args.tensors, "graphs": args.graphs,
                    "seed": args.seed, "runs": args.runs, "generated": not args.no_gen},
@@ -247,6 +263,7 @@ def bench(args, work):
         "graphcheck": gc,
         "baseline": py,
         "baseline_v1": py_v1,
+        "against": against,
         "speedup": speedup,
         "targets": {"wall_s": TARGET_WALL_S, "rss_mib": TARGET_RSS_MIB,
                     "speedup": TARGET_SPEEDUP, "manifest_mib": TARGET_MANIFEST_MIB, "met": met},
@@ -269,6 +286,9 @@ def main(argv=None):
                    help="the format the documents are written in (default 2)")
     p.add_argument("--v1-baseline", action="store_true",
                    help="also run the script on the same content in format 1")
+    p.add_argument("--against", metavar="BINARY", type=Path,
+                   help="also run another graphcheck binary (an older build), alternating, and "
+                        "print the ratio of the medians; its report must be byte-identical")
     p.add_argument("--keep", metavar="DIR", type=Path,
                    help="generate into DIR and keep it (default: a temporary directory)")
     p.add_argument("--json", metavar="OUT", type=Path, help="also write the results as JSON")
