@@ -517,7 +517,7 @@ impl Doc {
 
     fn number_storages(&self, m: &mut Manifest) {
         let mut numbered: HashSet<TensorId> = HashSet::new();
-        let mut by_view: BTreeMap<(u64, &[u64], &[i64], &str), Vec<TensorId>> = BTreeMap::new();
+        let mut by_view: BTreeMap<ViewOf<'_>, Vec<TensorId>> = BTreeMap::new();
         for t in &m.tensors {
             by_view
                 .entry((t.data_ptr().0, &t.shape, &t.stride, &t.dtype))
@@ -594,6 +594,9 @@ impl Doc {
         l
     }
 }
+
+/// A view's data pointer, shape, stride and dtype.
+type ViewOf<'a> = (u64, &'a [u64], &'a [i64], &'a str);
 
 /// Row-major strides of `shape`, in elements.
 pub fn contiguous(shape: &[u64]) -> Vec<i64> {

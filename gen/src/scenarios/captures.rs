@@ -194,7 +194,7 @@ pub(super) fn sliced_static_input() -> Scenario {
             // Each graph reads the first `bs` rows of the runner's static buffers: views of
             // one storage each, declared as the graph's inputs.
             let name = BATCHES[g].0;
-            let full = m.inputs.clone();
+            let full = m.inputs;
             let mut slice = |t: TensorId, input: &str| {
                 let (shape, stride) = {
                     let b = doc.get(t);
