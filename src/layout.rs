@@ -16,12 +16,13 @@ mod tests {
         ("digest", &["model"]),
         ("resolve", &["model", "index"]),
         ("check", &["model", "index", "codec"]),
-        ("present", &["model", "index", "codec", "check"]),
+        ("plan", &["model", "index", "check"]),
+        ("present", &["model", "index", "codec", "check", "plan"]),
         ("cuda", &["model", "digest", "resolve"]),
         (
             "app",
             &[
-                "model", "index", "codec", "digest", "resolve", "check", "present",
+                "model", "index", "codec", "digest", "resolve", "check", "plan", "present",
             ],
         ),
     ];

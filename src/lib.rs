@@ -17,6 +17,7 @@ pub mod exit;
 pub mod index;
 mod layout;
 pub mod model;
+pub mod plan;
 pub mod present;
 pub mod resolve;
 #[cfg(test)]

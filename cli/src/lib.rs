@@ -152,6 +152,23 @@ enum Command {
         #[arg(long, value_enum, default_value = "table")]
         format: FormatArg,
     },
+    /// Plan the retarget of every graph (a dry run: nothing is changed): which graphs can
+    /// be patched to read what their owners hold now, word by word, and which must be
+    /// captured again, and why. Exit 0 when no graph must be recaptured.
+    #[command(after_help = EXIT_CODES)]
+    Retarget {
+        /// The manifest recorded at capture (`-`: standard input).
+        manifest: PathBuf,
+        /// The live snapshot taken after sleep/wake or reload (`-`: standard input).
+        live: PathBuf,
+        /// An allowlist (TOML): allowed findings are neither fixed nor refused.
+        #[arg(long, value_name = "FILE")]
+        allow: Option<PathBuf>,
+        /// How the plan is printed: a table for people, JSON for tools (the plan document,
+        /// `schema/graphcheck-plan-v1.schema.json`), Markdown for a CI summary.
+        #[arg(long, value_enum, default_value = "table")]
+        format: FormatArg,
+    },
     /// Print the JSON Schema of the format (manifest and live snapshot).
     #[command(after_help = EXIT_CODES)]
     Schema {
@@ -523,6 +540,24 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
             let (same, text) = commands::diff_fit(&a, &b, format.into(), width)?;
             emit(&text)?;
             Ok(if same { exit::OK } else { exit::FINDINGS })
+        }
+        Command::Retarget {
+            manifest,
+            live,
+            allow,
+            format,
+        } => {
+            let allow = match &allow {
+                Some(p) if p == Path::new(STDIN) => bail!(
+                    "--allow - : an allowlist is read from a file; standard input (`-`) is for documents only"
+                ),
+                Some(p) => Allowlist::load(p)?,
+                None => Allowlist::default(),
+            };
+            let [m, l] = sources([&manifest, &live], inputs)?;
+            let plan = graphcheck::app::retarget::retarget(&m, &l, &allow)?;
+            emit(&graphcheck::app::retarget::render(&plan, format.into()))?;
+            Ok(if plan.ok { exit::OK } else { exit::FINDINGS })
         }
         Command::Schema { format_version } => {
             emit(&commands::schema_text(format_version))?;

@@ -8,4 +8,5 @@ pub mod commands;
 pub mod folder;
 pub mod output;
 pub mod ranks;
+pub mod retarget;
 pub mod verify;

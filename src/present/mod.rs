@@ -4,6 +4,7 @@
 pub mod explain;
 pub mod fmt;
 pub mod normalize;
+pub mod plan;
 pub mod rank_symbols;
 pub mod report;
 pub mod text;

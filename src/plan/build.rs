@@ -1,0 +1,378 @@
+//! Making the plan: each finding of verify's report, graph by graph, becomes edits (an
+//! owner holds a tensor of the captured layout at another address: every word of the
+//! subject follows it) or a refusal (`docs/retarget.md` lists them). Ambiguities are
+//! refusals, never guesses.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::check::finding::{Finding, FindingKind, Report};
+use crate::model::format::{Addr, Graph, Live, Manifest, NodeKind, Tensor};
+
+use super::{Action, Edit, GraphPlan, Plan, Refusal};
+
+/// Why no plan could be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    #[error("a retarget plan needs the live checks: the report was made without a live snapshot")]
+    NoLiveChecks,
+}
+
+/// A subject within one graph: its captured data pointer and layout.
+type SubjectKey = (Addr, String, Vec<u64>, Vec<i64>);
+
+fn key_of(f: &Finding) -> Option<SubjectKey> {
+    Some((
+        f.captured_addr?,
+        f.dtype.clone()?,
+        f.shape.clone()?,
+        f.stride.clone()?,
+    ))
+}
+
+/// Where a subject's owners took it: the one live tensor they all hold now, or why that
+/// cannot be said.
+type Move<'l> = Result<&'l Tensor, String>;
+
+struct Ctx<'a> {
+    m: &'a Manifest,
+    l: &'a Live,
+    /// Live tensor of each live owner path.
+    live_at: HashMap<&'a str, &'a Tensor>,
+    /// Manifest owners by tensor id.
+    owners_of: HashMap<crate::model::format::TensorId, Vec<usize>>,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(m: &'a Manifest, l: &'a Live) -> Ctx<'a> {
+        let tensors: HashMap<_, &Tensor> = l.tensors.iter().map(|t| (t.id, t)).collect();
+        let live_at = l
+            .owners
+            .iter()
+            .filter_map(|o| Some((o.path.as_str(), *tensors.get(&o.tensor)?)))
+            .collect();
+        let mut owners_of: HashMap<_, Vec<usize>> = HashMap::new();
+        for (i, o) in m.owners.iter().enumerate() {
+            owners_of.entry(o.tensor).or_default().push(i);
+        }
+        Ctx {
+            m,
+            l,
+            live_at,
+            owners_of,
+        }
+    }
+
+    /// Where the subject of a `drifted` finding went: every persistent path of its
+    /// captured tensors (not only the ones that moved: an alias whose other path kept the
+    /// captured tensor is split) must hold one live tensor of the captured layout.
+    fn moved(&self, f: &Finding) -> Move<'a> {
+        let (ptr, dtype, shape, stride) = key_of(f).ok_or("the finding names no tensor")?;
+        let mine: BTreeSet<&str> = f.owners.iter().map(|o| o.path.as_str()).collect();
+        let captured: Vec<&Tensor> = self
+            .m
+            .tensors
+            .iter()
+            .filter(|t| {
+                t.data_ptr() == ptr && t.dtype == dtype && t.shape == shape && t.stride == stride
+            })
+            .filter(|t| {
+                self.owners_of.get(&t.id).is_some_and(|os| {
+                    os.iter()
+                        .any(|&o| mine.contains(self.m.owners[o].path.as_str()))
+                })
+            })
+            .collect();
+        let Some(first) = captured.first() else {
+            return Err("no tensor of the manifest is the captured one".into());
+        };
+        let paths: BTreeSet<&str> = captured
+            .iter()
+            .flat_map(|t| &self.owners_of[&t.id])
+            .map(|&o| &self.m.owners[o])
+            .filter(|o| o.registration.is_persistent())
+            .map(|o| o.path.as_str())
+            .collect();
+        let mut kept = Vec::new();
+        let mut went: BTreeMap<Addr, (&Tensor, Vec<&str>)> = BTreeMap::new();
+        for p in &paths {
+            match self.live_at.get(p) {
+                None => {}
+                Some(t) if t.data_ptr() == ptr => kept.push(*p),
+                Some(t) => went
+                    .entry(t.data_ptr())
+                    .or_insert((t, Vec::new()))
+                    .1
+                    .push(p),
+            }
+        }
+        if !kept.is_empty() {
+            return Err(format!(
+                "an alias split: {} still hold the captured tensor at {ptr} while {} moved; \
+                 which of them the graph means cannot be told",
+                quoted(&kept),
+                quoted(
+                    &went
+                        .values()
+                        .flat_map(|(_, p)| p.iter().copied())
+                        .collect::<Vec<_>>()
+                )
+            ));
+        }
+        let (new, moved) = match went.len() {
+            0 => return Err("no owner of the captured tensor holds a tensor now".into()),
+            1 => went.into_values().next().expect("one"),
+            _ => {
+                let places: Vec<String> = went
+                    .iter()
+                    .map(|(a, (_, p))| format!("{} at {a}", quoted(p)))
+                    .collect();
+                return Err(format!(
+                    "the owners of one captured tensor moved to different places ({}): \
+                     which one the graph should follow cannot be told",
+                    places.join("; ")
+                ));
+            }
+        };
+        if !(new.shape == first.shape
+            && new.stride == first.stride
+            && new.dtype == first.dtype
+            && new.itemsize == first.itemsize
+            && new.nbytes == first.nbytes
+            && new.device == first.device)
+        {
+            return Err(format!(
+                "{} now hold {} on {}, captured as {} on {}: a kernel compiled for one layout \
+                 does not read another",
+                quoted(&moved),
+                new.layout(),
+                new.device,
+                first.layout(),
+                first.device
+            ));
+        }
+        Ok(new)
+    }
+}
+
+/// A kernel name cut to its first 80 characters.
+fn short(name: &str) -> String {
+    match name.char_indices().nth(80) {
+        Some((i, _)) => format!("{}…", &name[..i]),
+        None => name.to_string(),
+    }
+}
+
+fn quoted(paths: &[&str]) -> String {
+    paths
+        .iter()
+        .map(|p| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Why a node's words cannot be changed in an instantiated graph, if so.
+fn unchangeable(g: &Graph, index: u32) -> Option<String> {
+    let Some(n) = g.nodes.iter().find(|n| n.index == index) else {
+        return Some(format!("node {index} is not in the manifest's graph"));
+    };
+    if let Some(p) = n.parent {
+        return Some(format!(
+            "node {index} lies in the body of node {p} (a child graph or a conditional \
+             body): the driver changes the executable graph's own nodes, not a body's"
+        ));
+    }
+    match n.kind {
+        NodeKind::Kernel if n.name.to_ascii_lowercase().contains("nccl") => Some(format!(
+            "node {index} is an NCCL collective ({}): its arguments point into the \
+             communicator's state, which every rank's graph shares",
+            short(&n.name)
+        )),
+        NodeKind::Kernel | NodeKind::Memset | NodeKind::Memcpy => None,
+        other => Some(format!(
+            "node {index} is a {other} node: the memory it names is the graph's own"
+        )),
+    }
+}
+
+/// The plan for a manifest, its live snapshot and verify's report of the two.
+pub fn plan(m: &Manifest, l: &Live, r: &Report) -> Result<Plan, PlanError> {
+    if !r.checked.contains(&FindingKind::Drifted) {
+        return Err(PlanError::NoLiveChecks);
+    }
+    let ctx = Ctx::new(m, l);
+    // Where each drifted subject went (one answer per subject, whichever graph asks).
+    let mut moves: HashMap<SubjectKey, Move<'_>> = HashMap::new();
+    for f in &r.findings {
+        if f.kind == FindingKind::Drifted
+            && let Some(k) = key_of(f)
+        {
+            let mv = ctx.moved(f);
+            moves
+                .entry(k)
+                .and_modify(|was| {
+                    if let (Ok(a), Ok(b)) = (&*was, &mv)
+                        && a.data_ptr() != b.data_ptr()
+                    {
+                        *was = Err("two findings of one subject name different new places".into());
+                    }
+                })
+                .or_insert(mv);
+        }
+    }
+    let mut graphs = Vec::with_capacity(m.graphs.len());
+    for g in &m.graphs {
+        let mut edits: BTreeMap<(u32, u32, u32), Edit> = BTreeMap::new();
+        let mut refusals: BTreeSet<Refusal> = BTreeSet::new();
+        let refuse = |refusals: &mut BTreeSet<Refusal>, f: &Finding, why: String| {
+            refusals.insert(Refusal {
+                kind: f.kind.to_string(),
+                subject: f.subject.clone(),
+                why,
+            });
+        };
+        for f in r.findings.iter().filter(|f| f.graphs.contains(&g.name)) {
+            match f.kind {
+                FindingKind::Drifted => {
+                    let k = key_of(f).expect("drifted names a tensor");
+                    let new = match &moves[&k] {
+                        Ok(t) => *t,
+                        Err(why) => {
+                            refuse(&mut refusals, f, why.clone());
+                            continue;
+                        }
+                    };
+                    let old = k.0;
+                    for kr in f.kernels.iter().filter(|kr| kr.graph == g.name) {
+                        let Some(delta) = kr.addr.0.checked_sub(old.0) else {
+                            refuse(
+                                &mut refusals,
+                                f,
+                                format!("the word at node {} lies before the tensor", kr.node),
+                            );
+                            continue;
+                        };
+                        if let Some(why) = unchangeable(g, kr.node) {
+                            refusals.insert(Refusal {
+                                kind: "node".into(),
+                                subject: f.subject.clone(),
+                                why,
+                            });
+                            continue;
+                        }
+                        let node_kind = g
+                            .nodes
+                            .iter()
+                            .find(|n| n.index == kr.node)
+                            .map(|n| n.kind.to_string())
+                            .unwrap_or_default();
+                        let edit = Edit {
+                            node: kr.node,
+                            node_kind,
+                            param: kr.param,
+                            offset: kr.offset,
+                            old: kr.addr,
+                            new: Addr(new.data_ptr().0.wrapping_add(delta)),
+                            subject: f.subject.clone(),
+                        };
+                        match edits.get(&(kr.node, kr.param, kr.offset)) {
+                            Some(e) if e.new != edit.new => {
+                                refusals.insert(Refusal {
+                                    kind: "ambiguous".into(),
+                                    subject: format!("{} and {}", e.subject, edit.subject),
+                                    why: format!(
+                                        "the word at node {} param {} +{} belongs to two tensors \
+                                         that moved apart ({} and {})",
+                                        kr.node, kr.param, kr.offset, e.new, edit.new
+                                    ),
+                                });
+                            }
+                            _ => {
+                                edits.insert((kr.node, kr.param, kr.offset), edit);
+                            }
+                        }
+                    }
+                }
+                FindingKind::Freed | FindingKind::Reused | FindingKind::Vanished => {
+                    let fixed = key_of(f)
+                        .and_then(|k| moves.get(&k))
+                        .is_some_and(Result::is_ok);
+                    if !fixed {
+                        let why = match f.kind {
+                            FindingKind::Freed => {
+                                "the captured memory is free and no owner of it moved: there \
+                                 is nothing to point the graph at"
+                            }
+                            FindingKind::Reused => {
+                                "the captured memory is another owner's now and no owner of \
+                                 the captured tensor moved: there is nothing to point the \
+                                 graph at"
+                            }
+                            _ => {
+                                "no owner holds the captured tensor now: there is nothing to \
+                                 point the graph at"
+                            }
+                        };
+                        refuse(&mut refusals, f, why.into());
+                    }
+                }
+                FindingKind::Reshaped => refuse(
+                    &mut refusals,
+                    f,
+                    "the owner holds the captured memory under another layout: a kernel \
+                     compiled for one layout does not read another"
+                        .into(),
+                ),
+                FindingKind::Stale => refuse(
+                    &mut refusals,
+                    f,
+                    "the contents at the captured address were lost or changed where they \
+                     are: restore them (or reload) and capture again; no address moved"
+                        .into(),
+                ),
+                // Capture-time findings do not change what a replay reads now; ranks and
+                // allowlists are not a graph's words.
+                _ => {}
+            }
+        }
+        if !edits.is_empty() {
+            if let Some(n) = g.nodes.iter().find(|n| n.opaque.is_some()) {
+                refusals.insert(Refusal {
+                    kind: "node".into(),
+                    subject: format!("node {}", n.index),
+                    why: format!(
+                        "node {} is opaque ({}): a pointer to a moved tensor there could not be changed",
+                        n.index,
+                        n.opaque.as_deref().unwrap_or_default()
+                    ),
+                });
+            }
+            if let Some(u) = g.unread.first() {
+                refusals.insert(Refusal {
+                    kind: "node".into(),
+                    subject: format!("node {}", u.index),
+                    why: format!(
+                        "node {} ({}) was not read ({}): a pointer to a moved tensor there \
+                         could not be changed",
+                        u.index, u.node_type, u.reason
+                    ),
+                });
+            }
+        }
+        let action = if !refusals.is_empty() {
+            Action::Recapture
+        } else if !edits.is_empty() {
+            Action::Retarget
+        } else {
+            Action::Keep
+        };
+        graphs.push(GraphPlan {
+            graph: g.name.clone(),
+            action,
+            edits: edits.into_values().collect(),
+            refusals: refusals.into_iter().collect(),
+        });
+    }
+    let _ = ctx.l;
+    Ok(Plan::of(graphs))
+}
