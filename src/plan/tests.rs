@@ -1,1 +1,289 @@
+//! Tests of the retarget plan and of applying it on the host stand-in.
 
+use super::apply::{HostGraph, Outcome, apply_graph, probed_for, retargeted_manifest};
+use super::*;
+use crate::check::allow::Allowlist;
+use crate::check::finding::FindingKind;
+use crate::check::verify::verify;
+use crate::model::format::{
+    AllocState, Contents, Live, Manifest, NodeKind, Registration, TensorId, Touch,
+};
+use crate::testkit::*;
+
+/// `model.w` (slot 0), read by bs1 at its start and 0x20 bytes in, is rebound by the
+/// reload to a new tensor of its layout in slot 5; its old block is free.
+fn moved_w() -> (Manifest, Live) {
+    let mut m = manifest();
+    // Each word of a node at its own parameter and offset, as a walk reads them.
+    m.graphs[0].nodes[0].touches[1].param = 2;
+    let mut inner = touch(Some(0), 0, 0x20);
+    inner.param = 1;
+    m.graphs[0].nodes[0].touches.push(inner);
+    let mut l = live(&m, Contents::Updated);
+    l.allocations.push(alloc(5, W));
+    let mut new = tensor(0, 5, W);
+    new.id = TensorId(10);
+    l.tensors.push(new);
+    l.owners[0].tensor = TensorId(10);
+    for p in l.probes.iter_mut().filter(|p| p.addr == Addr(BASE)) {
+        p.state = AllocState::Free;
+    }
+    (m, l)
+}
+
+fn plan_of(m: &Manifest, l: &Live) -> Plan {
+    let r = verify(m, Some(l), &Allowlist::default()).unwrap();
+    plan(m, l, &r).unwrap()
+}
+
+fn refusal_words(p: &Plan, graph: &str) -> String {
+    p.graph(graph)
+        .unwrap()
+        .refusals
+        .iter()
+        .map(|r| format!("{}: {}", r.kind, r.why))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_moved_owner_is_followed_word_by_word_interior_pointers_included() {
+    let (m, l) = moved_w();
+    let p = plan_of(&m, &l);
+    assert!(p.ok);
+    assert_eq!(p.retarget, ["bs1"]);
+    let g = p.graph("bs1").unwrap();
+    assert_eq!(g.action, Action::Retarget);
+    let words: Vec<(u32, u32, u32, Addr, Addr)> = g
+        .edits
+        .iter()
+        .map(|e| (e.node, e.param, e.offset, e.old, e.new))
+        .collect();
+    let new = BASE + 5 * 0x1000;
+    assert_eq!(
+        words,
+        [
+            (0, 0, 8, Addr(BASE), Addr(new)),
+            (0, 1, 8, Addr(BASE + 0x20), Addr(new + 0x20)),
+        ]
+    );
+    // bs8 does not read model.w: nothing to change there.
+    assert_eq!(p.graph("bs8").unwrap().action, Action::Keep);
+    // Without the move nothing is planned.
+    let same = live(&m, Contents::Preserved);
+    assert_eq!(plan_of(&m, &same).edits, 0);
+}
+
+#[test]
+fn every_edit_or_none_a_failed_kth_write_leaves_the_graph_as_it_was() {
+    let (m, l) = moved_w();
+    let p = plan_of(&m, &l);
+    let g = p.graph("bs1").unwrap();
+    let before = HostGraph::of(&m, "bs1");
+    assert!(g.edits.len() >= 2);
+    for k in 0..g.edits.len() {
+        let mut h = before.clone();
+        h.fail_write = Some(k);
+        match apply_graph(&mut h, g) {
+            Outcome::Refused { why, restored } => {
+                assert!(restored, "edit {k}: {why}");
+                assert!(why.contains(&format!("edit {} of", k + 1)), "{why}");
+            }
+            other => panic!("edit {k} failed yet: {other:?}"),
+        }
+        assert_eq!(
+            h.words, before.words,
+            "a failure at edit {k} left words changed"
+        );
+    }
+    // An undo that fails too says the graph must not be replayed.
+    let mut h = before.clone();
+    (h.fail_write, h.fail_undo) = (Some(1), true);
+    match apply_graph(&mut h, g) {
+        Outcome::Refused { why, restored } => {
+            assert!(!restored);
+            assert!(why.contains("must not be replayed"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // No failure: every word is the new one.
+    let mut h = before.clone();
+    assert_eq!(
+        apply_graph(&mut h, g),
+        Outcome::Applied {
+            edits: g.edits.len()
+        }
+    );
+    for e in &g.edits {
+        assert_eq!(h.words[&(e.node, e.param, e.offset)], e.new.0);
+    }
+}
+
+#[test]
+fn a_graph_that_changed_since_its_manifest_is_refused_untouched() {
+    let (m, l) = moved_w();
+    let p = plan_of(&m, &l);
+    let g = p.graph("bs1").unwrap();
+    let mut h = HostGraph::of(&m, "bs1");
+    let e = &g.edits[1];
+    h.words.insert((e.node, e.param, e.offset), 0x1234);
+    let before = h.words.clone();
+    match apply_graph(&mut h, g) {
+        Outcome::Refused {
+            why,
+            restored: true,
+        } => assert!(why.contains("changed since"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((h.words, h.writes), (before, 0));
+}
+
+#[test]
+fn the_manifest_after_applying_verifies_clean_against_the_live_state() {
+    let (m, l) = moved_w();
+    let p = plan_of(&m, &l);
+    let after = retargeted_manifest(&m, &l, &p, &["bs1".to_string()]);
+    crate::index::refs::check_manifest(&after).expect("the new manifest is consistent");
+    let probed = probed_for(&l, &after);
+    let r = verify(&after, Some(&probed), &Allowlist::default()).unwrap();
+    let live_kinds: Vec<_> = r
+        .findings
+        .iter()
+        .filter(|f| !FindingKind::CAPTURE_TIME.contains(&f.kind))
+        .map(|f| (f.kind, f.subject.clone()))
+        .collect();
+    assert_eq!(live_kinds, vec![], "{:?}", r.findings);
+    // And nothing is left to retarget.
+    assert_eq!(plan(&after, &probed, &r).unwrap().edits, 0);
+    // Before applying, the same check finds the drift.
+    let r = verify(&m, Some(&l), &Allowlist::default()).unwrap();
+    assert!(r.findings.iter().any(|f| f.kind == FindingKind::Drifted));
+}
+
+/// `model.w` and `model.w2` are one tensor; `move_both` rebinds both to one new tensor,
+/// else only `model.w` moves.
+fn alias(move_both: bool, apart: bool) -> Plan {
+    let mut m = manifest();
+    m.owners.push(owner("model.w2", 0, Registration::Parameter));
+    let mut l = live(&m, Contents::Updated);
+    l.allocations.extend([alloc(5, W), alloc(6, W)]);
+    for (id, slot) in [(10, 5), (11, 6)] {
+        let mut t = tensor(0, slot, W);
+        t.id = TensorId(id);
+        l.tensors.push(t);
+    }
+    for o in l.owners.iter_mut() {
+        if o.path == "model.w" || (move_both && o.path == "model.w2") {
+            o.tensor = TensorId(if apart && o.path == "model.w2" {
+                11
+            } else {
+                10
+            });
+        }
+    }
+    plan_of(&m, &l)
+}
+
+#[test]
+fn an_alias_pair_moves_together_or_is_refused() {
+    let together = alias(true, false);
+    assert_eq!(together.retarget, ["bs1"], "{together:?}");
+    let split = alias(false, false);
+    assert_eq!(split.recapture, ["bs1"]);
+    assert!(
+        refusal_words(&split, "bs1").contains("alias split"),
+        "{}",
+        refusal_words(&split, "bs1")
+    );
+    let apart = alias(true, true);
+    assert_eq!(apart.recapture, ["bs1"]);
+    assert!(refusal_words(&apart, "bs1").contains("different places"));
+}
+
+#[test]
+fn another_layout_at_the_new_address_is_refused() {
+    let (m, mut l) = moved_w();
+    let t = l.tensors.iter_mut().find(|t| t.id == TensorId(10)).unwrap();
+    (t.shape, t.stride) = (vec![64, 2], vec![2, 1]);
+    let p = plan_of(&m, &l);
+    assert_eq!(p.recapture, ["bs1"]);
+    assert!(refusal_words(&p, "bs1").contains("does not read another"));
+}
+
+#[test]
+fn nodes_the_driver_cannot_change_refuse_the_graph() {
+    let cases: [(&str, fn(&mut Manifest)); 4] = [
+        ("in the body of node", |m| {
+            // model.w's words move into the body of node 2, a child-graph node (which
+            // holds no record of its own).
+            let mut body = m.graphs[0].nodes[0].clone();
+            body.index = 3;
+            body.parent = Some(2);
+            m.graphs[0].nodes[0].touches.retain(|t| t.tensor.is_none());
+            m.graphs[0].nodes.push(body);
+        }),
+        ("NCCL collective", |m| {
+            m.graphs[0].nodes[0].name = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL".into()
+        }),
+        ("the graph's own", |m| {
+            m.graphs[0].nodes[0].kind = NodeKind::MemAlloc
+        }),
+        ("is opaque", |m| {
+            let mut n = m.graphs[0].nodes[1].clone();
+            n.index = 2;
+            n.touches = Vec::<Touch>::new();
+            n.opaque = Some("params not readable".into());
+            m.graphs[0].nodes.push(n);
+        }),
+    ];
+    for (words, change) in cases {
+        let (mut m, mut l) = moved_w();
+        change(&mut m);
+        l.probes.clear();
+        let l = probed_for(&live(&m, Contents::Updated), &m);
+        let mut l2 = l;
+        l2.allocations.push(alloc(5, W));
+        let mut new = tensor(0, 5, W);
+        new.id = TensorId(10);
+        l2.tensors.push(new);
+        l2.owners[0].tensor = TensorId(10);
+        let p = plan_of(&m, &l2);
+        assert_eq!(p.recapture, ["bs1"], "{words}: {p:?}");
+        assert!(
+            refusal_words(&p, "bs1").contains(words),
+            "{words}: {}",
+            refusal_words(&p, "bs1")
+        );
+    }
+}
+
+#[test]
+fn refused_findings_name_why_no_change_of_words_fixes_them() {
+    // model.w set to None: vanished and freed, nothing to point the graph at.
+    let (m, mut l) = moved_w();
+    l.owners.retain(|o| o.path != "model.w");
+    l.tensors.retain(|t| t.id != TensorId(10));
+    let p = plan_of(&m, &l);
+    assert_eq!(p.recapture, ["bs1"]);
+    let words = refusal_words(&p, "bs1");
+    assert!(
+        words.contains("freed: the captured memory is free"),
+        "{words}"
+    );
+    assert!(words.contains("vanished: no owner holds"), "{words}");
+    // The schema of the plan names every field.
+    let s = schema().to_string();
+    for field in ["refusals", "edits", "recapture", "node_kind"] {
+        assert!(s.contains(field), "{field}");
+    }
+}
+
+#[test]
+fn a_plan_needs_the_live_checks() {
+    let m = manifest();
+    let r = verify(&m, None, &Allowlist::default()).unwrap();
+    assert!(matches!(
+        plan(&m, &live(&m, Contents::Preserved), &r),
+        Err(PlanError::NoLiveChecks)
+    ));
+}
