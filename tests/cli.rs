@@ -241,6 +241,11 @@ fn snapshots_per_scenario() {
                 transcript(&argv, &graphcheck(&argv))
             );
         }
+        if let Some(l) = s["live"].as_str() {
+            let args = retarget_argv(&s, &manifest, &rel(l), "table");
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            insta::assert_snapshot!("retarget_table", transcript(&argv, &graphcheck(&argv)));
+        }
         for (i, q) in s["explain"].as_array().into_iter().flatten().enumerate() {
             let args = explain_argv(&manifest, q.as_str().unwrap());
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -250,6 +255,52 @@ fn snapshots_per_scenario() {
             );
         }
     }
+}
+
+/// The argv of `graphcheck retarget MANIFEST LIVE [--allow FILE] --format FORMAT`.
+fn retarget_argv(s: &Value, manifest: &str, live: &str, format: &str) -> Vec<String> {
+    let mut argv = vec![
+        "retarget".to_string(),
+        manifest.to_string(),
+        live.to_string(),
+    ];
+    if let Some(a) = s["allow"].as_str() {
+        argv.extend(["--allow".to_string(), rel(a)]);
+    }
+    argv.extend(["--format".to_string(), format.to_string()]);
+    argv
+}
+
+/// Every scenario whose index states its plan (`expect.plan`: the graphs to retarget and
+/// to recapture, derived by hand from `docs/retarget.md`) gets it from `graphcheck
+/// retarget`, with exit 0 when nothing is to recapture and 1 otherwise.
+#[test]
+fn retarget_plans_match_the_index() {
+    let mut stated = 0;
+    for s in scenarios() {
+        let Some(want) = s["expect"].get("plan") else {
+            continue;
+        };
+        stated += 1;
+        let manifest = rel(s["manifest"].as_str().unwrap());
+        let live = rel(s["live"].as_str().expect("a plan needs a live snapshot"));
+        let args = retarget_argv(&s, &manifest, &live, "json");
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = graphcheck(&argv);
+        let plan: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{}: {e}: {}", s["name"], text(&out.stderr)));
+        for key in ["retarget", "recapture"] {
+            assert_eq!(plan[key], want[key], "{}: {key}", s["name"]);
+        }
+        let recapture = !want["recapture"].as_array().unwrap().is_empty();
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(recapture)),
+            "{}",
+            s["name"]
+        );
+    }
+    assert!(stated >= 7, "the index states {stated} plans");
 }
 
 /// The argv of `graphcheck explain MANIFEST QUERY` for an index's query.
@@ -526,6 +577,15 @@ fn committed_schemas_are_what_the_binary_prints() {
             "{file} is out of date: run `cargo run -p graphcheck-cli -- schema --format-version {version} > {file}`"
         );
     }
+    let out = graphcheck(&["schema", "--plan"]);
+    assert_eq!(out.status.code(), Some(0));
+    let file = "schema/graphcheck-plan-v1.schema.json";
+    let committed =
+        std::fs::read_to_string(root().join(file)).expect("the plan schema is committed");
+    assert!(
+        text(&out.stdout) == committed,
+        "{file} is out of date: run `cargo run -p graphcheck-cli -- schema --plan > {file}`"
+    );
     let out = graphcheck(&["schema", "--format-version", "3"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(

@@ -175,6 +175,10 @@ enum Command {
         /// The format version: 2, the compact layout graphcheck writes, or 1.
         #[arg(long, value_name = "N", default_value_t = FORMAT_VERSION, value_parser = format_version)]
         format_version: u32,
+        /// Print the schema of the retarget plan (`graphcheck retarget --format json`)
+        /// instead.
+        #[arg(long, conflicts_with = "format_version")]
+        plan: bool,
     },
     /// Rewrite a manifest or live snapshot in another format version: 2 is the compact
     /// layout graphcheck writes; 1 is what graphcheck before format 2 reads.
@@ -559,7 +563,14 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
             emit(&graphcheck::app::retarget::render(&plan, format.into()))?;
             Ok(if plan.ok { exit::OK } else { exit::FINDINGS })
         }
-        Command::Schema { format_version } => {
+        Command::Schema {
+            format_version,
+            plan,
+        } => {
+            if plan {
+                emit(&commands::plan_schema_text())?;
+                return Ok(exit::OK);
+            }
             emit(&commands::schema_text(format_version))?;
             Ok(exit::OK)
         }

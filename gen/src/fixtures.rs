@@ -284,7 +284,7 @@ mod tests {
     fn every_document_loads() {
         let files = corpus();
         let index = index(&files);
-        assert_eq!(index.scenarios.len(), 20);
+        assert_eq!(index.scenarios.len(), 22);
         for s in &index.scenarios {
             graphcheck::codec::load::parse_manifest(&files[&s.manifest], Path::new(&s.manifest))
                 .unwrap_or_else(|e| panic!("{e}"));

@@ -82,6 +82,17 @@ pub struct Expect {
     pub findings: Vec<ExpectedFinding>,
     /// Findings the allowlist silences, in the same order.
     pub allowed: Vec<ExpectedFinding>,
+    /// What `graphcheck retarget` plans, where the scenario states it (derived by hand from
+    /// `docs/retarget.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<ExpectPlan>,
+}
+
+/// The graphs a retarget plan patches and those it leaves to recapture, sorted by name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectPlan {
+    pub retarget: Vec<String>,
+    pub recapture: Vec<String>,
 }
 
 /// One finding, by kind and subject (see `docs/findings.md`, "Order, subject, exit code").

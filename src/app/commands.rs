@@ -81,6 +81,11 @@ pub fn schema_text(version: u32) -> String {
     json_text(&crate::codec::schema::json_schema_of(version))
 }
 
+/// The JSON Schema of the retarget plan, as `graphcheck schema --plan` prints it.
+pub fn plan_schema_text() -> String {
+    json_text(&crate::plan::schema())
+}
+
 /// A document of either version, rewritten in format `version` (1 or 2): compact JSON with
 /// a final newline, as graphcheck writes documents.
 pub fn convert(doc: &Source, version: u32) -> Result<Vec<u8>, LoadError> {

@@ -108,9 +108,10 @@ impl<'a> Ctx<'a> {
         }
         if !kept.is_empty() {
             return Err(format!(
-                "an alias split: {} still hold the captured tensor at {ptr} while {} moved; \
+                "an alias split: {} still {} the captured tensor at {ptr} while {} moved; \
                  which of them the graph means cannot be told",
                 quoted(&kept),
+                if kept.len() == 1 { "holds" } else { "hold" },
                 quoted(
                     &went
                         .values()

@@ -112,10 +112,14 @@ pub(super) fn reuse_between_captures() -> Scenario {
         // its address is active, inside bs1's plan, another owner's tensor (reused).
         // decode_bs1 read what holds the memory now: nothing. Both buffers are registered
         // and in the default pool: nothing at capture time.
-        expect: expect(vec![
-            finding(Kind::Vanished, &p8, BS8),
-            finding(Kind::Reused, &p8, BS8),
-        ]),
+        expect: planned(
+            expect(vec![
+                finding(Kind::Vanished, &p8, BS8),
+                finding(Kind::Reused, &p8, BS8),
+            ]),
+            &[],
+            BS8,
+        ),
     }
 }
 
@@ -174,10 +178,14 @@ pub(super) fn rebind_between_captures() -> Scenario {
         explain: vec![QKV_WEIGHT_SCALE.into(), old_hex],
         // decode_bs8 read the old scale: its path now holds another tensor (drifted), and
         // the old block is free (freed). decode_bs1 captured what the path holds now.
-        expect: expect(vec![
-            finding(Kind::Drifted, QKV_WEIGHT_SCALE, BS8),
-            finding(Kind::Freed, QKV_WEIGHT_SCALE, BS8),
-        ]),
+        expect: planned(
+            expect(vec![
+                finding(Kind::Drifted, QKV_WEIGHT_SCALE, BS8),
+                finding(Kind::Freed, QKV_WEIGHT_SCALE, BS8),
+            ]),
+            BS8,
+            &[],
+        ),
     }
 }
 

@@ -89,16 +89,67 @@ pub(super) fn freed_then_reused() -> Scenario {
         // Both scales rebound (drifted). qkv_proj's old address: active, inside o_proj's new
         // input_scale, whose owner is not qkv_proj's (reused). o_proj's old address: free
         // (freed). Parameters, so nothing unregistered.
-        expect: expect(vec![
-            finding(Kind::Drifted, O_INPUT_SCALE, BOTH),
-            finding(Kind::Drifted, QKV_INPUT_SCALE, BOTH),
-            finding(Kind::Freed, O_INPUT_SCALE, BOTH),
-            finding(Kind::Reused, QKV_INPUT_SCALE, BOTH),
-        ]),
+        expect: planned(
+            expect(vec![
+                finding(Kind::Drifted, O_INPUT_SCALE, BOTH),
+                finding(Kind::Drifted, QKV_INPUT_SCALE, BOTH),
+                finding(Kind::Freed, O_INPUT_SCALE, BOTH),
+                finding(Kind::Reused, QKV_INPUT_SCALE, BOTH),
+            ]),
+            BOTH,
+            &[],
+        ),
     }
 }
 
 const DOWN_WEIGHT: &str = "model.layers[0].mlp.down_proj.weight";
+
+pub(super) fn retarget_one_graph_refused() -> Scenario {
+    let (mut doc, _, _, _) = dense(AttnOpts {
+        fp8_linears: true,
+        ..AttnOpts::default()
+    });
+    let manifest = doc.manifest();
+    // The reload of freed_then_reused: both static input scales replaced by new
+    // Parameters (qkv_proj's old block handed to o_proj's new scale) ...
+    reload_parameters_in_place(&mut doc, false);
+    for path in [QKV_INPUT_SCALE, O_INPUT_SCALE] {
+        let old = doc.tensor_at(path);
+        let new = fresh(&mut doc, F32, &[]);
+        doc.rebind(path, new);
+        doc.free(old);
+    }
+    // ... and down_proj's weight respecified in place as its checkpoint layout, a `.view`
+    // over the same bytes: same storage and data pointer, another shape.
+    let w = doc.tensor_at(DOWN_WEIGHT);
+    let t = doc.get_mut(w);
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    t.shape = vec![cols, rows];
+    t.stride = vec![rows as i64, 1];
+    let live = doc.live(&manifest, RELOAD, Contents::Updated);
+    Scenario {
+        name: "retarget_one_graph_refused",
+        description: "The FP8 W8A8 layer of freed_then_reused (static input scales replaced by             new Parameters at the reload, qkv_proj's old block handed to o_proj's new scale),             whose reload also respecifies the bf16 down_proj.weight in place under another             shape. The scales alone could be retargeted (each owner holds one tensor of the             captured layout at a new address); the reshaped weight cannot, and both graphs             read it: a graph is retargeted as a whole or not at all, so both are recaptured,             and the plan lists the edits it would have made (issue 29)."
+            .into(),
+        models: "vllm#48312, a retargetable and a refused finding in one graph",
+        manifest,
+        live: Some(live),
+        allow: None,
+        explain: vec![DOWN_WEIGHT.into()],
+        // freed_then_reused's four findings, and reshaped for down_proj.weight.
+        expect: planned(
+            expect(vec![
+                finding(Kind::Drifted, O_INPUT_SCALE, BOTH),
+                finding(Kind::Drifted, QKV_INPUT_SCALE, BOTH),
+                finding(Kind::Freed, O_INPUT_SCALE, BOTH),
+                finding(Kind::Reused, QKV_INPUT_SCALE, BOTH),
+                finding(Kind::Reshaped, DOWN_WEIGHT, BOTH),
+            ]),
+            &[],
+            BOTH,
+        ),
+    }
+}
 
 pub(super) fn inplace_reshape() -> Scenario {
     let mut doc = Doc::new();
@@ -143,7 +194,11 @@ pub(super) fn inplace_reshape() -> Scenario {
         ],
         // Same data pointer and owner, shape and stride differ: reshaped, and nothing else
         // (a parameter, in place, contents updated without reference digests).
-        expect: expect(vec![finding(Kind::Reshaped, DOWN_WEIGHT, BOTH)]),
+        expect: planned(
+            expect(vec![finding(Kind::Reshaped, DOWN_WEIGHT, BOTH)]),
+            &[],
+            BOTH,
+        ),
     }
 }
 
@@ -351,6 +406,7 @@ pub(super) fn allowlisted_workspace() -> Scenario {
             exit_code: 0,
             findings: vec![finding(Kind::UnusedAllow, ALLOW_UNUSED_GLOB, &[])],
             allowed: vec![finding(Kind::Unregistered, FI_WORKSPACE, BOTH)],
+            plan: None,
         },
     }
 }

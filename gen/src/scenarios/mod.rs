@@ -25,13 +25,15 @@ pub mod ranks;
 use captures::{rebind_between_captures, reuse_between_captures, sliced_static_input};
 use dense::{
     allowlisted_workspace, clean_reload_inplace, freed_then_reused, inplace_reshape,
-    kv_pool_metadata, module_global_cache, module_global_cache_rebuilt,
+    kv_pool_metadata, module_global_cache, module_global_cache_rebuilt, retarget_one_graph_refused,
 };
 use gemma3n::gemma3n_sleep2_stale;
 use identity::{lora_scalings_list_shift, mla_views_dropped, mla_views_rebound_base};
 use marlin::marlin_workspace_rebuilt;
 use mla::{mla_wuv_plain_attrs, mla_wuv_reload_drifted};
-use moe::{cutlass_moe_strides_alias, owner_removed, two_graphs_recapture};
+use moe::{
+    cutlass_moe_alias_split, cutlass_moe_strides_alias, owner_removed, two_graphs_recapture,
+};
 
 /// One scenario: its documents and what `verify` must say about them.
 #[derive(Clone, Debug)]
@@ -80,6 +82,8 @@ pub fn all() -> Vec<Scenario> {
         reuse_between_captures(),
         rebind_between_captures(),
         sliced_static_input(),
+        cutlass_moe_alias_split(),
+        retarget_one_graph_refused(),
     ]
 }
 
@@ -114,7 +118,22 @@ fn expect(findings: Vec<ExpectedFinding>) -> Expect {
         exit_code: exit_code(&findings),
         findings,
         allowed: Vec::new(),
+        plan: None,
     }
+}
+
+/// `e` with the retarget plan the scenario states: the graphs patched, those recaptured.
+fn planned(mut e: Expect, retarget: &[&str], recapture: &[&str]) -> Expect {
+    let names = |v: &[&str]| {
+        let mut v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    };
+    e.plan = Some(crate::index::ExpectPlan {
+        retarget: names(retarget),
+        recapture: names(recapture),
+    });
+    e
 }
 
 /// Captures every batch size of [`BATCHES`] into the shared graph pool.
