@@ -88,11 +88,11 @@ def test_a_buffer_freed_between_two_captures_is_reused_for_the_first_graph_alone
     assert errs[1] == 0.0 and errs[8] > 1e-3, errs
     got = kinds(report)
     assert got == [
-        ("reused", "plan_bs8", ("decode_bs8",)),
-        ("vanished", "plan_bs8", ("decode_bs8",)),
+        ("reused", "model.plan_bs8", ("decode_bs8",)),
+        ("vanished", "model.plan_bs8", ("decode_bs8",)),
     ], got
     (reused,) = [f for f in report.findings if f.kind == "reused"]
-    assert reused.new_owners == ("plan_bs1",)
+    assert reused.new_owners == ("model.plan_bs1",)
     assert report.recapture() == ["decode_bs8"]
 
 
@@ -114,7 +114,7 @@ def test_a_parameter_rebound_between_two_captures_drifts_for_the_first_graph_alo
         model.scale = torch.nn.Parameter(torch.full((D,), 3.0, device="cuda"))
 
     graphs, outs, xs, manifest = capture_two(torch, model, forward, between)
-    held = [o for o in manifest["owners"] if o["path"] == "scale"]
+    held = [o for o in manifest["owners"] if o["path"] == "model.scale"]
     assert len(held) == 2, held
     # The next weight update copies into what the path holds now.
     with torch.no_grad():
@@ -126,6 +126,6 @@ def test_a_parameter_rebound_between_two_captures_drifts_for_the_first_graph_alo
     save("captures_rebind_manifest.json", manifest)
     save("captures_rebind_live.json", live)
     assert errs[1] < 1e-3 and errs[8] > 1e-3, errs
-    assert kinds(report) == [("drifted", "scale", ("decode_bs8",))], kinds(report)
+    assert kinds(report) == [("drifted", "model.scale", ("decode_bs8",))], kinds(report)
     assert report.recapture() == ["decode_bs8"]
     del old
