@@ -212,7 +212,8 @@ fn another_layout_at_the_new_address_is_refused() {
 
 #[test]
 fn nodes_the_driver_cannot_change_refuse_the_graph() {
-    let cases: [(&str, fn(&mut Manifest)); 4] = [
+    type Change = fn(&mut Manifest);
+    let cases: [(&str, Change); 4] = [
         ("in the body of node", |m| {
             // model.w's words move into the body of node 2, a child-graph node (which
             // holds no record of its own).
