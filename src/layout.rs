@@ -18,7 +18,7 @@ mod tests {
         ("check", &["model", "index", "codec"]),
         ("plan", &["model", "index", "check"]),
         ("present", &["model", "index", "codec", "check", "plan"]),
-        ("cuda", &["model", "digest", "resolve"]),
+        ("cuda", &["model", "digest", "resolve", "plan"]),
         (
             "app",
             &[

@@ -9,6 +9,8 @@
 //! - [`nvrtc`]: the CUDA runtime compiler, loaded from a path or a name (source to CUBIN).
 //! - [`digest`]: the GPU kernel of the `gc128` content digest, compiled through NVRTC,
 //!   loaded per device, and launched over many tensor views on a caller's stream.
+//! - [`patch`]: patching a captured graph in place (retarget): kernel parameter bytes,
+//!   memset destinations and memcpy ends, on the template and its executable graph.
 //! - [`vmm`]: the virtual-memory calls of the sleep allocator (`graphcheck-sleep`), on owned
 //!   reservations, physical memory and pinned host buffers.
 //!
@@ -29,6 +31,7 @@ mod error;
 pub mod graph;
 pub mod nvrtc;
 pub mod owned;
+pub mod patch;
 mod raw;
 pub mod vmm;
 
@@ -37,6 +40,7 @@ pub use graph::{
     GraphRef, KernelNode, MemcpyEnd, MemcpyNode, MemoryType, MemsetNode, NodeRef,
     can_read_conditional_bodies, disable_event_tracking,
 };
+pub use patch::{ArgBytes, GraphMut, KernelArgs, NodeId};
 
 use std::ffi::c_void;
 

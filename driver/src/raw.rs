@@ -138,6 +138,20 @@ calls! {
     /// `cuPointerGetAttributes`, the attributes passed as the 4-byte integers they are.
     fn cuPointerGetAttributes(count: c_uint, attributes: *const u32, data: *mut *mut c_void, ptr: sys::CUdeviceptr);
 
+    // Patching graphs (retarget): the template's nodes and the executable graph's.
+    /// `cuGraphKernelNodeSetParams_v2`.
+    fn cuGraphKernelNodeSetParams_v2(node: sys::CUgraphNode, params: *const sys::CUDA_KERNEL_NODE_PARAMS);
+    /// `cuGraphExecKernelNodeSetParams_v2`.
+    fn cuGraphExecKernelNodeSetParams_v2(exec: sys::CUgraphExec, node: sys::CUgraphNode, params: *const sys::CUDA_KERNEL_NODE_PARAMS);
+    /// `cuGraphMemsetNodeSetParams`.
+    fn cuGraphMemsetNodeSetParams(node: sys::CUgraphNode, params: *const sys::CUDA_MEMSET_NODE_PARAMS);
+    /// `cuGraphExecMemsetNodeSetParams`.
+    fn cuGraphExecMemsetNodeSetParams(exec: sys::CUgraphExec, node: sys::CUgraphNode, params: *const sys::CUDA_MEMSET_NODE_PARAMS, ctx: sys::CUcontext);
+    /// `cuGraphMemcpyNodeSetParams`.
+    fn cuGraphMemcpyNodeSetParams(node: sys::CUgraphNode, params: *const sys::CUDA_MEMCPY3D);
+    /// `cuGraphExecMemcpyNodeSetParams`.
+    fn cuGraphExecMemcpyNodeSetParams(exec: sys::CUgraphExec, node: sys::CUgraphNode, params: *const sys::CUDA_MEMCPY3D, ctx: sys::CUcontext);
+
     // Building graphs (the tests').
     /// `cuGraphCreate`.
     fn cuGraphCreate(graph: *mut sys::CUgraph, flags: c_uint);

@@ -1,10 +1,13 @@
 //! The CUDA side (feature `cuda`): reading captured graphs through the driver layer
 //! (`graphcheck-driver`, re-exported as [`driver`]), and capturing graphs from Rust
 //! programs on cudarc streams; `gc128` digests of device tensors through the driver layer's
-//! kernel. No unsafe code here: every raw driver call is in the driver crate.
+//! kernel; retargeting a captured graph in place ([`retarget`], patching through the
+//! driver layer's `GraphMut`). No unsafe code here: every raw driver call is in the driver
+//! crate.
 
 pub mod capture;
 pub mod digest;
+pub mod retarget;
 pub mod walk;
 
 pub use graphcheck_driver as driver;
