@@ -179,7 +179,11 @@ impl Patcher for HostGraph {
 /// storage (`docs/format.md`).
 pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[String]) -> Manifest {
     let mut out = m.clone();
-    let live_tensor: HashMap<Addr, &Tensor> = l.tensors.iter().map(|t| (t.data_ptr(), t)).collect();
+    // Live tensors by data pointer: several views may start at one address.
+    let mut live_tensor: HashMap<Addr, Vec<&Tensor>> = HashMap::new();
+    for t in &l.tensors {
+        live_tensor.entry(t.data_ptr()).or_default().push(t);
+    }
     let mut next_id = out.tensors.iter().map(|t| t.id.0 + 1).max().unwrap_or(0);
     let mut next_alloc = out
         .allocations
@@ -210,8 +214,12 @@ pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[Strin
             // The live tensor whose span holds the new word, with the old tensor's layout.
             let old = old_tensor.and_then(|id| m.tensors.iter().find(|x| x.id == id));
             let target = old.and_then(|o| {
-                let ptr = Addr(e.new.0 - (e.old.0 - o.data_ptr().0));
-                live_tensor.get(&ptr).copied()
+                let ptr = Addr(e.new.0.wrapping_sub(e.old.0.wrapping_sub(o.data_ptr().0)));
+                live_tensor
+                    .get(&ptr)?
+                    .iter()
+                    .copied()
+                    .find(|t| t.shape == o.shape && t.stride == o.stride && t.dtype == o.dtype)
             });
             let Some(lt) = target else {
                 t.tensor = None;
@@ -281,8 +289,11 @@ fn own_new_records(out: &mut Manifest, l: &Live, moved_from: &BTreeMap<TensorId,
         .flat_map(|n| &n.touches)
         .filter_map(|t| t.tensor)
         .collect();
-    let live_tensors: HashMap<Addr, TensorId> =
-        l.tensors.iter().map(|t| (t.data_ptr(), t.id)).collect();
+    let live_tensors: HashMap<(Addr, String), TensorId> = l
+        .tensors
+        .iter()
+        .map(|t| ((t.data_ptr(), t.layout()), t.id))
+        .collect();
     let mut next_storage = out
         .tensors
         .iter()
@@ -296,7 +307,7 @@ fn own_new_records(out: &mut Manifest, l: &Live, moved_from: &BTreeMap<TensorId,
                 .iter()
                 .find(|t| t.id == new)
                 .expect("made above");
-            (t.data_ptr(), touched.contains(&old))
+            ((t.data_ptr(), t.layout()), touched.contains(&old))
         };
         let Some(&lid) = live_tensors.get(&ptr) else {
             continue;
