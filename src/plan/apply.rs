@@ -226,6 +226,13 @@ pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[Strin
                 continue;
             };
             let key = (lt.data_ptr(), lt.layout());
+            // A record the manifest already has for that tensor (a later graph captured
+            // it there): the edited words name it too.
+            if !made.contains_key(&key)
+                && let Some(id) = known_record(m, l, lt)
+            {
+                made.insert(key.clone(), id);
+            }
             let id = *made.entry(key).or_insert_with(|| {
                 let id = TensorId(next_id);
                 next_id += 1;
@@ -267,6 +274,31 @@ pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[Strin
     own_new_records(&mut out, l, &moved_from);
     out.allocations.sort_by_key(|a| a.base);
     out
+}
+
+/// The manifest's record of live tensor `lt`: its view, in a storage of its base and size,
+/// owned by one of the paths that hold `lt` now (a dead storage once at its address is
+/// another's).
+fn known_record(m: &Manifest, l: &Live, lt: &Tensor) -> Option<TensorId> {
+    let paths: Vec<&str> = l
+        .owners
+        .iter()
+        .filter(|o| o.tensor == lt.id)
+        .map(|o| o.path.as_str())
+        .collect();
+    m.tensors
+        .iter()
+        .filter(|t| {
+            t.view_key() == lt.view_key()
+                && t.storage_base == lt.storage_base
+                && t.storage_nbytes == lt.storage_nbytes
+        })
+        .find(|t| {
+            m.owners
+                .iter()
+                .any(|o| o.tensor == t.id && paths.contains(&o.path.as_str()))
+        })
+        .map(|t| t.id)
 }
 
 /// The manifest pool of the live snapshot's pool `p`, by name.
@@ -349,8 +381,8 @@ fn own_new_records(out: &mut Manifest, l: &Live, moved_from: &BTreeMap<TensorId,
 }
 
 /// The live snapshot `l` with a probe at every address of `m` it does not probe, as a
-/// snapshot taken after the retarget would: active in the live allocation that holds it,
-/// else unmapped.
+/// snapshot taken after the retarget would: active in the live allocation that holds it
+/// (or in a live tensor's storage no allocation holds: pinned host memory), else unmapped.
 pub fn probed_for(l: &Live, m: &Manifest) -> Live {
     let mut out = l.clone();
     let mut have: std::collections::HashSet<Addr> = out.probes.iter().map(|p| p.addr).collect();
@@ -367,9 +399,14 @@ pub fn probed_for(l: &Live, m: &Manifest) -> Live {
             .allocations
             .iter()
             .find(|a| a.base <= t.addr && t.addr.0 - a.base.0 < a.size);
+        // Memory no allocation holds (pinned host memory) is active where a live tensor's
+        // storage holds it, as the snapshot probes it.
+        let held = l.tensors.iter().any(|x| {
+            x.storage_base <= t.addr && t.addr.0 - x.storage_base.0 < x.storage_nbytes.max(1)
+        });
         out.probes.push(Probe {
             addr: t.addr,
-            state: if a.is_some() {
+            state: if a.is_some() || held {
                 AllocState::Active
             } else {
                 AllocState::Unmapped

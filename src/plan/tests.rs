@@ -288,3 +288,72 @@ fn a_plan_needs_the_live_checks() {
         Err(PlanError::NoLiveChecks)
     ));
 }
+
+/// Every fixture scenario whose plan patches all its graphs with findings: applied on the
+/// host stand-in, each graph takes all its edits, and the manifest after verifies with no
+/// live finding against the live snapshot probed for the new addresses.
+#[test]
+fn every_fully_retargetable_fixture_verifies_clean_after_applying() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let mut checked = Vec::new();
+    for index in ["index.json", "gpu/index.json"] {
+        let text = std::fs::read_to_string(root.join(index)).unwrap();
+        let index: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for s in index["scenarios"].as_array().unwrap() {
+            let Some(live) = s["live"].as_str() else {
+                continue;
+            };
+            let read = |p: &str| std::fs::read(root.join(p)).unwrap();
+            let manifest = s["manifest"].as_str().unwrap();
+            let m = crate::codec::load::parse_manifest(&read(manifest), manifest.as_ref()).unwrap();
+            let l = crate::codec::load::parse_live(&read(live), live.as_ref()).unwrap();
+            let allow = match s["allow"].as_str() {
+                Some(a) => Allowlist::load(&root.join(a)).unwrap(),
+                None => Allowlist::default(),
+            };
+            let r = verify(&m, Some(&l), &allow).unwrap();
+            let p = plan(&m, &l, &r).unwrap();
+            if !p.ok || p.retarget.is_empty() {
+                continue;
+            }
+            for g in p.graphs.iter().filter(|g| g.action == Action::Retarget) {
+                let mut h = HostGraph::of(&m, &g.graph);
+                assert!(
+                    apply_graph(&mut h, g).applied(),
+                    "{}: {}",
+                    s["name"],
+                    g.graph
+                );
+            }
+            let after = retargeted_manifest(&m, &l, &p, &p.retarget);
+            crate::index::refs::check_manifest(&after)
+                .unwrap_or_else(|e| panic!("{}: {e:?}", s["name"]));
+            let probed = probed_for(&l, &after);
+            let r = verify(&after, Some(&probed), &allow).unwrap();
+            let live: Vec<_> = r
+                .findings
+                .iter()
+                .filter(|f| {
+                    matches!(
+                        f.kind,
+                        FindingKind::Drifted
+                            | FindingKind::Freed
+                            | FindingKind::Reused
+                            | FindingKind::Vanished
+                            | FindingKind::Reshaped
+                            | FindingKind::Stale
+                    )
+                })
+                .map(|f| (f.kind, f.subject.clone()))
+                .collect();
+            assert!(
+                live.is_empty(),
+                "{} after the retarget: {live:?}",
+                s["name"]
+            );
+            checked.push(s["name"].as_str().unwrap().to_string());
+        }
+    }
+    eprintln!("retargeted and verified clean: {checked:?}");
+    assert!(checked.len() >= 5, "{checked:?}");
+}
