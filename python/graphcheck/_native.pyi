@@ -62,6 +62,11 @@ __all__ = [
     "digest_ranges",
     "build_manifest",
     "build_live",
+    "retarget_plan",
+    "apply_plan_host",
+    "retargeted_manifest",
+    "probed_for",
+    "apply_plan_cuda",
 ]
 
 @final
@@ -243,3 +248,22 @@ def gpu_digest_info(device: int) -> dict[str, object]: ...
 def digest_ranges(
     ranges: Sequence[tuple[int, int]], stream: int, nvrtc: str | os.PathLike[str] | None = None
 ) -> tuple[list[str | None], str | None]: ...
+
+# Retarget (issue 29): the plan, applying one graph's part, the manifest after.
+_Outcome = dict[str, object]  # applied, edits, why, restored
+def retarget_plan(
+    manifest: _Source,
+    live: _Source,
+    allow: str | os.PathLike[str] | None = None,
+    allow_entries: str | None = None,
+) -> str: ...
+def apply_plan_host(
+    plan: str,
+    graph: str,
+    words: dict[tuple[int, int, int], int],
+    fail_write: int | None = None,
+    fail_undo: bool = False,
+) -> tuple[_Outcome, dict[tuple[int, int, int], int]]: ...
+def retargeted_manifest(manifest: _Source, live: _Source, plan: str, applied: list[str]) -> str: ...
+def probed_for(live: _Source, manifest: _Source) -> str: ...
+def apply_plan_cuda(plan: str, graph: str, template: int, exec: int | None = None) -> _Outcome: ...

@@ -30,6 +30,7 @@ from ._instrument.replay_check import ENV_VERIFY_ON_REPLAY, ReplayCheckError
 from ._instrument.transitions import mark_transition
 from ._recorder import Recorder, graph
 from ._registry import OwnerRecord, Registry, TensorRecord
+from ._retarget import RetargetResult, retarget
 from ._snapshot import snapshot
 from ._tensors import tensor_spec
 from ._walk import DEFAULT_MAX_DEPTH, walk, walk_roots
@@ -41,6 +42,7 @@ __all__ = [
     "OwnerRecord",
     "Recorder",
     "Registry",
+    "RetargetResult",
     "TensorRecord",
     "DEFAULT_DIGEST",
     "DIGEST_ALGORITHMS",
@@ -60,6 +62,7 @@ __all__ = [
     "mark_transition",
     "instrumented",
     "register_model",
+    "retarget",
     "uninstrument",
     "SleepAllocator",
     "SleepError",

@@ -29,6 +29,7 @@ mod build;
 mod digest;
 mod guard;
 mod objects;
+mod retarget;
 mod sleep;
 
 use args::*;
@@ -658,6 +659,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sleep::register(m)?;
     digest::register(m)?;
     build::register(m)?;
+    retarget::register(m)?;
     Ok(())
 }
 

@@ -35,6 +35,7 @@ ORDER = [
     "_walk",
     "_snapshot",
     "_recorder",
+    "_retarget",
     "_discover",
     "_instrument.host",
     "_instrument.trees",

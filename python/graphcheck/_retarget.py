@@ -1,0 +1,162 @@
+"""Retarget instead of recapture (issue 29, ``docs/retarget.md``): after a reload moved
+tensors the graphs read, :func:`retarget` plans the word edits that make each graph read
+what its owners hold now (``graphcheck retarget``'s plan), patches each retargetable graph
+in place, all or nothing, through the driver (template and executable graph), and gives
+the manifest that describes the patched graphs, so that a later verify checks what they
+now read. A graph the plan refuses (a tensor reshaped, freed with no owner that moved, a
+word in a child-graph body, ...) must be captured again; it is left as it is.
+
+The recorder does not keep the ``torch.cuda.CUDAGraph`` objects it recorded: pass them as
+``graphs={name: graph}``. Each must have been made with ``keep_graph=True`` (the template
+is patched, so a later walk reads the new words). Where torch exposes the executable graph
+(``raw_cuda_graph_exec()``, torch 2.8 and newer, 2.11 included), it is patched in place;
+otherwise the template alone is, and the graph is instantiated again from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from . import _args, _native
+from ._api import Allow, Document, document_source
+from ._native import GraphcheckError
+from ._recorder import Recorder
+from ._snapshot import snapshot
+from ._torch_import import import_torch
+
+__all__ = ["RetargetResult", "plan", "retarget"]
+
+
+@dataclass(frozen=True)
+class RetargetResult:
+    """What :func:`retarget` did.
+
+    ``plan``: the plan (``graphcheck retarget --format json``), as a dict. ``retargeted``:
+    the graphs patched, every edit made and read back. ``refused``: graph name → why it was
+    not patched (the plan's refusals, a graph not given, or the driver's refusal; the graph
+    is as it was unless the reason says it must not be replayed). ``manifest``: the manifest
+    after applying (the recorder's where nothing was patched). ``outcomes``: graph name →
+    the native outcome (``applied``, ``edits``, ``why``, ``restored``) of each graph tried.
+    """
+
+    plan: dict
+    retargeted: tuple = ()
+    refused: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+    outcomes: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """No graph with a finding is left unpatched."""
+        return not self.refused
+
+
+def plan(manifest: Document, live: Document, allow: Optional[Allow] = None) -> dict:
+    """The retarget plan of ``manifest`` against its live snapshot ``live``, as a dict:
+    per graph ``keep``, ``retarget`` (with its word edits) or ``recapture`` (with why)."""
+    text = _native.retarget_plan(
+        document_source(manifest, "manifest"), document_source(live, "live"), **_allow_args(allow)
+    )
+    return json.loads(text)
+
+
+def _allow_args(allow: Optional[Allow]) -> dict:
+    """An allowlist file as a path, entries (dicts) as data, as ``graphcheck.verify``
+    passes them; the core checks the entries and names the bad one."""
+    if allow is None:
+        return {}
+    if isinstance(allow, (str, os.PathLike)):
+        return {"allow": _args.path("allow", allow)}
+    if isinstance(allow, (bytes, Mapping)):
+        raise GraphcheckError(f"allow is an allowlist file or a list of entries (dicts), not {_args.show(allow)}")
+    entries = [_args.mapping(f"allow[{i}]", e, "an entry (a dict)") for i, e in enumerate(allow)]
+    return {"allow_entries": _args.to_json("allow", [dict(e) for e in entries])}
+
+
+def _refusal(g: Mapping[str, Any]) -> str:
+    whys = [r.get("why", "") for r in g.get("refusals", [])]
+    return "; ".join(w for w in whys if w) or f"the plan does not retarget {g['graph']!r}"
+
+
+def _apply_cuda(plan_text: str, name: str, cuda_graph) -> dict:
+    """Patches one torch graph by its part of the plan; returns the native outcome."""
+    template = _args.integer(f"graphs[{name!r}].raw_cuda_graph()", cuda_graph.raw_cuda_graph(), minimum=1)
+    exec_of = getattr(cuda_graph, "raw_cuda_graph_exec", None)
+    exec_handle: Optional[int] = None
+    if exec_of is not None:
+        try:
+            exec_handle = int(exec_of())
+        except RuntimeError:  # not instantiated yet: replay instantiates the patched template
+            exec_handle = None
+    outcome = dict(_native.apply_plan_cuda(plan_text, name, template, exec_handle))
+    if outcome["applied"] and exec_handle is None and exec_of is None:
+        # No executable graph to patch: instantiate again from the patched template.
+        instantiate = getattr(cuda_graph, "instantiate", None)
+        if instantiate is not None:
+            instantiate()
+    return outcome
+
+
+def retarget(
+    recorder: Recorder,
+    live: Optional[Document] = None,
+    *,
+    graphs: Optional[Mapping[str, Any]] = None,
+    allow: Optional[Allow] = None,
+    apply: bool = True,
+    manifest: Optional[Document] = None,
+) -> RetargetResult:
+    """Plans and applies the retarget of ``recorder``'s graphs.
+
+    ``live`` is the live snapshot after the reload (taken now, over the recorder's roots,
+    when not given). ``graphs`` maps each graph name to its ``torch.cuda.CUDAGraph``
+    (``keep_graph=True``); a graph to retarget that is not given is refused, untouched.
+    ``apply=False`` only plans. ``manifest`` is the manifest to plan from (the recorder's
+    by default). Each graph is patched all or nothing, after ``torch.cuda.synchronize()``:
+    no replay may be in flight, nor run from another thread during the call."""
+    if not isinstance(recorder, Recorder):
+        raise GraphcheckError(
+            f"recorder is a graphcheck.torch.Recorder, not {_args.show(recorder)}"
+        )
+    apply = _args.flag("apply", apply)
+    given = dict(_args.optional_mapping("graphs", graphs) or {})
+    m_doc: Document = manifest if manifest is not None else recorder.manifest()
+    if live is None:
+        live = snapshot(None, m_doc, roots=recorder.roots(), root=recorder.root)
+    m_src = document_source(m_doc, "manifest")
+    l_src = document_source(live, "live")
+    plan_text = _native.retarget_plan(m_src, l_src, **_allow_args(allow))
+    p = json.loads(plan_text)
+    refused: dict = {}
+    done: list = []
+    outcomes: dict = {}
+    torch = None
+    for g in p["graphs"]:
+        name = g["graph"]
+        if g["action"] == "recapture":
+            refused[name] = _refusal(g)
+            continue
+        if g["action"] != "retarget" or not apply:
+            continue
+        cuda_graph = given.get(name)
+        if cuda_graph is None or not hasattr(cuda_graph, "raw_cuda_graph"):
+            refused[name] = (
+                f"no torch.cuda.CUDAGraph (keep_graph=True) given for {name!r} (graphs={{name: graph}})"
+            )
+            continue
+        if torch is None:
+            torch = import_torch("graphcheck.torch.retarget")
+            torch.cuda.synchronize()
+        outcome = _apply_cuda(plan_text, name, cuda_graph)
+        outcomes[name] = outcome
+        if outcome["applied"]:
+            done.append(name)
+        else:
+            refused[name] = outcome["why"]
+    after = json.loads(_native.retargeted_manifest(m_src, l_src, plan_text, done))
+    return RetargetResult(
+        plan=p, retargeted=tuple(done), refused=refused, manifest=after, outcomes=outcomes
+    )

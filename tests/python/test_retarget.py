@@ -1,0 +1,166 @@
+"""Retarget instead of recapture (issue 29) through the Python package, on the CPU: the
+plan of the synthetic fixtures (a Marlin workspace rebuilt at a new address: retargetable;
+a tensor reshaped in place: refused), each graph patched all or nothing on the host
+stand-in (``_native.apply_plan_host``: the k-th write failing leaves every word as it was),
+and the manifest after applying, which verifies clean against a snapshot probed for the new
+addresses. The driver's patcher is exercised by test_retarget_gpu.py.
+"""
+
+import json
+
+import pytest
+
+import graphcheck
+import graphcheck.torch as gt
+from graphcheck import GraphcheckError, _native
+from conftest import REPO
+
+SYNTH = REPO / "fixtures" / "synthetic"
+MARLIN = SYNTH / "marlin_workspace_rebuilt"
+RESHAPE = SYNTH / "inplace_reshape"
+
+
+def docs(case):
+    return str(case / "manifest.json"), str(case / "live.json")
+
+
+def plan_of(case):
+    m, l = docs(case)
+    text = _native.retarget_plan(m, l)
+    return text, json.loads(text)
+
+
+def words_of(manifest, graph):
+    """Every word a manifest's graph holds, by (node, param, offset): what the host
+    stand-in patches."""
+    m = graphcheck.load(manifest)
+    out = {}
+    for g in m["graphs"]:
+        if g["name"] == graph:
+            for n in g["nodes"]:
+                for t in n.get("touches", []):
+                    out[(n["index"], t["param"], t["offset"])] = int(t["addr"], 16)
+    return out
+
+
+def edits_of(p, graph):
+    g = next(g for g in p["graphs"] if g["graph"] == graph)
+    return [((e["node"], e["param"], e["offset"]), int(e["old"], 16), int(e["new"], 16)) for e in g["edits"]]
+
+
+def test_the_rebuilt_workspace_is_retargeted_word_by_word():
+    m, l = docs(MARLIN)
+    assert not graphcheck.verify(m, l).ok, "the fixture must have findings to fix"
+    _, p = plan_of(MARLIN)
+    assert p["kind"] == "retarget_plan" and p["ok"], p
+    assert p["retarget"] and not p["recapture"], p
+    assert p["edits"] == sum(len(edits_of(p, g)) for g in p["retarget"]) > 0
+    for g in p["retarget"]:
+        words = words_of(m, g)
+        for key, old, new in edits_of(p, g):
+            assert words[key] == old, (g, key)  # the word the graph holds
+            assert new != old
+    # The module-level helper gives the same plan.
+    assert gt.retarget.__module__ == "graphcheck._retarget"
+    from graphcheck._retarget import plan
+
+    assert plan(m, l) == p
+
+
+def test_a_tensor_reshaped_in_place_is_refused_with_why():
+    _, p = plan_of(RESHAPE)
+    assert not p["ok"] and p["recapture"], p
+    for name in p["recapture"]:
+        g = next(g for g in p["graphs"] if g["graph"] == name)
+        assert g["action"] == "recapture"
+        assert g["refusals"] and all(r["why"] for r in g["refusals"]), g
+    # Applying a refused graph changes nothing.
+    text, _ = plan_of(RESHAPE)
+    name = p["recapture"][0]
+    words = words_of(docs(RESHAPE)[0], name)
+    out, after = _native.apply_plan_host(text, name, words)
+    assert not out["applied"] and out["restored"], out
+    assert after == words
+
+
+def test_each_graph_is_patched_all_or_nothing():
+    text, p = plan_of(MARLIN)
+    m, _ = docs(MARLIN)
+    for g in p["retarget"]:
+        words = words_of(m, g)
+        edits = edits_of(p, g)
+        # The k-th write fails: the k made before it are undone, every word as it was.
+        for k in range(len(edits)):
+            out, after = _native.apply_plan_host(text, g, words, fail_write=k)
+            assert not out["applied"], (g, k, out)
+            assert out["restored"], (g, k, out)
+            assert f"edit {k + 1} of {len(edits)}" in out["why"], out["why"]
+            assert after == words, (g, k)
+        # An undo that fails too says the graph must not be replayed.
+        out, after = _native.apply_plan_host(text, g, words, fail_write=len(edits) - 1, fail_undo=True)
+        assert not out["applied"] and (out["restored"] == (len(edits) == 1)), out
+        if len(edits) > 1:
+            assert "must not be replayed" in out["why"], out["why"]
+        # Every write succeeds: every edited word is new, every other as it was.
+        out, after = _native.apply_plan_host(text, g, words)
+        assert out == {"applied": True, "edits": len(edits), "why": None, "restored": False}
+        new = {key: w for key, _, w in edits}
+        for key, w in words.items():
+            assert after[key] == new.get(key, w), (g, key)
+
+
+def test_a_graph_changed_since_its_manifest_is_refused_untouched():
+    text, p = plan_of(MARLIN)
+    g = p["retarget"][0]
+    words = words_of(docs(MARLIN)[0], g)
+    key, old, _ = edits_of(p, g)[-1]
+    words[key] = old + 8
+    out, after = _native.apply_plan_host(text, g, words)
+    assert not out["applied"] and out["restored"], out
+    assert "changed since its manifest" in out["why"], out["why"]
+    assert after == words
+
+
+def live_findings(report):
+    """The findings only a live snapshot gives (capture-time ones, such as a tensor held
+    only as an attribute, are no retarget's to fix)."""
+    return [(f.kind, f.subject) for f in report.findings if f.kind in _native.LIVE_KINDS]
+
+
+def test_the_manifest_after_applying_verifies_clean():
+    text, p = plan_of(MARLIN)
+    m, l = docs(MARLIN)
+    assert live_findings(graphcheck.verify(m, l)), "the fixture must have live findings"
+    after = _native.retargeted_manifest(m, l, text, p["retarget"])
+    probed = _native.probed_for(l, after)
+    report = graphcheck.verify(json.loads(after), json.loads(probed))
+    assert live_findings(report) == [], report.table
+    # Nothing is left to retarget.
+    again = json.loads(_native.retarget_plan(after, probed))
+    assert again["ok"] and again["edits"] == 0 and not again["retarget"], again
+    # Its words are the plan's new ones.
+    for g in p["retarget"]:
+        words = words_of(json.loads(after), g)
+        for key, _, new in edits_of(p, g):
+            assert words[key] == new
+    # Nothing applied: the same findings as before, against the same probes.
+    unchanged = _native.retargeted_manifest(m, l, text, [])
+    report = graphcheck.verify(json.loads(unchanged), json.loads(_native.probed_for(l, unchanged)))
+    assert live_findings(report)
+
+
+def test_bad_arguments_are_graphcheck_errors_not_internal_ones():
+    text, _ = plan_of(MARLIN)
+    m, l = docs(MARLIN)
+    for call in (
+        lambda: _native.apply_plan_host(text, "no such graph", {}),
+        lambda: _native.apply_plan_host("{}", "bs1", {}),
+        lambda: _native.retargeted_manifest(m, l, "not json", []),
+        lambda: _native.retarget_plan(l, m),  # the documents swapped
+        lambda: _native.apply_plan_cuda(text, "no such graph", 1, None),
+    ):
+        with pytest.raises(GraphcheckError) as e:
+            call()
+        assert not isinstance(e.value, _native.InternalError), e.value
+    with pytest.raises(GraphcheckError, match="Recorder"):
+        gt.retarget(object())
