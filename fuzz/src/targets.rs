@@ -104,6 +104,7 @@ impl Corpus {
                 ranks: vec![],
                 missing_ranks: vec![],
                 superseded: vec![],
+                retarget: vec![],
             },
         };
         let mut dict = BTreeSet::new();

@@ -286,6 +286,10 @@ class Finding:
     #: (``graphcheck verify DIR``); ``None`` for one manifest, and for findings about
     #: several ranks (``rank_mismatch``, ``unused_allow``).
     rank: Optional[int] = None
+    #: For a live-check finding of one manifest against its live snapshot: whether
+    #: ``graphcheck retarget`` fixes it (every graph holding it patched instead of
+    #: recaptured); ``None`` otherwise.
+    retarget: Optional[bool] = None
 
     @classmethod
     def from_json(cls, f: Mapping[str, Any]) -> "Finding":
@@ -308,6 +312,7 @@ class Finding:
             "pool": get("pool"),
             "alloc_site": tuple(get("alloc_site", ())),
             "rank": get("rank"),
+            "retarget": get("retarget"),
         }
         if cls is not Finding:
             return cls(**values)
@@ -435,6 +440,9 @@ class Report:
     #: theirs that its owner now holds at another address, so torch records a new graph
     #: instead of replaying them (the manifest's graph ``guards``).
     superseded: tuple[str, ...] = ()
+    #: Graphs ``graphcheck retarget`` would patch instead of recapturing (one manifest
+    #: against its live snapshot; ``graphcheck.torch.retarget`` applies it).
+    retarget: tuple[str, ...] = ()
 
     @classmethod
     def _from_native(cls, verified: "_native.Verified") -> "Report":
@@ -453,6 +461,7 @@ class Report:
             ("ranks", tuple(RankSummary(**x) for x in r.get("ranks", []))),
             ("missing_ranks", tuple(r.get("missing_ranks", []))),
             ("superseded", tuple(r.get("superseded", []))),
+            ("retarget", tuple(r.get("retarget", []))),
             ("_texts", verified),
         ):
             object.__setattr__(report, name, value)

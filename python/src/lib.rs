@@ -329,6 +329,7 @@ impl Verified {
             "ranks": r.ranks,
             "missing_ranks": r.missing_ranks,
             "superseded": r.superseded,
+            "retarget": r.retarget,
         });
         guarded(|| serde_json::to_string(&head))
     }

@@ -90,6 +90,10 @@ pub fn verify(
         allow,
     )
     .map_err(|e| e.in_files(names.0, names.1.unwrap_or(Path::new("live"))))?;
+    let mut report = report;
+    if let Some((l, _, _)) = &live {
+        crate::plan::annotate(&mut report, &manifest, l);
+    }
     Ok(Verified {
         manifest,
         tables,

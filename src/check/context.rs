@@ -342,6 +342,7 @@ impl<'m> Ctx<'m> {
             kernels,
             detail,
             alloc_site: t.alloc_site.clone(),
+            retarget: None,
         }
     }
 }

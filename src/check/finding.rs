@@ -243,6 +243,12 @@ pub struct Finding {
     /// Where the captured storage was allocated, where the producer recorded it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub alloc_site: Vec<Frame>,
+    /// For a finding of a live check (`drifted`, `freed`, `reused`, `vanished`, `reshaped`,
+    /// `stale`) of one manifest against its live snapshot: whether `graphcheck retarget`
+    /// fixes it, every graph that holds it patched instead of recaptured
+    /// (`docs/retarget.md`). Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retarget: Option<bool>,
 }
 
 impl Finding {
@@ -271,6 +277,7 @@ impl Finding {
             kernels: Vec::new(),
             detail,
             alloc_site: Vec::new(),
+            retarget: None,
         }
     }
 }
@@ -319,6 +326,10 @@ pub struct Report {
     /// instead of replaying them (`Graph::guards`). Left out when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub superseded: Vec<String>,
+    /// Graphs `graphcheck retarget` would patch instead of recapturing (one manifest
+    /// against its live snapshot). Left out when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retarget: Vec<String>,
 }
 
 /// One rank's part of a report of several ranks.

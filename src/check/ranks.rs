@@ -123,6 +123,7 @@ pub fn verify_ranks(
         ranks,
         missing_ranks: missing,
         superseded,
+        retarget: Vec::new(),
     })
 }
 

@@ -305,6 +305,7 @@ fn finding(
         kernels,
         detail,
         alloc_site: t.map(|t| t.alloc_site.clone()).unwrap_or_default(),
+        retarget: None,
     }
 }
 

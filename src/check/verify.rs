@@ -255,6 +255,7 @@ pub fn verify_indexed(
         ranks: Vec::new(),
         missing_ranks: Vec::new(),
         superseded: gone,
+        retarget: Vec::new(),
     })
 }
 

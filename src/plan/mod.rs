@@ -125,6 +125,31 @@ impl Plan {
     }
 }
 
+/// Says in `r`, a report of `m` against its live snapshot `l`, what a retarget would do:
+/// each live-check finding's `retarget` (every graph that holds it would be patched), and
+/// the graphs it would patch (`Report::retarget`). A report without live checks is left
+/// as it is.
+pub fn annotate(
+    r: &mut crate::check::finding::Report,
+    m: &crate::model::format::Manifest,
+    l: &crate::model::format::Live,
+) {
+    use crate::check::finding::FindingKind as K;
+    let Ok(p) = plan(m, l, r) else {
+        return;
+    };
+    for f in &mut r.findings {
+        if matches!(
+            f.kind,
+            K::Drifted | K::Freed | K::Reused | K::Vanished | K::Reshaped | K::Stale
+        ) {
+            f.retarget =
+                Some(!f.graphs.is_empty() && f.graphs.iter().all(|g| p.retarget.contains(g)));
+        }
+    }
+    r.retarget = p.retarget;
+}
+
 /// The JSON Schema of the plan (`schema/graphcheck-plan-v1.schema.json`).
 pub fn schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(Plan)).expect("a schema serializes")

@@ -504,6 +504,14 @@ pub fn render_table_fit(r: &Report, fmt: &dyn AddrFmt, width: Option<u16>) -> St
             lines.out.push('\n');
             lines.push("recapture: ", "  ", &rc.join(", "));
         }
+        if !r.retarget.is_empty() {
+            let rt: Vec<_> = r.retarget.iter().map(|g| escape(g)).collect();
+            lines.push(
+                "retarget instead: ",
+                "  ",
+                &format!("{} (`graphcheck retarget` plans the edits)", rt.join(", ")),
+            );
+        }
     }
     if !r.allowed.is_empty() {
         let _ = write!(lines.out, "\nallowed ({}):\n", r.allowed.len());
@@ -595,6 +603,17 @@ pub fn render_markdown(r: &Report, fmt: &dyn AddrFmt) -> String {
                 out,
                 "\n**Recapture:** {}",
                 rc.iter()
+                    .map(|g| format!("`{}`", escape(g)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        if !r.retarget.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n**Retarget instead:** {} (`graphcheck retarget` plans the edits)",
+                r.retarget
+                    .iter()
                     .map(|g| format!("`{}`", escape(g)))
                     .collect::<Vec<_>>()
                     .join(", ")

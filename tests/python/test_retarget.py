@@ -164,3 +164,22 @@ def test_bad_arguments_are_graphcheck_errors_not_internal_ones():
         assert not isinstance(e.value, _native.InternalError), e.value
     with pytest.raises(GraphcheckError, match="Recorder"):
         gt.retarget(object())
+
+
+def test_verify_says_per_finding_whether_a_retarget_fixes_it():
+    # With a live snapshot, verify plans the retarget too: each live-check finding says
+    # whether every graph holding it would be patched, and the report names those graphs.
+    m, l = docs(MARLIN)
+    r = graphcheck.verify(m, l)
+    assert r.retarget == ("decode_bs1", "decode_bs8")
+    flags = {(f.kind, f.retarget) for f in r.findings}
+    assert ("drifted", True) in flags and ("freed", True) in flags
+    assert {f.retarget for f in r.findings if f.kind == "unregistered"} == {None}
+    assert "retarget instead: decode_bs1, decode_bs8" in str(r)
+    m, l = docs(RESHAPE)
+    r = graphcheck.verify(m, l)
+    assert r.retarget == ()
+    assert [(f.kind, f.retarget) for f in r.findings] == [("reshaped", False)]
+    # Without a live snapshot there is nothing to plan.
+    r = graphcheck.verify(m)
+    assert r.retarget == () and all(f.retarget is None for f in r.findings)

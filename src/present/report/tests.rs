@@ -205,6 +205,7 @@ fn many(n: usize) -> Report {
             }],
             detail: "held only as object_attribute; register it as a buffer".into(),
             alloc_site: vec![],
+            retarget: None,
         })
         .collect();
     Report {
@@ -221,6 +222,7 @@ fn many(n: usize) -> Report {
         ranks: vec![],
         missing_ranks: vec![],
         superseded: vec![],
+        retarget: vec![],
     }
 }
 
