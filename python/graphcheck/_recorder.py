@@ -144,6 +144,9 @@ class Recorder:
         self._watched: list = []  # the weak references whose callbacks note a death
         self._graphs_walked = 0  # graphs added before the last walk
         self._walked: list = []  # _native.Walked objects, by graphs' walked_index
+        #: The retargets applied to the recorded graphs (``graphcheck.torch.retarget``), in
+        #: order: each ``{"graphs": [...], "edits": n, "time": seconds since the epoch}``.
+        self.retargets: list = []
         self._extra: list = []  # (path, tensor, registration)
         # What explains an address without a walk (class docstring), packed as (base,
         # size) words for Walked.unexplained, each part when it changes: the storages of
@@ -198,6 +201,22 @@ class Recorder:
                     continue
             out[r] = obj
         return out
+
+    def replace_walked(self, name: str, walked: "_native.Walked") -> None:
+        """Puts ``walked``, a new walk of graph ``name``'s template, in place of the walk it
+        was recorded with: after a retarget patched the graph (``graphcheck.torch.retarget``)
+        the manifest describes what it reads now. Raises :class:`GraphcheckError` for a
+        name the recorder has not recorded."""
+        for entry in self._graphs:
+            if entry["name"] == name:
+                entry.pop("walked", None)
+                if "walked_index" in entry:
+                    self._walked[entry["walked_index"]] = walked
+                else:
+                    entry["walked_index"] = len(self._walked)
+                    self._walked.append(walked)
+                return
+        raise GraphcheckError(f"the recorder has no graph named {name!r}")
 
     def rewalk(self) -> Registry:
         """Walks the model (and every root) now, keeping the owners earlier walks found

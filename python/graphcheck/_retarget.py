@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from . import _args, _native
 from ._api import Allow, Document, document_source
 from ._native import GraphcheckError
-from ._recorder import Recorder
+from ._recorder import Recorder, walk_graph
 from ._snapshot import snapshot
 from ._torch_import import import_torch
 
@@ -115,7 +116,10 @@ def retarget(
     when not given). ``graphs`` maps each graph name to its ``torch.cuda.CUDAGraph``
     (``keep_graph=True``); a graph to retarget that is not given is refused, untouched.
     ``apply=False`` only plans. ``manifest`` is the manifest to plan from (the recorder's
-    by default). Each graph is patched all or nothing, after ``torch.cuda.synchronize()``:
+    by default); planned from the recorder's, each patched graph is walked again into the
+    recorder (:meth:`Recorder.replace_walked`) and the roots walked, so that the recorder's
+    manifest from then on describes what the patched graphs read, and
+    :attr:`Recorder.retargets` notes the retarget (graphs, edits, time). Each graph is patched all or nothing, after ``torch.cuda.synchronize()``:
     no replay may be in flight, nor run from another thread during the call."""
     if not isinstance(recorder, Recorder):
         raise GraphcheckError(
@@ -157,6 +161,20 @@ def retarget(
         else:
             refused[name] = outcome["why"]
     after = json.loads(_native.retargeted_manifest(m_src, l_src, plan_text, done))
+    if done and manifest is None:
+        # The recorder describes the patched graphs from now on: each is walked again (its
+        # template holds the new words), and the roots are walked for the owners of what
+        # they read now.
+        for name in done:
+            recorder.replace_walked(name, walk_graph(given[name].raw_cuda_graph()))
+        recorder.rewalk()
+        recorder.retargets.append(
+            {
+                "graphs": list(done),
+                "edits": sum(outcomes[n]["edits"] for n in done),
+                "time": time.time(),
+            }
+        )
     return RetargetResult(
         plan=p, retargeted=tuple(done), refused=refused, manifest=after, outcomes=outcomes
     )

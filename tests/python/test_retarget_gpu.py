@@ -11,6 +11,8 @@ manifest after applying verifies clean against a new snapshot. Also a memset nod
 import ctypes
 import struct
 
+import pytest
+
 import graphcheck
 import graphcheck.torch as gt
 from graphcheck import _native
@@ -76,11 +78,11 @@ def test_a_plain_attribute_rebuilt_at_a_new_address_is_retargeted(cuda):
     live = gt.snapshot(None, res.manifest, roots=rec.roots())
     report = graphcheck.verify(res.manifest, live)
     assert live_findings(report) == [], report.table
-    # And the recorder's manifest, against a snapshot that probes its own addresses, does
-    # not.
-    before_manifest = rec.manifest()
-    old_live = gt.snapshot(None, before_manifest, roots=rec.roots())
-    assert live_findings(graphcheck.verify(before_manifest, old_live))
+    # The recorder describes the patched graph from now on: walked again, its manifest
+    # verifies clean against a snapshot of its own addresses; the retarget is noted.
+    now = rec.manifest()
+    assert live_findings(graphcheck.verify(now, gt.snapshot(None, now, roots=rec.roots()))) == []
+    assert [r["graphs"] for r in rec.retargets] == [["decode"]] and rec.retargets[0]["edits"] >= 1
 
 
 def test_a_memset_node_follows_its_rebuilt_buffer(cuda):
@@ -119,3 +121,44 @@ def test_a_memset_node_follows_its_rebuilt_buffer(cuda):
     assert torch.equal(model.acc, torch.full_like(model.acc, 3.0))
     assert int(old.count_nonzero()) == 0  # the old buffer is no longer written
     assert torch.equal(out, x * 3.0)
+
+
+def test_verify_on_replay_retarget_patches_the_graph_before_its_replay(cuda):
+    torch = cuda
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(N, N, bias=False, device="cuda")
+    model.scale = torch.full((N,), 2.0, device="cuda")  # a plain attribute
+    x = torch.randn(4, N, device="cuda")
+
+    def step():
+        return model.proj(x) * model.scale
+
+    ins = gt.instrument(None, model=model, name="decode", verify_on_replay="retarget")
+    try:
+        warm_up(torch, step)
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(g):
+            y = step()
+        g.replay()
+        old = model.scale
+        model.scale = torch.full((N,), 3.0, device="cuda")  # rebuilt at a new address
+        gt.mark_transition("reload_weights() (scale rebuilt)", "updated")
+        g.replay()  # checked first: retargeted, then replayed
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            assert torch.equal(y, step()), (y - step()).abs().max().item()
+        assert [r["graphs"] for r in ins.recorder.retargets] == [["decode"]]
+        # The next check reads the patched graph: nothing moved, nothing refused.
+        gt.mark_transition("wake (nothing moved)", "preserved")
+        g.replay()
+        torch.cuda.synchronize()
+        assert ins.errors == []
+        # A reshape cannot be retargeted: refused before the kernels run, saying why.
+        with torch.no_grad():
+            model.proj.weight.data = model.proj.weight.data.t()
+        gt.mark_transition("reload_weights() (weight respecified)", "updated")
+        with pytest.raises(gt.ReplayCheckError, match="retarget plan refuses it"):
+            g.replay()
+        del old
+    finally:
+        gt.uninstrument(ins)

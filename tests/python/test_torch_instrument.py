@@ -515,6 +515,36 @@ def test_replay_after_a_rebinding_reload_is_refused_before_the_kernels_run(torch
     gt.uninstrument(ins)
 
 
+def test_verify_on_replay_retarget_refuses_what_it_cannot_patch_saying_why(torch, fake):
+    # on_findings="retarget": a graph the plan fixes is patched before its replay through
+    # the driver (shown on the H200 by test_retarget_gpu.py); here there is no driver, so
+    # the patch fails and the replay is refused as "raise" refuses it, with the reason.
+    model = make_model(torch)
+    ins = gt.instrument(None, model=model, verify_on_replay="retarget")
+    g = capture(torch, model)
+    rebind_weight(torch, model)
+    gt.mark_transition("reload_weights()", "updated")
+    with pytest.raises(gt.ReplayCheckError) as e:
+        g.replay()
+    assert replays(g) == 0, "the refused replay never reached torch"
+    assert "replay refused (not retargeted: " in str(e.value), e.value
+    assert e.value.report.retarget == ("capture0",), "the plan would retarget it"
+    assert ins.recorder.retargets == []
+    gt.uninstrument(ins)
+    # A graph the plan refuses is refused at once, saying the plan refuses it.
+    model = make_model(torch)
+    ins = gt.instrument(None, model=model, verify_on_replay="retarget")
+    g = capture(torch, model)
+    with torch.no_grad():
+        model.proj.weight.data = model.proj.weight.data.t()  # same storage, another layout
+    gt.mark_transition("reload_weights()", "updated")
+    with pytest.raises(gt.ReplayCheckError) as e:
+        g.replay()
+    assert "the retarget plan refuses it" in str(e.value), e.value
+    assert [f.kind for f in e.value.findings] == ["reshaped"], e.value
+    gt.uninstrument(ins)
+
+
 def test_a_clean_transition_is_checked_once_per_epoch_for_all_graphs(torch, fake, monkeypatch):
     from graphcheck._instrument import replay_check
 
@@ -585,7 +615,7 @@ def test_off_by_default_and_from_the_environment(torch, fake, monkeypatch):
     gt.uninstrument()
 
     monkeypatch.setenv(gt.ENV_VERIFY_ON_REPLAY, "sometimes")
-    with pytest.raises(graphcheck.GraphcheckError, match="GRAPHCHECK_VERIFY_ON_REPLAY is 'raise', 'warn' or 'off'"):
+    with pytest.raises(graphcheck.GraphcheckError, match="GRAPHCHECK_VERIFY_ON_REPLAY is 'raise', 'warn', 'retarget' or 'off'"):
         gt.instrument(None)
     with pytest.raises(graphcheck.GraphcheckError, match="verify_on_replay is one of"):
         gt.instrument(None, verify_on_replay="loudly")

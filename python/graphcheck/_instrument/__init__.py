@@ -101,7 +101,10 @@ def instrument(
     package's sleep allocator waking, a torch_memory_saver resume,
     ``Module.load_state_dict``): ``"raise"`` (or ``True``) raises
     :class:`ReplayCheckError` before the kernels run when the graph reads memory that
-    changed since capture; ``"warn"`` warns and replays. A replay with nothing pending
+    changed since capture; ``"warn"`` warns and replays; ``"retarget"`` patches a graph
+    whose every such finding the retarget plan fixes (``docs/retarget.md``: its words made
+    to read what the owners hold now, all or nothing, through the driver) and replays it,
+    and refuses the others as ``"raise"`` does, saying why. A replay with nothing pending
     costs one comparison.
 
     With no ``model`` and no :func:`register_model` root, ``discover`` (default on) finds

@@ -38,6 +38,8 @@ from typing import Any, Optional
 from .. import _args, _native
 from .._api import verify
 from .._native import GraphcheckError
+from .._recorder import fatal
+from .._retarget import retarget
 from .._snapshot import snapshot
 from .host import warn
 from .transitions import latest, rewritten_since
@@ -53,6 +55,7 @@ __all__ = [
     "describe",
     "live_findings",
     "on_findings_arg",
+    "retarget_before_replay",
     "run_check",
 ]
 
@@ -61,10 +64,11 @@ __all__ = [
 LIVE_KINDS = frozenset(_native.LIVE_KINDS)
 
 #: The environment variable that turns the replay check on for :func:`instrument` (and
-#: ``GRAPHCHECK_DIR``'s zero-code attach): ``raise`` or ``warn``; ``off`` or empty: off.
+#: ``GRAPHCHECK_DIR``'s zero-code attach): ``raise``, ``warn`` or ``retarget``; ``off`` or
+#: empty: off.
 ENV_VERIFY_ON_REPLAY = "GRAPHCHECK_VERIFY_ON_REPLAY"
 
-ON_FINDINGS = ("raise", "warn")
+ON_FINDINGS = ("raise", "warn", "retarget")
 
 # One check at a time: its result is kept for the epoch it was made at.
 _LOCK = threading.RLock()
@@ -199,13 +203,22 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
         found = live_findings(report, name)
         if not found:
             continue
+        why_not = ""
+        if checker.on_findings == "retarget":
+            if name in report.retarget:
+                why_not = retarget_before_replay(ins, checker, name, cuda_graph)
+                if not why_not:
+                    continue
+            else:
+                why_not = "the retarget plan refuses it (graphcheck retarget says why)"
         message = (
             f"graphcheck: graph {name!r} reads memory that changed since capture "
             f"(after {event!r}): {len(found)} finding{'s' if len(found) != 1 else ''}; "
-            f"{'replay refused' if checker.on_findings == 'raise' else 'replaying anyway'}\n"
+            f"{'replaying anyway' if checker.on_findings == 'warn' else 'replay refused'}"
+            f"{f' (not retargeted: {why_not})' if why_not else ''}\n"
             f"{describe(found)}"
         )
-        if checker.on_findings == "raise":
+        if checker.on_findings in ("raise", "retarget"):
             raise ReplayCheckError(message, report=report, graph=name, findings=found)
         # Shown, never raised, where the filters make warnings errors: asked to warn, the
         # check must not read as a failure of its own (nor stop the graphs after this one).
@@ -213,14 +226,34 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
     cuda_graph._graphcheck_epoch = at
 
 
+def retarget_before_replay(ins, checker: "Checker", name: str, cuda_graph) -> str:
+    """Patches graph ``name`` (``cuda_graph``) to read what its owners hold now
+    (``graphcheck.torch.retarget``), all or nothing; returns ``""`` when it was, else why
+    not. The instrumentation's manifest and the check's report are made again afterwards:
+    the next check reads the patched graph."""
+    try:
+        res = retarget(ins.recorder, graphs={name: cuda_graph})
+    except BaseException as e:  # noqa: BLE001 - the graph is refused, saying why
+        if fatal(e):
+            raise
+        return f"{type(e).__name__}: {e}"
+    if name not in res.retargeted:
+        return res.refused.get(name, "the plan does not retarget it")
+    with _LOCK:
+        ins._frozen = None
+        checker._epoch, checker._result = None, None
+    return ""
+
+
 def on_findings_arg(value: Any) -> Optional[str]:
     """``verify_on_replay``: ``None`` (the environment variable decides), ``False``/"off",
-    ``True``/"raise", or "warn"."""
+    ``True``/"raise", "warn", or "retarget" (patch a graph the retarget plan fixes before
+    its replay, refuse the rest as "raise" does)."""
     if value is None:
         value = os.environ.get(ENV_VERIFY_ON_REPLAY, "").strip().lower() or "off"
         if value not in ON_FINDINGS + ("off",):
             raise GraphcheckError(
-                f"{ENV_VERIFY_ON_REPLAY} is 'raise', 'warn' or 'off', not {value!r}"
+                f"{ENV_VERIFY_ON_REPLAY} is 'raise', 'warn', 'retarget' or 'off', not {value!r}"
             )
     if value is True:
         return "raise"
