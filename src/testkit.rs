@@ -140,6 +140,7 @@ pub fn manifest() -> Manifest {
             node_counts: BTreeMap::from([("kernel".into(), 2)]),
             unread: vec![],
             guards: Vec::new(),
+            retargets: Vec::new(),
             nodes: vec![
                 node(0, vec![touch(Some(0), 0, 0), touch(None, 3, 0x40)]),
                 node(1, vec![touch(Some(2), 2, 0)]),
@@ -152,6 +153,7 @@ pub fn manifest() -> Manifest {
             node_counts: BTreeMap::from([("kernel".into(), 1)]),
             unread: vec![],
             guards: Vec::new(),
+            retargets: Vec::new(),
             nodes: vec![node(0, vec![touch(Some(1), 1, 0x10), touch(None, 4, 0)])],
         },
     ];

@@ -483,6 +483,7 @@ fn build_graphs(
             node_counts: counts,
             unread: Vec::new(),
             guards: Vec::new(),
+            retargets: Vec::new(),
             nodes,
         });
     }

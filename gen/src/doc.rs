@@ -395,6 +395,7 @@ impl Doc {
             node_counts: BTreeMap::new(),
             unread: Vec::new(),
             guards: Vec::new(),
+            retargets: Vec::new(),
             nodes: Vec::new(),
         });
         self.graphs.len() - 1

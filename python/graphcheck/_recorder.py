@@ -218,6 +218,15 @@ class Recorder:
                 return
         raise GraphcheckError(f"the recorder has no graph named {name!r}")
 
+    def note_retarget(self, name: str, record: dict) -> None:
+        """Notes a retarget applied to graph ``name`` (``{"event", "edits", "time"}``): the
+        manifest's ``retargets`` of that graph."""
+        for entry in self._graphs:
+            if entry["name"] == name:
+                entry["retargets"] = [*entry.get("retargets", ()), dict(record)]
+                return
+        raise GraphcheckError(f"the recorder has no graph named {name!r}")
+
     def rewalk(self) -> Registry:
         """Walks the model (and every root) now, keeping the owners earlier walks found
         that this one no longer reaches (:meth:`Registry.absorb`). A recorder without a

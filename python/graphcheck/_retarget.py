@@ -109,6 +109,7 @@ def retarget(
     allow: Optional[Allow] = None,
     apply: bool = True,
     manifest: Optional[Document] = None,
+    event: str = "graphcheck.torch.retarget",
 ) -> RetargetResult:
     """Plans and applies the retarget of ``recorder``'s graphs.
 
@@ -119,13 +120,15 @@ def retarget(
     by default); planned from the recorder's, each patched graph is walked again into the
     recorder (:meth:`Recorder.replace_walked`) and the roots walked, so that the recorder's
     manifest from then on describes what the patched graphs read, and
-    :attr:`Recorder.retargets` notes the retarget (graphs, edits, time). Each graph is patched all or nothing, after ``torch.cuda.synchronize()``:
+    :attr:`Recorder.retargets` notes the retarget (graphs, edits, time, ``event``), as does
+    each patched graph's ``retargets`` in the manifest. Each graph is patched all or nothing, after ``torch.cuda.synchronize()``:
     no replay may be in flight, nor run from another thread during the call."""
     if not isinstance(recorder, Recorder):
         raise GraphcheckError(
             f"recorder is a graphcheck.torch.Recorder, not {_args.show(recorder)}"
         )
     apply = _args.flag("apply", apply)
+    event = _args.text("event", event)
     given = dict(_args.optional_mapping("graphs", graphs) or {})
     m_doc: Document = manifest if manifest is not None else recorder.manifest()
     if live is None:
@@ -165,14 +168,19 @@ def retarget(
         # The recorder describes the patched graphs from now on: each is walked again (its
         # template holds the new words), and the roots are walked for the owners of what
         # they read now.
+        now = time.time()
         for name in done:
             recorder.replace_walked(name, walk_graph(given[name].raw_cuda_graph()))
+            recorder.note_retarget(
+                name, {"event": event, "edits": outcomes[name]["edits"], "time": now}
+            )
         recorder.rewalk()
         recorder.retargets.append(
             {
                 "graphs": list(done),
                 "edits": sum(outcomes[n]["edits"] for n in done),
-                "time": time.time(),
+                "time": now,
+                "event": event,
             }
         )
     return RetargetResult(

@@ -257,6 +257,9 @@ impl Serialize for GraphOut<'_> {
         if !g.guards.is_empty() {
             m.serialize_entry("guards", &g.guards)?;
         }
+        if !g.retargets.is_empty() {
+            m.serialize_entry("retargets", &g.retargets)?;
+        }
         m.serialize_entry("nodes", &NodesOut(self))?;
         m.end()
     }

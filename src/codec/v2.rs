@@ -178,6 +178,9 @@ pub struct GraphV2<T = Vec<TouchList>> {
     /// As in format 1.
     #[serde(default)]
     pub guards: Vec<Guard>,
+    /// As in format 1.
+    #[serde(default)]
+    pub retargets: Vec<crate::model::format::RetargetRecord>,
     pub nodes: NodeColumns<T>,
 }
 
@@ -364,6 +367,7 @@ fn graph<T: TouchColumn>(
         node_counts: g.node_counts,
         unread: g.unread,
         guards: g.guards,
+        retargets: g.retargets,
         nodes,
     })
 }

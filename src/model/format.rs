@@ -646,15 +646,15 @@ pub struct Graph {
     /// replaying this one, which verify then leaves out (`superseded`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub guards: Vec<Guard>,
+    /// The retargets applied to this graph since its capture (`docs/retarget.md`), in
+    /// order: its words, as recorded, are the patched ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retargets: Vec<RetargetRecord>,
     pub nodes: Vec<Node>,
 }
 
-/// A static input address of a graph and the owner paths that held it at capture.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Guard {
-    pub addr: Addr,
-    pub paths: Vec<String>,
-}
+mod graph_records;
+pub use graph_records::{Guard, RetargetRecord};
 
 /// The state of the allocator at an address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

@@ -174,7 +174,8 @@ impl Patcher for HostGraph {
 /// The manifest after the graphs named in `applied` were patched by `plan`: each edited
 /// touch names the new address and a tensor record of what its owner holds now (taken
 /// from the live snapshot, with the live allocation and pool, matched by base and name);
-/// those paths own the new record. Where a graph not patched still reads the old record,
+/// those paths own the new record; each patched graph notes the retarget
+/// (`Graph::retargets`). Where a graph not patched still reads the old record,
 /// both stay, each with a storage number, and a path that held both is given once per
 /// storage (`docs/format.md`).
 pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[String]) -> Manifest {
@@ -198,6 +199,11 @@ pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[Strin
         let Some(g) = out.graphs.iter_mut().find(|g| g.name == gp.graph) else {
             continue;
         };
+        g.retargets.push(crate::model::format::RetargetRecord {
+            event: "retarget".into(),
+            edits: u32::try_from(gp.edits.len()).unwrap_or(u32::MAX),
+            time: None,
+        });
         for e in &gp.edits {
             let Some(n) = g.nodes.iter_mut().find(|n| n.index == e.node) else {
                 continue;

@@ -144,6 +144,19 @@ fn the_manifest_after_applying_verifies_clean_against_the_live_state() {
     let p = plan_of(&m, &l);
     let after = retargeted_manifest(&m, &l, &p, &["bs1".to_string()]);
     crate::index::refs::check_manifest(&after).expect("the new manifest is consistent");
+    // The patched graph notes the retarget; the other does not; both formats keep it.
+    assert_eq!(after.graphs[0].retargets.len(), 1);
+    assert_eq!(after.graphs[0].retargets[0].edits, 2);
+    assert!(after.graphs[1].retargets.is_empty());
+    for v in [1, 2] {
+        let text = serde_json::to_vec(&after.clone().in_version(v)).unwrap();
+        let back =
+            crate::codec::load::parse_manifest(&text, std::path::Path::new("m.json")).unwrap();
+        assert_eq!(
+            back.graphs[0].retargets, after.graphs[0].retargets,
+            "format {v}"
+        );
+    }
     let probed = probed_for(&l, &after);
     let r = verify(&after, Some(&probed), &Allowlist::default()).unwrap();
     let live_kinds: Vec<_> = r

@@ -117,6 +117,8 @@ pub struct ManifestBuilder {
     free_ranges: Vec<(u64, u64)>,
     /// Each graph's guarded static inputs (`Graph::guards`), by graph.
     guards: HashMap<GraphId, Vec<Guard>>,
+    /// Each graph's retargets (`Graph::retargets`), by graph.
+    retargets: HashMap<GraphId, Vec<crate::model::format::RetargetRecord>>,
 }
 
 impl ManifestBuilder {
@@ -134,7 +136,17 @@ impl ManifestBuilder {
             graphs: Vec::new(),
             free_ranges: Vec::new(),
             guards: HashMap::new(),
+            retargets: HashMap::new(),
         }
+    }
+
+    /// Records the retargets applied to graph `id` ([`Graph::retargets`]).
+    pub fn note_retargets(
+        &mut self,
+        id: GraphId,
+        records: Vec<crate::model::format::RetargetRecord>,
+    ) {
+        self.retargets.entry(id).or_default().extend(records);
     }
 
     /// Records the static inputs torch's CUDA-graph trees guard for graph `id`
@@ -304,6 +316,7 @@ impl ManifestBuilder {
             layout_by_name: FxHashMap::default(),
         };
         let mut guards = self.guards;
+        let mut retargets = self.retargets;
         let graphs: Vec<Graph> = self
             .graphs
             .into_iter()
@@ -317,6 +330,7 @@ impl ManifestBuilder {
                     node_counts: walked.node_counts.clone(),
                     unread: walked.unread.clone(),
                     guards: guards.remove(&GraphId(gi as u32)).unwrap_or_default(),
+                    retargets: retargets.remove(&GraphId(gi as u32)).unwrap_or_default(),
                     nodes: walked.nodes.iter().map(|n| nodes.node(n)).collect(),
                 }
             })

@@ -82,6 +82,9 @@ struct GraphSpec {
     /// The static inputs torch's CUDA-graph trees guard for the graph (`Graph::guards`).
     #[serde(default)]
     guards: Vec<Guard>,
+    /// The retargets applied to the graph (`Graph::retargets`).
+    #[serde(default)]
+    retargets: Vec<crate::model::format::RetargetRecord>,
 }
 
 /// Why a build spec gave no manifest. `at` is where in the spec (`owners[3]`).
@@ -245,6 +248,9 @@ pub fn build(
         let id = b.add_graph(&g.name, g.pool, graph);
         if !g.guards.is_empty() {
             b.guard_graph(id, g.guards);
+        }
+        if !g.retargets.is_empty() {
+            b.note_retargets(id, g.retargets);
         }
     }
     b.finish().map_err(at("failed to build".into()))

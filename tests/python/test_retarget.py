@@ -183,3 +183,20 @@ def test_verify_says_per_finding_whether_a_retarget_fixes_it():
     # Without a live snapshot there is nothing to plan.
     r = graphcheck.verify(m)
     assert r.retarget == () and all(f.retarget is None for f in r.findings)
+
+
+def test_a_recorded_graph_notes_its_retargets_in_the_manifest(torch):
+    # What graphcheck.torch.retarget does after patching a graph, without a GPU: the
+    # recorder notes the retarget on the graph, and the manifest carries it (both formats:
+    # src/plan/tests.rs); a name the recorder does not have is an error.
+    from conftest import kernel, walked
+
+    model = torch.nn.Module()
+    model.w = torch.zeros(4)
+    rec = gt.Recorder(model)
+    rec.add_graph("bs1", _native.Walked.from_json(walked(kernel(0, "k", model.w))))
+    rec.note_retarget("bs1", {"event": "reload", "edits": 2, "time": 1.5})
+    (g,) = graphcheck.load(rec.manifest())["graphs"]
+    assert g["retargets"] == [{"event": "reload", "edits": 2, "time": 1.5}]
+    with pytest.raises(GraphcheckError, match="no graph named 'bs9'"):
+        rec.note_retarget("bs9", {"event": "x", "edits": 1})

@@ -83,6 +83,8 @@ def test_a_plain_attribute_rebuilt_at_a_new_address_is_retargeted(cuda):
     now = rec.manifest()
     assert live_findings(graphcheck.verify(now, gt.snapshot(None, now, roots=rec.roots()))) == []
     assert [r["graphs"] for r in rec.retargets] == [["decode"]] and rec.retargets[0]["edits"] >= 1
+    (g_doc,) = graphcheck.load(now)["graphs"]
+    assert [r["edits"] for r in g_doc["retargets"]] == [rec.retargets[0]["edits"]], g_doc.get("retargets")
 
 
 def test_a_memset_node_follows_its_rebuilt_buffer(cuda):

@@ -206,7 +206,9 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
         why_not = ""
         if checker.on_findings == "retarget":
             if name in report.retarget:
-                why_not = retarget_before_replay(ins, checker, name, cuda_graph)
+                why_not = retarget_before_replay(
+                    ins, checker, name, cuda_graph, f"verify_on_replay after {event or 'a transition'}"
+                )
                 if not why_not:
                     continue
             else:
@@ -226,13 +228,13 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
     cuda_graph._graphcheck_epoch = at
 
 
-def retarget_before_replay(ins, checker: "Checker", name: str, cuda_graph) -> str:
+def retarget_before_replay(ins, checker: "Checker", name: str, cuda_graph, event: str) -> str:
     """Patches graph ``name`` (``cuda_graph``) to read what its owners hold now
     (``graphcheck.torch.retarget``), all or nothing; returns ``""`` when it was, else why
     not. The instrumentation's manifest and the check's report are made again afterwards:
     the next check reads the patched graph."""
     try:
-        res = retarget(ins.recorder, graphs={name: cuda_graph})
+        res = retarget(ins.recorder, graphs={name: cuda_graph}, event=event)
     except BaseException as e:  # noqa: BLE001 - the graph is refused, saying why
         if fatal(e):
             raise
