@@ -542,6 +542,9 @@ def test_verify_on_replay_retarget_refuses_what_it_cannot_patch_saying_why(torch
         g.replay()
     assert "the retarget plan refuses it" in str(e.value), e.value
     assert [f.kind for f in e.value.findings] == ["reshaped"], e.value
+    # check() only reports: retargeting needs the graph objects a replay has.
+    with pytest.raises(graphcheck.GraphcheckError, match="on_findings is one of 'raise', 'warn'"):
+        gt.check(ins, on_findings="retarget")
     gt.uninstrument(ins)
 
 
