@@ -1,0 +1,133 @@
+"""Retarget against recapture (GPU; issue 31's cost): the anchor model of DESIGN.md (64
+bf16 layers, 8 batch sizes into one pool, benches/anchor_model.py) recorded once; then, per
+run, one tensor per layer rebound the way process_weights_after_loading's
+``replace_parameter`` does (each RMSNorm weight replaced by a new Parameter with the same
+values, at a new address), and, side by side in one process:
+
+  retarget   graphcheck.torch.retarget(rec, graphs=...): the live snapshot, the plan
+             (verify included), every graph patched through the driver all or nothing,
+             each walked again into the recorder and the roots walked (all-in)
+  plan only  the same with apply=False: snapshot and plan, nothing patched
+  recapture  the same 8 graphs captured again with plain torch (anchor_model.capture_plain):
+             what an engine pays instead
+
+It also checks each retargeted graph's replay against eager (bitwise, and the largest
+difference), that the recorder's manifest after the last run verifies with no live
+finding, and times a replay of the smallest and largest graph before and after (CUDA
+events, median of 50 replays).
+
+Run on a GPU machine with graphcheck installed:
+    python3 benches/retarget_bench.py --runs 5 [--json OUT]
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def replay_ms(torch, g, n=50):
+    """Median milliseconds of one replay of ``g`` over ``n`` (CUDA events)."""
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    import anchor_model  # benches/, first on sys.path when run as a script
+    import torch
+
+    import graphcheck
+    import graphcheck.torch as gt
+
+    model, xs = anchor_model.warmed()
+    bss = anchor_model.BATCH_SIZES
+    pool = torch.cuda.graph_pool_handle()
+    rec = gt.Recorder(model)
+    gs, outs = {}, {}
+    for b in bss:
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.no_grad(), gt.graph(g, recorder=rec, name=f"bs{b}", pool=pool, inputs={"x": xs[b]}):
+            outs[b] = model(xs[b])
+        gs[f"bs{b}"] = g
+    torch.cuda.synchronize()
+    small, large = gs[f"bs{bss[0]}"], gs[f"bs{bss[-1]}"]
+    before = {"small": replay_ms(torch, small), "large": replay_ms(torch, large)}
+
+    def rebind():
+        with torch.no_grad():
+            for block in model:
+                block.norm.weight = torch.nn.Parameter(block.norm.weight.detach().clone())
+        torch.cuda.synchronize()
+
+    retarget_s, plan_s, recapture_s, edits = [], [], [], []
+    worst, bitwise = 0.0, True
+    for i in range(args.runs):
+        rebind()
+        t0 = time.perf_counter()
+        planned = gt.retarget(rec, graphs=gs, apply=False)
+        plan_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        res = gt.retarget(rec, graphs=gs)
+        torch.cuda.synchronize()
+        retarget_s.append(time.perf_counter() - t0)
+        if not res.ok or len(res.retargeted) != len(bss):
+            print(f"run {i + 1}: not every graph was retargeted: {res.refused}", file=sys.stderr)
+            return 1
+        edits.append(res.plan["edits"])
+        assert planned.plan["edits"] == res.plan["edits"]
+        for b in bss:
+            gs[f"bs{b}"].replay()
+            torch.cuda.synchronize()
+            with torch.no_grad():
+                eager = model(xs[b])
+            bitwise &= bool(torch.equal(outs[b], eager))
+            worst = max(worst, (outs[b].float() - eager.float()).abs().max().item())
+        t, fresh = anchor_model.capture_plain(model, xs)
+        recapture_s.append(t)
+        del fresh
+        print(f"[retarget] run {i + 1}/{args.runs}: retarget {retarget_s[-1] * 1e3:.1f} ms "
+              f"(plan only {plan_s[-1] * 1e3:.1f} ms), recapture {t * 1e3:.1f} ms, "
+              f"{edits[-1]} edits", file=sys.stderr)
+    after = {"small": replay_ms(torch, small), "large": replay_ms(torch, large)}
+    now = rec.manifest()
+    live = gt.snapshot(None, now, roots=rec.roots())
+    left = [f for f in graphcheck.verify(now, live).findings if f.kind in ("drifted", "freed", "reused", "vanished", "reshaped", "stale")]
+
+    r, p, c = (statistics.median(v) for v in (retarget_s, plan_s, recapture_s))
+    rows = {
+        "graphs": len(bss), "layers": len(model), "edits_per_run": statistics.median(edits),
+        "retarget_ms": r * 1e3, "plan_only_ms": p * 1e3, "recapture_ms": c * 1e3,
+        "recapture_over_retarget": c / r, "replay_bitwise_equal_to_eager": bitwise,
+        "replay_max_abs_diff": worst, "replay_ms_before": before, "replay_ms_after": after,
+        "live_findings_after": len(left), "runs": args.runs,
+    }
+    print(f"anchor model: {len(model)} layers, {len(bss)} graphs; one tensor per layer rebound per run; "
+          f"{rows['edits_per_run']:.0f} word edits per retarget")
+    print(f"retarget (all-in)  {r * 1e3:8.1f} ms (median of {args.runs})")
+    print(f"  plan only        {p * 1e3:8.1f} ms")
+    print(f"recapture (plain)  {c * 1e3:8.1f} ms")
+    print(f"recapture / retarget: {c / r:.2f}x (target: at least 100x)")
+    print(f"replays after retarget: bitwise equal to eager: {bitwise}; largest difference {worst}")
+    print(f"replay ms, bs{bss[0]}: {before['small']:.3f} before, {after['small']:.3f} after; "
+          f"bs{bss[-1]}: {before['large']:.3f} before, {after['large']:.3f} after")
+    print(f"live findings of the recorder's manifest after the last retarget: {len(left)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
