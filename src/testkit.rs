@@ -28,6 +28,7 @@ pub fn producer() -> Producer {
         framework: None,
         rank: 0,
         world_size: 1,
+        session: None,
     }
 }
 

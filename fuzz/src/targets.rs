@@ -570,6 +570,7 @@ pub fn signature(rng: &mut SmallRng, c: &Corpus) -> (Vec<u8>, Outcome) {
         framework: None,
         rank: 0,
         world_size: 1,
+        session: None,
     });
     b.add_graph("g", None, walked);
     let input = name.into_bytes();

@@ -84,6 +84,7 @@ pub fn producer() -> Producer {
         framework: Some("torch 2.11.0 (modelled)".into()),
         rank: 0,
         world_size: 1,
+        session: None,
     }
 }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import uuid
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Union
 
@@ -128,6 +129,11 @@ class Recorder:
         )
         self.digests: Optional[str] = digests_arg("digests", digests) or None
         self.producer = dict(_args.optional_mapping("producer", producer) or {})
+        #: This recorder's producer session: its manifests and the snapshots taken with it
+        #: (``snapshot(..., recorder=)``, the replay check, :func:`retarget`) number each
+        #: storage object alike, so that verify tells a new storage the allocator put in a
+        #: dead one's block from the captured one (``docs/format.md``, "Storage numbers").
+        self.session = uuid.uuid4().hex
         self.registry: Optional[Registry] = None
         #: Walks of the roots so far (the first graph's, and every one a later graph's
         #: unexplained address asked for).
@@ -267,6 +273,23 @@ class Recorder:
                 continue
             rec.lifetime = life
         self._graphs_walked = len(self._graphs)
+
+    def storage_numbers(self, records: list) -> list:
+        """For each :class:`TensorRecord <graphcheck._registry.TensorRecord>` of a walk
+        (a live snapshot's), the number this recorder gave its storage object, or ``None``
+        for a storage the recorder never saw (a new one, wherever the allocator put it)
+        or that cannot be told (no weak references, or dead)."""
+        out: list = []
+        for rec in records:
+            s = rec.storage() if rec.storage is not None else None
+            life = None
+            if s is not None:
+                try:
+                    life = self._lifetimes.get(s)
+                except TypeError:  # not weakly referenceable: not numbered
+                    life = None
+            out.append(None if life is None else life[0])
+        return out
 
     # Keeping owners current (class docstring) ------------------------------------------
 
@@ -545,7 +568,7 @@ class Recorder:
             pool_bindings=[{"key": list(k), "pool": v} for k, v in self._pool_by_key.items()],
             graphs=[{**g, "guards": list(g["guards"])} if "guards" in g else dict(g) for g in self._graphs],
             walked=list(self._walked),
-            producer=dict(self.producer),
+            producer={"session": self.session, **self.producer},
             digests=self.digests,
         )
 
@@ -556,6 +579,11 @@ class Recorder:
         # Read at the build, not copied at the freeze: a storage that died since ends at
         # the graphs added by then, none fewer than the frozen ones, so they read the same.
         _number_storages(tensors, f.registry.tensors)
+        # Every storage with a lifetime carries its number: a snapshot of this session
+        # numbers the storages it finds alike (`storage_numbers`).
+        for spec, rec in zip(tensors, f.registry.tensors):
+            if rec.lifetime is not None:
+                spec.setdefault("storage", rec.lifetime[0])
         owners = _owners_by_storage(tensors, f.registry)
         # The core reads the segments (graphcheck::resolve::spec): a bound pool's segments
         # are its ranges, free blocks are free memory (IgnoredReason::FreeMemory).

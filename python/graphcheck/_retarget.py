@@ -132,7 +132,7 @@ def retarget(
     given = dict(_args.optional_mapping("graphs", graphs) or {})
     m_doc: Document = manifest if manifest is not None else recorder.manifest()
     if live is None:
-        live = snapshot(None, m_doc, roots=recorder.roots(), root=recorder.root)
+        live = snapshot(None, m_doc, roots=recorder.roots(), root=recorder.root, recorder=recorder)
     m_src = document_source(m_doc, "manifest")
     l_src = document_source(live, "live")
     plan_text = _native.retarget_plan(m_src, l_src, **_allow_args(allow))

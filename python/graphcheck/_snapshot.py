@@ -55,6 +55,7 @@ def snapshot(
     producer: Optional[Mapping[str, Any]] = None,
     roots: Optional[Mapping[str, Any]] = None,
     format_version: int = FORMAT_VERSION,
+    recorder: Any = None,
     _rewritten: frozenset = frozenset(),
 ) -> dict:
     """The live snapshot of ``model`` against ``manifest`` after sleep/wake or a reload.
@@ -67,7 +68,11 @@ def snapshot(
     ``contents`` is ``preserved`` (what ``stale`` compares), ``False`` never. ``pools`` maps torch pool ids to the manifest's pool names, for
     CUDA probes (the sleep allocator's tags are mapped without asking). ``roots`` (root name → object) walks several roots instead of ``model``
     (the roots a :class:`Recorder` or :func:`instrument` recorded); ``model`` is then
-    ``None`` or added as ``root``. Where PyTorch's memory history is on, CUDA tensors carry
+    ``None`` or added as ``root``. ``recorder`` (the :class:`Recorder` whose manifest
+    ``manifest`` is) numbers each storage as the recorder did, in the recorder's session:
+    verify then tells a new storage the allocator put in a dead one's block (a rebind
+    chain, each new weight in the block the previous one freed) from the captured one,
+    which addresses alone cannot. Where PyTorch's memory history is on, CUDA tensors carry
     their allocation site. Returns the snapshot as a dict, checked by the core, in format
     ``format_version`` (2, as graphcheck writes it, by default; 1 is the expanded form
     :func:`graphcheck.load` gives). Every wrong argument is a :class:`GraphcheckError`
@@ -79,6 +84,10 @@ def snapshot(
     root = _args.text("root", root)
     pools = _args.optional_mapping("pools", pools)
     producer = _args.optional_mapping("producer", producer)
+    if recorder is not None and not callable(getattr(recorder, "storage_numbers", None)):
+        raise GraphcheckError(
+            f"recorder is a graphcheck.torch.Recorder, not {_args.show(recorder)}"
+        )
     if isinstance(reference, Mapping):  # owner path -> digest; any other object is a model
         for path, value in reference.items():
             _args.text("reference: an owner path", path)
@@ -117,10 +126,16 @@ def snapshot(
     # (device, storage address) an update rewrote (the replay check): left undigested.
     specs = registry.tensor_specs(algorithm, skip=_rewritten)
     AllocSites(raw_segments).annotate(specs, registry.tensors)
+    block = producer_block(producer)
+    if recorder is not None:
+        block.setdefault("session", recorder.session)
+        for spec, number in zip(specs, recorder.storage_numbers(registry.tensors)):
+            if number is not None:
+                spec["storage"] = number
     # The core builds the snapshot from these facts (graphcheck::resolve::live): segments
     # to allocations and pools, probes of the captured addresses, and the document check.
     spec = {
-        "producer": producer_block(producer),
+        "producer": block,
         "event": {"name": event, "contents": contents},
         "tensors": specs,
         "owners": registry.owner_specs(),

@@ -118,6 +118,7 @@ class GraphcheckRecorder:
                 digests=digests,
                 reference=reference,
                 runtime_state=runtime_state,
+                recorder=self.instrumentation.recorder,
             )
         report = graphcheck.verify(manifest, snap, allow)
         if not report.ok:

@@ -142,6 +142,10 @@ pub(super) struct Ctx<'m> {
     pub(super) storages: OnceLock<IntervalIndex<usize>>,
     /// Manifest tensors by the span of their view, built on first use.
     pub(super) views: OnceLock<IntervalIndex<usize>>,
+    /// Whether the manifest and the live snapshot number storages alike (one producer
+    /// session, [`crate::model::format::Producer::session`]): then a captured storage and
+    /// a live one are one object only where their numbers agree.
+    pub(super) numbered: bool,
 }
 
 /// Whether the storage of `storage` holds every byte of `view`'s span.
@@ -244,6 +248,14 @@ impl<'m> Ctx<'m> {
         out
     }
 
+    /// Whether the live tensor `live` and the manifest tensor `captured` are views of one
+    /// storage object: the same base and size and, where the two documents number
+    /// storages alike, the same number (a storage the allocator put in a dead one's block
+    /// has the dead one's base and size, and is another storage).
+    pub(super) fn same_storage_now(&self, live: &Tensor, captured: &Tensor) -> bool {
+        same_storage(live, captured) && (!self.numbered || live.storage == captured.storage)
+    }
+
     /// The manifest tensor with `l`'s view and storage, if any: a live tensor graphcheck
     /// already knew at capture.
     pub(super) fn known(&self, l: &Tensor) -> Option<usize> {
@@ -260,7 +272,7 @@ impl<'m> Ctx<'m> {
         let mut found = None;
         index.stab(l.data_ptr().0, |_, _, i| {
             let m = &self.m.tensors[i];
-            if m.view_key() == l.view_key() && same_storage(m, l) {
+            if m.view_key() == l.view_key() && self.same_storage_now(l, m) {
                 found.get_or_insert(i);
             }
         });

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use rustc_hash::FxHashSet;
 
-use super::context::{Ctx, Subject, persistent, same_storage, shift_siblings, shifted};
+use super::context::{Ctx, Subject, persistent, shift_siblings, shifted};
 use super::finding::{Finding, FindingKind};
 use crate::check::pair::probed;
 use crate::index::address::AddressIndex;
@@ -134,7 +134,7 @@ fn carriers<'l>(
             };
             let now = &l.owners[lo];
             let lq = lt.tensor(&l.tensors, now.tensor);
-            if now.registration.is_persistent() && same_storage(lq, held) {
+            if now.registration.is_persistent() && ctx.same_storage_now(lq, held) {
                 c.paths.insert(&now.path);
                 if lq.view_key() == t.view_key() && c.same_view.is_none() {
                     c.same_view = Some(lq);
@@ -145,7 +145,7 @@ fn carriers<'l>(
     live_index.for_each_view_at(t.data_ptr(), |vi| {
         let lq = &l.tensors[vi];
         if lq.view_key() != t.view_key()
-            || !same_storage(lq, t)
+            || !ctx.same_storage_now(lq, t)
             || stale_reason(l.event.contents, t, lq).is_some()
         {
             return;
@@ -179,7 +179,7 @@ fn still_held(ctx: &Ctx<'_>, l: &Live, lt: &Tables, live_index: &AddressIndex, p
             live_index.for_each_view_at(was.data_ptr(), |vi| {
                 let t = &l.tensors[vi];
                 held |= t.view_key() == was.view_key()
-                    && same_storage(t, was)
+                    && ctx.same_storage_now(t, was)
                     && lt.owners_of[vi]
                         .iter()
                         .any(|&lo| l.owners[lo].registration.is_persistent());
@@ -442,7 +442,7 @@ fn drifted_through(
         };
         let held = ctx.mt.tensor(&ctx.m.tensors, owner.tensor);
         let lr = lt.tensor(&l.tensors, l.owners[lo].tensor);
-        if same_storage(lr, held) {
+        if ctx.same_storage_now(lr, held) {
             return None;
         }
         moved.get_or_insert((owner, lr));

@@ -124,8 +124,15 @@ fn context_on<'m, R: Send>(
         touches_of,
         storages: OnceLock::new(),
         views: OnceLock::new(),
+        numbered: false,
     };
     (ctx, bare, subjects, r)
+}
+
+/// Whether a manifest and a live snapshot number storages alike: both name one producer
+/// session ([`crate::model::format::Producer::session`]).
+pub fn one_session(m: &Manifest, l: &Live) -> bool {
+    m.producer.session.is_some() && m.producer.session == l.producer.session
 }
 
 /// From this many nodes on, a manifest's touch index is filled beside the subjects.
@@ -194,13 +201,14 @@ pub fn verify_indexed(
     }
     // Whether the pair belongs together is checked beside the touch index and the
     // subjects: all three read every touch.
-    let (ctx, bare, subjects, pair) = context(
+    let (mut ctx, bare, subjects, pair) = context(
         m,
         mt,
         || live.map_or(Ok(()), |(l, _, i)| check_pair_probed(m, l, &i.probed)),
         live.is_some(),
     );
     pair?;
+    ctx.numbered = live.is_some_and(|(l, _, _)| one_session(m, l));
 
     let mut findings = in_parallel(&subjects, |s, out| capture_checks(&ctx, s, out));
     let ownerless = unowned::groups(&ctx, &bare, &subjects);

@@ -101,6 +101,7 @@ pub fn manifest_of_graphs(
         framework: Some("cudarc (native capture)".into()),
         rank: 0,
         world_size: 1,
+        session: None,
     });
     let default_pool = b.add_pool("default", PoolKind::Default, SleepPolicy::Untouched);
     for a in registry {

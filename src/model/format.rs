@@ -195,25 +195,8 @@ impl fmt::Display for DocKind {
     }
 }
 
-/// What wrote the document, and where.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Producer {
-    /// The program that wrote the document, e.g. `graphcheck.torch`.
-    pub tool: String,
-    pub tool_version: String,
-    /// The device's name, e.g. `NVIDIA H200`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu: Option<String>,
-    /// `cuDriverGetVersion`, e.g. `13000`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver_version: Option<u32>,
-    /// The framework and its version, e.g. `torch 2.11.0`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub framework: Option<String>,
-    /// Rank of this process among `world_size` (tensor/pipeline parallel); 0 and 1 alone.
-    pub rank: u32,
-    pub world_size: u32,
-}
+mod producer;
+pub use producer::Producer;
 
 /// How a pool's memory fares when the engine sleeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

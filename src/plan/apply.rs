@@ -192,6 +192,7 @@ pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[Strin
         .map(|a| a.id.0 + 1)
         .max()
         .unwrap_or(0);
+    let numbered = crate::check::verify::one_session(m, l);
     // New records by the live tensor's data pointer and layout.
     let mut made: HashMap<(Addr, String), TensorId> = HashMap::new();
     let mut moved_from: BTreeMap<TensorId, TensorId> = BTreeMap::new(); // new -> old
@@ -235,7 +236,7 @@ pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[Strin
             // A record the manifest already has for that tensor (a later graph captured
             // it there): the edited words name it too.
             if !made.contains_key(&key)
-                && let Some(id) = known_record(m, l, lt)
+                && let Some(id) = known_record(m, l, lt, numbered)
             {
                 made.insert(key.clone(), id);
             }
@@ -244,7 +245,9 @@ pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[Strin
                 next_id += 1;
                 let mut x = lt.clone();
                 x.id = id;
-                x.storage = None;
+                // Numbers of one session name storage objects in both documents: the
+                // live one's is the record's; other numbers are the snapshot's own.
+                x.storage = if numbered { lt.storage } else { None };
                 x.allocation = lt.allocation.and_then(|a| {
                     let la = l.allocations.iter().find(|x| x.id == a)?;
                     Some(match out.allocations.iter().find(|x| x.base == la.base) {
@@ -284,8 +287,8 @@ pub fn retargeted_manifest(m: &Manifest, l: &Live, plan: &Plan, applied: &[Strin
 
 /// The manifest's record of live tensor `lt`: its view, in a storage of its base and size,
 /// owned by one of the paths that hold `lt` now (a dead storage once at its address is
-/// another's).
-fn known_record(m: &Manifest, l: &Live, lt: &Tensor) -> Option<TensorId> {
+/// another's), and of its number where both documents number storages alike.
+fn known_record(m: &Manifest, l: &Live, lt: &Tensor, numbered: bool) -> Option<TensorId> {
     let paths: Vec<&str> = l
         .owners
         .iter()
@@ -298,6 +301,7 @@ fn known_record(m: &Manifest, l: &Live, lt: &Tensor) -> Option<TensorId> {
             t.view_key() == lt.view_key()
                 && t.storage_base == lt.storage_base
                 && t.storage_nbytes == lt.storage_nbytes
+                && (!numbered || t.storage == lt.storage)
         })
         .find(|t| {
             m.owners

@@ -173,6 +173,83 @@ fn the_manifest_after_applying_verifies_clean_against_the_live_state() {
     assert!(r.findings.iter().any(|f| f.kind == FindingKind::Drifted));
 }
 
+/// `model.ys[0..3]` (slots 5..7), read by bs1, all replaced by a reload: `ys[0]`'s new
+/// tensor in slot 9, each later one in its predecessor's freed block; slot 7 is free.
+/// Both documents name one producer session and number every storage.
+fn rebind_chain() -> (Manifest, Live) {
+    let mut m = manifest();
+    m.producer.session = Some("recorder-1".into());
+    for i in 0..3u32 {
+        let slot = 5 + u64::from(i);
+        m.allocations.push(alloc(slot, W));
+        m.tensors.push(tensor(5 + i, slot, W));
+        m.owners.push(owner(
+            &format!("model.ys[{i}]"),
+            5 + i,
+            Registration::Container,
+        ));
+        // Each at a word of its own, as a walk reads them.
+        let mut k = touch(Some(5 + i), slot, 0);
+        k.param = 10 + i;
+        m.graphs[0].nodes[0].touches.push(k);
+    }
+    for t in &mut m.tensors {
+        t.storage = Some(t.id.0);
+    }
+    let mut l = live(&m, Contents::Updated);
+    l.producer.session = m.producer.session.clone();
+    l.allocations.push(alloc(9, W));
+    l.tensors.retain(|t| !(5..8).contains(&t.id.0));
+    for i in 0..3u32 {
+        let mut t = tensor(100 + i, if i == 0 { 9 } else { 4 + u64::from(i) }, W);
+        t.storage = Some(100 + i);
+        l.tensors.push(t);
+        l.owners
+            .iter_mut()
+            .find(|o| o.path.as_str() == format!("model.ys[{i}]"))
+            .unwrap()
+            .tensor = TensorId(100 + i);
+    }
+    for p in l
+        .probes
+        .iter_mut()
+        .filter(|p| p.addr == Addr(BASE + 7 * 0x1000))
+    {
+        p.state = AllocState::Free;
+    }
+    (m, l)
+}
+
+#[test]
+fn a_rebind_chain_is_followed_link_by_link_and_verifies_clean_after() {
+    let (m, l) = rebind_chain();
+    let p = plan_of(&m, &l);
+    let g = p.graph("bs1").unwrap();
+    assert_eq!(g.action, Action::Retarget, "{}", refusal_words(&p, "bs1"));
+    let moves: Vec<(Addr, Addr)> = g
+        .edits
+        .iter()
+        .filter(|e| e.subject.starts_with("model.ys"))
+        .map(|e| (e.old, e.new))
+        .collect();
+    let slot = |s: u64| Addr(BASE + s * 0x1000);
+    assert_eq!(
+        moves,
+        vec![(slot(5), slot(9)), (slot(6), slot(5)), (slot(7), slot(6))]
+    );
+    let after = retargeted_manifest(&m, &l, &p, &["bs1".to_string()]);
+    crate::index::refs::check_manifest(&after).expect("the new manifest is consistent");
+    let probed = probed_for(&l, &after);
+    let r = verify(&after, Some(&probed), &Allowlist::default()).unwrap();
+    let live_kinds: Vec<_> = r
+        .findings
+        .iter()
+        .filter(|f| !FindingKind::CAPTURE_TIME.contains(&f.kind))
+        .map(|f| (f.kind, f.subject.clone()))
+        .collect();
+    assert_eq!(live_kinds, vec![], "{:?}", r.findings);
+}
+
 /// `model.w` and `model.w2` are one tensor; `move_both` rebinds both to one new tensor,
 /// else only `model.w` moves.
 fn alias(move_both: bool, apart: bool) -> Plan {

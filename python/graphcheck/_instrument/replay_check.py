@@ -179,6 +179,7 @@ def run_check(ins, *, event: str, contents: str, digests=None, transition: bool 
         root=rec.root,
         runtime_state=rec.runtime_state,
         max_depth=rec.max_depth,
+        recorder=rec,
         _rewritten=rewritten or frozenset(),
     )
     report = verify(manifest, live)
