@@ -43,6 +43,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true", help="cProfile one extra retarget (stderr)")
     args = ap.parse_args()
 
     import anchor_model  # benches/, first on sys.path when run as a script
@@ -72,16 +73,42 @@ def main():
         torch.cuda.synchronize()
 
     retarget_s, plan_s, recapture_s, edits = [], [], [], []
+    manifest_s, snapshot_s, apply_s = [], [], []
     worst, bitwise = 0.0, True
     for i in range(args.runs):
         rebind()
+        # Phases: the recorder's manifest, the live snapshot (numbered in its session),
+        # the plan alone, then the retarget given that snapshot (plan again, patch, walk
+        # the patched graphs again). All-in = manifest + snapshot + retarget.
         t0 = time.perf_counter()
-        planned = gt.retarget(rec, graphs=gs, apply=False)
-        plan_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        res = gt.retarget(rec, graphs=gs)
+        m = rec.manifest()
+        t1 = time.perf_counter()
+        live = gt.snapshot(None, m, roots=rec.roots(), recorder=rec, contents="updated")
+        t2 = time.perf_counter()
+        planned = gt.retarget(rec, live, graphs=gs, apply=False)
+        t3 = time.perf_counter()
+        res = gt.retarget(rec, live, graphs=gs)
         torch.cuda.synchronize()
-        retarget_s.append(time.perf_counter() - t0)
+        t4 = time.perf_counter()
+        manifest_s.append(t1 - t0)
+        snapshot_s.append(t2 - t1)
+        plan_s.append(t3 - t2)
+        apply_s.append(t4 - t3)
+        retarget_s.append((t1 - t0) + (t2 - t1) + (t4 - t3))
+        if args.profile and i == 0:
+            import cProfile
+            import pstats
+
+            rebind()
+            prof = cProfile.Profile()
+            prof.enable()
+            m = rec.manifest()
+            live = gt.snapshot(None, m, roots=rec.roots(), recorder=rec, contents="updated")
+            again = gt.retarget(rec, live, graphs=gs)
+            torch.cuda.synchronize()
+            prof.disable()
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+            assert again.ok, again.refused
         if not res.ok or len(res.retargeted) != len(bss):
             print(f"run {i + 1}: not every graph was retargeted: {res.refused}", file=sys.stderr)
             return 1
@@ -98,25 +125,31 @@ def main():
         recapture_s.append(t)
         del fresh
         print(f"[retarget] run {i + 1}/{args.runs}: retarget {retarget_s[-1] * 1e3:.1f} ms "
-              f"(plan only {plan_s[-1] * 1e3:.1f} ms), recapture {t * 1e3:.1f} ms, "
-              f"{edits[-1]} edits", file=sys.stderr)
+              f"(manifest {manifest_s[-1] * 1e3:.1f}, snapshot {snapshot_s[-1] * 1e3:.1f}, "
+              f"apply {apply_s[-1] * 1e3:.1f}; plan only {plan_s[-1] * 1e3:.1f} ms), "
+              f"recapture {t * 1e3:.1f} ms, {edits[-1]} edits", file=sys.stderr)
     after = {"small": replay_ms(torch, small), "large": replay_ms(torch, large)}
     now = rec.manifest()
-    live = gt.snapshot(None, now, roots=rec.roots())
+    live = gt.snapshot(None, now, roots=rec.roots(), recorder=rec)
     left = [f for f in graphcheck.verify(now, live).findings if f.kind in ("drifted", "freed", "reused", "vanished", "reshaped", "stale")]
 
     r, p, c = (statistics.median(v) for v in (retarget_s, plan_s, recapture_s))
+    phases = {k: statistics.median(v) * 1e3 for k, v in
+              (("manifest", manifest_s), ("snapshot", snapshot_s), ("retarget_given_snapshot", apply_s))}
     rows = {
         "graphs": len(bss), "layers": len(model), "edits_per_run": statistics.median(edits),
         "retarget_ms": r * 1e3, "plan_only_ms": p * 1e3, "recapture_ms": c * 1e3,
         "recapture_over_retarget": c / r, "replay_bitwise_equal_to_eager": bitwise,
         "replay_max_abs_diff": worst, "replay_ms_before": before, "replay_ms_after": after,
-        "live_findings_after": len(left), "runs": args.runs,
+        "live_findings_after": len(left), "runs": args.runs, "phases_ms": phases,
+        "retarget_runs_ms": [x * 1e3 for x in retarget_s], "recapture_runs_ms": [x * 1e3 for x in recapture_s],
     }
     print(f"anchor model: {len(model)} layers, {len(bss)} graphs; one tensor per layer rebound per run; "
           f"{rows['edits_per_run']:.0f} word edits per retarget")
     print(f"retarget (all-in)  {r * 1e3:8.1f} ms (median of {args.runs})")
-    print(f"  plan only        {p * 1e3:8.1f} ms")
+    print(f"  plan only        {p * 1e3:8.1f} ms (given the snapshot)")
+    for k, v in phases.items():
+        print(f"  {k:<17}{v:8.1f} ms")
     print(f"recapture (plain)  {c * 1e3:8.1f} ms")
     print(f"recapture / retarget: {c / r:.2f}x (target: at least 100x)")
     print(f"replays after retarget: bitwise equal to eager: {bitwise}; largest difference {worst}")

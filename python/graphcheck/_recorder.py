@@ -17,8 +17,8 @@ from ._digest import digests_arg
 from ._native import GraphcheckError
 from ._paths import attr_hop, key_hop
 from ._producer import producer as producer_block
+from ._lifetimes import death_noter, number_storages, owners_by_storage
 from ._registry import Registry
-from ._tensors import view_key
 from ._torch_import import import_torch
 from ._walk import DEFAULT_MAX_DEPTH, root_arg, walk_roots
 
@@ -70,6 +70,7 @@ class Frozen(NamedTuple):
     walked: list
     producer: dict
     digests: Optional[str]
+    epochs: list = []  # each graph's event (Recorder._epochs), in the order of graphs
 
 
 class Recorder:
@@ -148,7 +149,13 @@ class Recorder:
         # a graph captured may die and another take its memory before the next capture.
         self._lifetimes: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
         self._watched: list = []  # the weak references whose callbacks note a death
-        self._graphs_walked = 0  # graphs added before the last walk
+        # Lifetimes count graph events, not graphs: each added graph is one, and so is
+        # each graph walked again after a retarget (it reads, from then on, what was alive
+        # then), which moves to the end of the graphs. The graphs are thus in the order of
+        # their events, `_epochs` holding each one's.
+        self._epoch = 0  # graph events so far
+        self._epochs: list = []  # the event of each of _graphs, increasing
+        self._graphs_walked = 0  # graph events before the last walk
         self._walked: list = []  # _native.Walked objects, by graphs' walked_index
         #: The retargets applied to the recorded graphs (``graphcheck.torch.retarget``), in
         #: order: each ``{"graphs": [...], "edits": n, "time": seconds since the epoch}``.
@@ -213,7 +220,7 @@ class Recorder:
         was recorded with: after a retarget patched the graph (``graphcheck.torch.retarget``)
         the manifest describes what it reads now. Raises :class:`GraphcheckError` for a
         name the recorder has not recorded."""
-        for entry in self._graphs:
+        for i, entry in enumerate(self._graphs):
             if entry["name"] == name:
                 entry.pop("walked", None)
                 if "walked_index" in entry:
@@ -221,6 +228,13 @@ class Recorder:
                 else:
                     entry["walked_index"] = len(self._walked)
                     self._walked.append(walked)
+                # A graph event of its own: its words name what is alive now, not what
+                # was at its capture (a storage born since is what it reads; one that died
+                # since is not), so it moves to the end, as a graph captured now.
+                self._graphs.append(self._graphs.pop(i))
+                self._epochs.pop(i)
+                self._epochs.append(self._epoch)
+                self._epoch += 1
                 return
         raise GraphcheckError(f"the recorder has no graph named {name!r}")
 
@@ -267,12 +281,12 @@ class Recorder:
                 life = self._lifetimes.get(s)
                 if life is None:
                     life = [len(self._watched), born, None]
-                    self._watched.append(weakref.ref(s, _death_noter(weakref.ref(self), life)))
+                    self._watched.append(weakref.ref(s, death_noter(weakref.ref(self), life)))
                     self._lifetimes[s] = life
             except TypeError:  # not weakly referenceable: no lifetime, as before
                 continue
             rec.lifetime = life
-        self._graphs_walked = len(self._graphs)
+        self._graphs_walked = self._epoch
 
     def storage_numbers(self, records: list) -> list:
         """For each :class:`TensorRecord <graphcheck._registry.TensorRecord>` of a walk
@@ -498,6 +512,8 @@ class Recorder:
             except GraphcheckError:  # reported, with its JSON path, by the build
                 native = None
         self._graphs.append(entry)
+        self._epochs.append(self._epoch)
+        self._epoch += 1
         base = key_hop("graphs", name)
         for hop, tensors in extras:
             for k, t in tensors.items():
@@ -570,6 +586,7 @@ class Recorder:
             walked=list(self._walked),
             producer={"session": self.session, **self.producer},
             digests=self.digests,
+            epochs=list(self._epochs),
         )
 
     @staticmethod
@@ -578,13 +595,13 @@ class Recorder:
         AllocSites(f.raw_segments).annotate(tensors, f.registry.tensors)
         # Read at the build, not copied at the freeze: a storage that died since ends at
         # the graphs added by then, none fewer than the frozen ones, so they read the same.
-        _number_storages(tensors, f.registry.tensors)
+        number_storages(tensors, f.registry.tensors, f.epochs)
         # Every storage with a lifetime carries its number: a snapshot of this session
         # numbers the storages it finds alike (`storage_numbers`).
         for spec, rec in zip(tensors, f.registry.tensors):
             if rec.lifetime is not None:
                 spec.setdefault("storage", rec.lifetime[0])
-        owners = _owners_by_storage(tensors, f.registry)
+        owners = owners_by_storage(tensors, f.registry, f.epochs)
         # The core reads the segments (graphcheck::resolve::spec): a bound pool's segments
         # are its ranges, free blocks are free memory (IgnoredReason::FreeMemory).
         return {
@@ -741,60 +758,3 @@ def _ranges_arg(ranges) -> list:
             _args.integer(f"ranges[{i}] size", pair[1], minimum=0),
         ))
     return out
-
-
-def _death_noter(recorder_ref, life: list):
-    """The callback that ends a storage's lifetime at the graphs added when it dies."""
-
-    def died(_ref) -> None:
-        recorder = recorder_ref()
-        if recorder is not None and life[2] is None:
-            life[2] = len(recorder._graphs)
-
-    return died
-
-
-def _number_storages(specs: list, records: list) -> None:
-    """Where two records have one view but are different storages (one died, another
-    took its memory), each spec says its storage's number and the graphs alive at its
-    capture, so that each graph names the one it read; other specs are left as they are."""
-    by_view: dict = {}
-    for i, rec in enumerate(records):
-        by_view.setdefault(view_key(rec.meta), []).append(i)
-    for same in by_view.values():
-        lives = [records[i].lifetime for i in same]
-        if len(same) < 2 or len({life[0] for life in lives if life is not None}) < 2:
-            continue
-        for i, life in zip(same, lives):
-            if life is not None and i < len(specs):
-                specs[i]["storage"] = life[0]
-                specs[i]["alive"] = [life[1], life[2]]
-
-
-def _owners_by_storage(specs: list, reg: Registry) -> list:
-    """The owner specs, with each path a walk found holding another storage than an
-    earlier walk did (:attr:`Registry.held_before`) given once per storage: each of its
-    storages numbered, with the graphs alive at its capture, so that a graph captured
-    before the rebinding names the storage it read. A path whose storages cannot all be
-    numbered (an object without weak references has no lifetime) is given once, as
-    before."""
-    owners = reg.owner_specs()
-    if not reg.held_before:
-        return owners
-    now = {o.path: o.tensor for o in reg.owners}
-    groups: dict = {}
-    for o in reg.held_before:
-        groups.setdefault(o.path, [now[o.path]]).append(o.tensor)
-    unnumbered = set()
-    for path, group in groups.items():
-        lives = [reg.tensors[i].lifetime for i in group]
-        if any(life is None for life in lives) or len({life[0] for life in lives}) < len(lives):
-            unnumbered.add(path)
-            continue
-        for i, life in zip(group, lives):
-            specs[i]["storage"] = life[0]
-            specs[i]["alive"] = [life[1], life[2]]
-    if not unnumbered:
-        return owners
-    first = len(reg.owners)
-    return owners[:first] + [o for o in owners[first:] if o["path"] not in unnumbered]

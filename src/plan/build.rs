@@ -364,6 +364,23 @@ pub fn plan(m: &Manifest, l: &Live, r: &Report) -> Result<Plan, PlanError> {
                     ),
                 });
             }
+            // NCCL keeps a collective's buffer addresses in its own device-side work
+            // storage, not in the kernel's parameters (seen on the H200: an all-reduce
+            // of a moved buffer showed no word of it): a moved tensor the collective
+            // reads or writes would be missed, and no edit could change it.
+            if let Some(n) = g.nodes.iter().find(|n| {
+                n.kind == NodeKind::Kernel && n.name.to_ascii_lowercase().contains("nccl")
+            }) {
+                refusals.insert(Refusal {
+                    kind: "node".into(),
+                    subject: format!("node {}", n.index),
+                    why: format!(
+                        "node {} is an NCCL collective ({}): its buffer addresses lie in                          NCCL's device-side work storage, which graphcheck neither reads nor                          changes, so a moved tensor it reads or writes cannot be followed",
+                        n.index,
+                        short(&n.name)
+                    ),
+                });
+            }
             if let Some(u) = g.unread.first() {
                 refusals.insert(Refusal {
                     kind: "node".into(),

@@ -32,6 +32,7 @@ ORDER = [
     "_tensors",
     "_digest",
     "_registry",
+    "_lifetimes",
     "_walk",
     "_snapshot",
     "_recorder",
