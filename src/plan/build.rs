@@ -166,6 +166,14 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// Whether a kernel is one of NCCL's: its device kernels (`ncclDevKernel_*`, `ncclKernel_*`)
+/// or, in a one-rank group, the local reduction NCCL launches instead (`oneRankReduce`,
+/// from its `onerank.cu`: the name torch 2.11's NCCL gives on the H200).
+fn is_nccl(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("nccl") || n.contains("onerankreduce")
+}
+
 /// A kernel name cut to its first 80 characters.
 fn short(name: &str) -> String {
     match name.char_indices().nth(80) {
@@ -203,7 +211,7 @@ fn unchangeable(g: &Graph, index: u32) -> Option<String> {
         ));
     }
     match n.kind {
-        NodeKind::Kernel if n.name.to_ascii_lowercase().contains("nccl") => Some(format!(
+        NodeKind::Kernel if is_nccl(&n.name) => Some(format!(
             "node {index} is an NCCL collective ({}): its arguments point into the \
              communicator's state, which every rank's graph shares",
             short(&n.name)
@@ -364,18 +372,24 @@ pub fn plan(m: &Manifest, l: &Live, r: &Report) -> Result<Plan, PlanError> {
                     ),
                 });
             }
-            // NCCL keeps a collective's buffer addresses in its own device-side work
-            // storage, not in the kernel's parameters (seen on the H200: an all-reduce
-            // of a moved buffer showed no word of it): a moved tensor the collective
-            // reads or writes would be missed, and no edit could change it.
-            if let Some(n) = g.nodes.iter().find(|n| {
-                n.kind == NodeKind::Kernel && n.name.to_ascii_lowercase().contains("nccl")
-            }) {
+            // A graph with a collective is not retargeted, whatever moved: every rank's
+            // graph would have to be patched alike, and with more than one rank NCCL's
+            // kernels take their buffers from its own device-side work storage, which no
+            // walk reads. (A one-rank group's `oneRankReduce` holds its pointers as plain
+            // parameters, as the H200 shows, and is refused all the same.)
+            if let Some(n) = g
+                .nodes
+                .iter()
+                .find(|n| n.kind == NodeKind::Kernel && is_nccl(&n.name))
+            {
                 refusals.insert(Refusal {
                     kind: "node".into(),
                     subject: format!("node {}", n.index),
                     why: format!(
-                        "node {} is an NCCL collective ({}): its buffer addresses lie in                          NCCL's device-side work storage, which graphcheck neither reads nor                          changes, so a moved tensor it reads or writes cannot be followed",
+                        "node {} is an NCCL collective ({}): graphcheck does not retarget a \
+                         graph with a collective (every rank's graph would have to change \
+                         alike, and NCCL keeps the buffers of a collective of several ranks \
+                         in device-side work storage that no walk reads)",
                         n.index,
                         short(&n.name)
                     ),

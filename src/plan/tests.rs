@@ -303,7 +303,7 @@ fn another_layout_at_the_new_address_is_refused() {
 #[test]
 fn nodes_the_driver_cannot_change_refuse_the_graph() {
     type Change = fn(&mut Manifest);
-    let cases: [(&str, Change); 5] = [
+    let cases: [(&str, Change); 6] = [
         ("in the body of node", |m| {
             // model.w's words move into the body of node 2, a child-graph node (which
             // holds no record of its own).
@@ -317,12 +317,21 @@ fn nodes_the_driver_cannot_change_refuse_the_graph() {
             m.graphs[0].nodes[0].name = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL".into()
         }),
         ("device-side work storage", |m| {
-            // An NCCL collective elsewhere in the graph, holding no word of model.w (its
-            // buffers' addresses are in NCCL's own device memory, as on the H200).
+            // An NCCL collective elsewhere in the graph, holding no word of model.w (with
+            // several ranks, its buffers' addresses are in NCCL's own device memory).
             let mut n = m.graphs[0].nodes[1].clone();
             n.index = 2;
             n.touches = Vec::<Touch>::new();
             n.name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL".into();
+            m.graphs[0].nodes.push(n);
+        }),
+        ("does not retarget a graph with a collective", |m| {
+            // A one-rank group's all-reduce, as torch 2.11's NCCL launches it on the H200
+            // (fixtures/gpu/nodes_nccl_manifest.json): a plain kernel with plain pointers.
+            let mut n = m.graphs[0].nodes[1].clone();
+            n.index = 2;
+            n.touches = Vec::<Touch>::new();
+            n.name = "__nv_static_32__b4148644_10_onerank_cu_fdf47990__ZN43_GLOBAL__N__b4148644_10_onerank_cu_fdf4799013oneRankReduceI13FuncPreMulSumIfEEEvPvS3_mmb".into();
             m.graphs[0].nodes.push(n);
         }),
         ("the graph's own", |m| {
