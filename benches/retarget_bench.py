@@ -4,10 +4,12 @@ run, one tensor per layer rebound the way process_weights_after_loading's
 ``replace_parameter`` does (each RMSNorm weight replaced by a new Parameter with the same
 values, at a new address), and, side by side in one process:
 
-  retarget   graphcheck.torch.retarget(rec, graphs=...): the live snapshot, the plan
-             (verify included), every graph patched through the driver all or nothing,
-             each walked again into the recorder and the roots walked (all-in)
-  plan only  the same with apply=False: snapshot and plan, nothing patched
+  retarget   all-in: the recorder's manifest, a live snapshot numbered in the recorder's
+             session (snapshot(..., recorder=)), then graphcheck.torch.retarget(rec, live,
+             graphs=...): the plan (verify included), every graph patched through the
+             driver all or nothing, each walked again into the recorder and the roots
+             walked; each phase is timed too (--profile: cProfile of one more retarget)
+  plan only  retarget(..., apply=False) given the same snapshot: nothing patched
   recapture  the same 8 graphs captured again with plain torch (anchor_model.capture_plain):
              what an engine pays instead
 
