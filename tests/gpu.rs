@@ -768,3 +768,142 @@ fn graph_memory_alloc_and_free_nodes() -> Result<(), CudaError> {
     assert!(s.clone_dtoh(&y)?.iter().all(|&v| v == 6.0));
     Ok(())
 }
+
+/// The live snapshot after a reload that left every tensor of `m` where it was but moved
+/// `path` to a new buffer at `to` (of the same layout): `m`'s records, the path rebound to
+/// a new tensor record, one active probe per captured address.
+fn live_with_moved(m: &Manifest, path: &str, to: u64) -> graphcheck::model::format::Live {
+    use graphcheck::model::format::{AllocState, Contents, Event, Live, Probe};
+    let mut l = Live::new(
+        m.producer.clone(),
+        Event {
+            name: "reload".into(),
+            contents: Contents::Updated,
+        },
+    );
+    l.pools = m.pools.clone();
+    l.allocations = m.allocations.clone();
+    l.tensors = m.tensors.clone();
+    l.owners = m.owners.clone();
+    let id = TensorId(l.tensors.iter().map(|t| t.id.0 + 1).max().unwrap_or(0));
+    let was = tensor_of(m, path);
+    let mut moved = m
+        .tensors
+        .iter()
+        .find(|t| t.id == was)
+        .expect("a tensor")
+        .clone();
+    (moved.id, moved.storage_base, moved.allocation, moved.pool) = (id, Addr(to), None, None);
+    moved.digest = None;
+    l.tensors.push(moved);
+    l.owners
+        .iter_mut()
+        .find(|o| o.path == path)
+        .expect("the path")
+        .tensor = id;
+    let mut seen = std::collections::BTreeSet::new();
+    for t in m
+        .graphs
+        .iter()
+        .flat_map(|g| &g.nodes)
+        .flat_map(|n| &n.touches)
+    {
+        if seen.insert(t.addr) {
+            l.probes.push(Probe {
+                addr: t.addr,
+                state: AllocState::Active,
+                pool: None,
+                allocation: t.allocation,
+            });
+        }
+    }
+    l
+}
+
+#[test]
+#[ignore = "GPU test (opt-in): GRAPHCHECK_GPU_TESTS=1 cargo test --features cuda --test gpu -- --include-ignored"]
+fn a_graph_with_an_unread_conditional_node_is_not_retargeted_and_stays_as_it_was()
+-> Result<(), CudaError> {
+    // Issue 31's conditional refusal, on a native capture (torch 2.11 captures no
+    // conditional node): a top-level kernel reads model.x, which the reload moves; an IF
+    // node's body writes model.flag. Where the driver cannot return the body (580), the
+    // plan refuses the graph (a pointer to a moved tensor there could not be seen), and
+    // applying it changes no word and no replayed byte.
+    require_gpu();
+    let g = gpu();
+    let s = &g.stream;
+    let n = 256usize;
+    let x = s.clone_htod(&vec![1.0f32; n])?;
+    let x_new = s.clone_htod(&vec![5.0f32; n])?;
+    let out = s.alloc_zeros::<f32>(n)?;
+    let flag = s.clone_htod(&vec![1.0f32; n])?;
+    let (px, px_new, pout, pflag) = (ptr(&x, s), ptr(&x_new, s), ptr(&out, s), ptr(&flag, s));
+    s.synchronize()?;
+    let scale = g.module.load_function("scale")?;
+    let outer = OwnedGraph::capture(s, || Ok(launch_scale(s, &scale, pout, px, 2.0, n)?))?;
+    let body = outer.add_if_node(&g.ctx)?;
+    body.capture(s, || Ok(launch_scale(s, &scale, pflag, pflag, 1.0, n)?))?;
+    g.ctx.bind_to_thread()?;
+    let registry = vec![
+        NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.out", pout, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.flag", pflag, "float32", 4, n as u64),
+    ];
+    let graphs = [("conditional", outer.graph_ref())];
+    let (m, _) =
+        graphcheck::cuda::capture::manifest_of_graphs(&graphs, &registry, "graphcheck gpu test")?;
+    let live = live_with_moved(&m, "model.x", px_new);
+    let r = graphcheck::check::verify::verify(&m, Some(&live), &Allowlist::default())
+        .expect("consistent documents");
+    assert!(
+        r.findings.iter().any(
+            |f| f.kind == graphcheck::check::finding::FindingKind::Drifted
+                && f.subject == "model.x"
+        ),
+        "{:?}",
+        r.findings
+            .iter()
+            .map(|f| (f.kind, &f.subject))
+            .collect::<Vec<_>>()
+    );
+    let p = graphcheck::plan::plan(&m, &live, &r).expect("a plan");
+    let gp = p.graph("conditional").expect("the graph's plan").clone();
+    outer.replay(s, 1)?;
+    let before = s.clone_dtoh(&out)?;
+    let outcome = graphcheck::cuda::retarget::apply_plan(outer.graph_ref().handle(), None, &gp)?;
+    let (again, _) =
+        graphcheck::cuda::capture::manifest_of_graphs(&graphs, &registry, "graphcheck gpu test")?;
+    let words = |m: &Manifest| -> Vec<(u32, u32, u32, Addr)> {
+        m.graphs[0]
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                n.touches
+                    .iter()
+                    .map(move |t| (n.index, t.param, t.offset, t.addr))
+            })
+            .collect()
+    };
+    eprintln!("plan: {:?}; outcome: {outcome:?}", gp.action);
+    if graphcheck::cuda::driver::can_read_conditional_bodies() {
+        // The body is read: the top-level word follows model.x, the body is untouched.
+        assert!(outcome.applied(), "{outcome:?}");
+    } else {
+        assert_eq!(gp.action, graphcheck::plan::Action::Recapture, "{gp:?}");
+        assert!(
+            gp.refusals.iter().any(|r| r.why.contains("not read")),
+            "{:?}",
+            gp.refusals
+        );
+        assert!(!outcome.applied(), "{outcome:?}");
+        assert_eq!(words(&again), words(&m), "a refused graph's words changed");
+        outer.replay(s, 1)?;
+        assert_eq!(
+            s.clone_dtoh(&out)?,
+            before,
+            "a refused graph's replay changed"
+        );
+        assert!(before.iter().all(|&v| v == 2.0));
+    }
+    Ok(())
+}

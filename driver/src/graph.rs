@@ -69,6 +69,12 @@ impl<'a> GraphRef<'a> {
         Ok(f(graph))
     }
 
+    /// The graph's handle as an integer, as torch's `CUDAGraph.raw_cuda_graph()` gives one
+    /// (what `graphcheck::cuda::retarget::apply_plan` takes).
+    pub fn handle(self) -> u64 {
+        self.raw() as u64
+    }
+
     /// The raw handle, for the driver calls of [`crate::owned`].
     pub(crate) fn raw(self) -> sys::CUgraph {
         self.raw
