@@ -300,6 +300,16 @@ fn another_layout_at_the_new_address_is_refused() {
     assert!(refusal_words(&p, "bs1").contains("does not read another"));
 }
 
+/// A node 2 added to bs1, a copy of its node 1 that holds no word: to be made into the
+/// node a case needs.
+fn extra_node(m: &mut Manifest) -> &mut crate::model::format::Node {
+    let mut n = m.graphs[0].nodes[1].clone();
+    n.index = 2;
+    n.touches = Vec::<Touch>::new();
+    m.graphs[0].nodes.push(n);
+    m.graphs[0].nodes.last_mut().expect("just pushed")
+}
+
 #[test]
 fn nodes_the_driver_cannot_change_refuse_the_graph() {
     type Change = fn(&mut Manifest);
@@ -319,30 +329,18 @@ fn nodes_the_driver_cannot_change_refuse_the_graph() {
         ("device-side work storage", |m| {
             // An NCCL collective elsewhere in the graph, holding no word of model.w (with
             // several ranks, its buffers' addresses are in NCCL's own device memory).
-            let mut n = m.graphs[0].nodes[1].clone();
-            n.index = 2;
-            n.touches = Vec::<Touch>::new();
-            n.name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL".into();
-            m.graphs[0].nodes.push(n);
+            extra_node(m).name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL".into();
         }),
         ("does not retarget a graph with a collective", |m| {
             // A one-rank group's all-reduce, as torch 2.11's NCCL launches it on the H200
             // (fixtures/gpu/nodes_nccl_manifest.json): a plain kernel with plain pointers.
-            let mut n = m.graphs[0].nodes[1].clone();
-            n.index = 2;
-            n.touches = Vec::<Touch>::new();
-            n.name = "__nv_static_32__b4148644_10_onerank_cu_fdf47990__ZN43_GLOBAL__N__b4148644_10_onerank_cu_fdf4799013oneRankReduceI13FuncPreMulSumIfEEEvPvS3_mmb".into();
-            m.graphs[0].nodes.push(n);
+            extra_node(m).name = "__nv_static_32__b4148644_10_onerank_cu_fdf47990__ZN43_GLOBAL__N__b4148644_10_onerank_cu_fdf4799013oneRankReduceI13FuncPreMulSumIfEEEvPvS3_mmb".into();
         }),
         ("the graph's own", |m| {
             m.graphs[0].nodes[0].kind = NodeKind::MemAlloc
         }),
         ("is opaque", |m| {
-            let mut n = m.graphs[0].nodes[1].clone();
-            n.index = 2;
-            n.touches = Vec::<Touch>::new();
-            n.opaque = Some("params not readable".into());
-            m.graphs[0].nodes.push(n);
+            extra_node(m).opaque = Some("params not readable".into());
         }),
     ];
     for (words, change) in cases {
