@@ -25,7 +25,7 @@ from . import _args, _native
 from ._api import Allow, Document, document_source
 from ._native import GraphcheckError
 from ._recorder import Recorder, walk_graph
-from ._snapshot import snapshot
+from ._snapshot import live_text
 from ._torch_import import import_torch
 
 __all__ = ["RetargetResult", "plan", "retarget"]
@@ -130,9 +130,16 @@ def retarget(
     apply = _args.flag("apply", apply)
     event = _args.text("event", event)
     given = dict(_args.optional_mapping("graphs", graphs) or {})
-    m_doc: Document = manifest if manifest is not None else recorder.manifest()
+    # The recorder's manifest and the snapshot stay the core's text: both only go back to
+    # the core (a dict of each, written out again, was a fifth of the anchor model's
+    # retarget on the H200).
+    m_doc: Document = (
+        manifest if manifest is not None else _native.Text(recorder.manifest_json())
+    )
     if live is None:
-        live = snapshot(None, m_doc, roots=recorder.roots(), root=recorder.root, recorder=recorder)
+        live = _native.Text(
+            live_text(None, m_doc, roots=recorder.roots(), root=recorder.root, recorder=recorder)
+        )
     m_src = document_source(m_doc, "manifest")
     l_src = document_source(live, "live")
     plan_text = _native.retarget_plan(m_src, l_src, **_allow_args(allow))

@@ -21,7 +21,7 @@ from ._native import GraphcheckError
 from ._producer import producer as producer_block
 from ._walk import DEFAULT_MAX_DEPTH, root_pairs, walk, walk_roots
 
-__all__ = ["snapshot"]
+__all__ = ["live_text", "snapshot"]
 
 
 # -- snapshot -----------------------------------------------------------------------------
@@ -77,6 +77,48 @@ def snapshot(
     ``format_version`` (2, as graphcheck writes it, by default; 1 is the expanded form
     :func:`graphcheck.load` gives). Every wrong argument is a :class:`GraphcheckError`
     naming it."""
+    return json.loads(
+        live_text(
+            model,
+            manifest,
+            event=event,
+            contents=contents,
+            digests=digests,
+            reference=reference,
+            root=root,
+            max_depth=max_depth,
+            runtime_state=runtime_state,
+            pools=pools,
+            producer=producer,
+            roots=roots,
+            format_version=format_version,
+            recorder=recorder,
+            _rewritten=_rewritten,
+        )
+    )
+
+
+def live_text(
+    model,
+    manifest,
+    *,
+    event: str = "reload",
+    contents: str = "preserved",
+    digests: Union[bool, str, None] = None,
+    reference: Any = None,
+    root: str = "model",
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    runtime_state: Iterable[str] = (),
+    pools: Optional[Mapping[Any, str]] = None,
+    producer: Optional[Mapping[str, Any]] = None,
+    roots: Optional[Mapping[str, Any]] = None,
+    format_version: int = FORMAT_VERSION,
+    recorder: Any = None,
+    _rewritten: frozenset = frozenset(),
+) -> str:
+    """:func:`snapshot`, as the core's JSON text: for a caller that only hands the snapshot
+    back to the core (:func:`graphcheck.torch.retarget`), which a dict would cost a read and
+    a write more."""
     version = version_arg(format_version)
     event = _args.text("event", event)
     contents = _args.choice("contents", contents, ("preserved", "updated"))
@@ -145,10 +187,8 @@ def snapshot(
     }
     # The manifest's `ranges` (memory read that no owner explains) digested again.
     ranges = _digest.range_digests if algorithm is not None else None
-    return json.loads(
-        _native.build_live(
-            _native.Text(json.dumps(spec)), document_source(m_source), version, ranges=ranges
-        )
+    return _native.build_live(
+        _native.Text(json.dumps(spec)), document_source(m_source), version, ranges=ranges
     )
 
 
