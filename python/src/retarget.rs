@@ -38,7 +38,11 @@ fn retarget_plan(
 
 /// The plan in `text`.
 fn plan_of(text: &str) -> Result<Plan, NativeError> {
-    serde_json::from_str(text).map_err(|e| format!("not a retarget plan: {e}").into())
+    let p: Plan = serde_json::from_str(text).map_err(|e| format!("not a retarget plan: {e}"))?;
+    // The patcher trusts the plan's actions and edits: checked against itself first.
+    p.check()
+        .map_err(|e| format!("the retarget plan contradicts itself at {e}"))?;
+    Ok(p)
 }
 
 /// Graph `name`'s part of the plan.

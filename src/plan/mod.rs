@@ -7,6 +7,7 @@
 
 pub mod apply;
 mod build;
+mod check;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::format::Addr;
 
 pub use build::{PlanError, plan};
+pub use check::PlanInvalid;
 
 /// The version of the plan's JSON layout.
 pub const PLAN_FORMAT_VERSION: u32 = 1;

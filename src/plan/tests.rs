@@ -463,3 +463,54 @@ fn every_fully_retargetable_fixture_verifies_clean_after_applying() {
     eprintln!("retargeted and verified clean: {checked:?}");
     assert!(checked.len() >= 5, "{checked:?}");
 }
+
+#[test]
+fn a_plan_read_back_is_checked_against_itself() {
+    // Every plan the builder makes passes.
+    let (m, l) = moved_w();
+    let good = plan_of(&m, &l);
+    good.check().expect("a made plan is consistent");
+    let (m, l) = rebind_chain();
+    plan_of(&m, &l).check().expect("a made plan is consistent");
+    // Each contradiction planted is refused at its JSON path.
+    type Plant = fn(&mut Plan);
+    let plants: [(&str, Plant); 10] = [
+        ("format_version", |p| p.format_version = 9),
+        ("kind", |p| p.kind = "plan".into()),
+        ("graphs[2].graph", |p| {
+            let g = p.graphs[0].clone();
+            p.graphs.push(g);
+        }),
+        ("graphs[0].action", |p| p.graphs[0].edits.clear()),
+        ("graphs[0].action", |p| {
+            p.graphs[0].refusals.push(Refusal {
+                kind: "node".into(),
+                subject: "node 0".into(),
+                why: "planted".into(),
+            })
+        }),
+        ("graphs[1].action", |p| {
+            p.graphs[1].action = Action::Recapture
+        }),
+        ("graphs[0].edits[1]", |p| {
+            let e = p.graphs[0].edits[0].clone();
+            p.graphs[0].edits.insert(1, e);
+        }),
+        ("graphs[0].edits[0].node_kind", |p| {
+            p.graphs[0].edits[0].node_kind = "mem_alloc".into()
+        }),
+        ("edits", |p| p.edits += 1),
+        ("retarget", |p| p.retarget.clear()),
+    ];
+    assert_eq!(good.graphs[0].action, Action::Retarget, "{good:?}");
+    assert_eq!(good.graphs[1].action, Action::Keep, "{good:?}");
+    for (path, plant) in plants {
+        let mut p = good.clone();
+        plant(&mut p);
+        let e = p.check().expect_err(path);
+        assert_eq!(e.path, path, "{e}");
+    }
+    let mut p = good.clone();
+    p.ok = false;
+    assert_eq!(p.check().unwrap_err().path, "ok");
+}

@@ -200,3 +200,17 @@ def test_a_recorded_graph_notes_its_retargets_in_the_manifest(torch):
     assert g["retargets"] == [{"event": "reload", "edits": 2, "time": 1.5}]
     with pytest.raises(GraphcheckError, match="no graph named 'bs9'"):
         rec.note_retarget("bs9", {"event": "x", "edits": 1})
+
+
+def test_a_plan_that_contradicts_itself_is_refused_before_any_word_is_written():
+    text, p = plan_of(MARLIN)
+    name = p["retarget"][0]
+    words = words_of(docs(MARLIN)[0], name)
+    g = next(g for g in p["graphs"] if g["graph"] == name)
+    g["edits"].append(dict(g["edits"][0]))  # one word edited twice
+    with pytest.raises(GraphcheckError, match=r"contradicts itself at graphs\[\d+\]\.edits\[\d+\]: .* edited twice"):
+        _native.apply_plan_host(json.dumps(p), name, dict(words))
+    p = json.loads(text)
+    p["edits"] += 1
+    with pytest.raises(GraphcheckError, match=r"contradicts itself at edits: "):
+        _native.retargeted_manifest(docs(MARLIN)[0], docs(MARLIN)[1], json.dumps(p), p["retarget"])
