@@ -74,6 +74,18 @@ def main():
                 block.norm.weight = torch.nn.Parameter(block.norm.weight.detach().clone())
         torch.cuda.synchronize()
 
+    def replays_against_eager():
+        """Whether every graph's replay equals eager bitwise, and the largest difference."""
+        same, diff = True, 0.0
+        for b in bss:
+            gs[f"bs{b}"].replay()
+            torch.cuda.synchronize()
+            with torch.no_grad():
+                eager = model(xs[b])
+            same &= bool(torch.equal(outs[b], eager))
+            diff = max(diff, (outs[b].float() - eager.float()).abs().max().item())
+        return same, diff
+
     retarget_s, plan_s, recapture_s, edits = [], [], [], []
     manifest_s, snapshot_s, apply_s, onecall_s = [], [], [], []
     worst, bitwise = 0.0, True
@@ -116,13 +128,8 @@ def main():
             return 1
         edits.append(res.plan["edits"])
         assert planned.plan["edits"] == res.plan["edits"]
-        for b in bss:
-            gs[f"bs{b}"].replay()
-            torch.cuda.synchronize()
-            with torch.no_grad():
-                eager = model(xs[b])
-            bitwise &= bool(torch.equal(outs[b], eager))
-            worst = max(worst, (outs[b].float() - eager.float()).abs().max().item())
+        same, diff = replays_against_eager()
+        bitwise, worst = bitwise and same, max(worst, diff)
         # The call a user makes: retarget(rec, graphs=...), which takes the manifest and
         # the snapshot itself (as the core's text, never a dict), after a rebind of its own.
         rebind()
@@ -133,13 +140,8 @@ def main():
         if not one.ok or len(one.retargeted) != len(bss) or one.plan["edits"] != edits[-1]:
             print(f"run {i + 1}: the one-call retarget did not patch every graph: {one.refused}", file=sys.stderr)
             return 1
-        for b in bss:
-            gs[f"bs{b}"].replay()
-            torch.cuda.synchronize()
-            with torch.no_grad():
-                eager = model(xs[b])
-            bitwise &= bool(torch.equal(outs[b], eager))
-            worst = max(worst, (outs[b].float() - eager.float()).abs().max().item())
+        same, diff = replays_against_eager()
+        bitwise, worst = bitwise and same, max(worst, diff)
         t, fresh = anchor_model.capture_plain(model, xs)
         recapture_s.append(t)
         del fresh

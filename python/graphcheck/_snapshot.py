@@ -77,25 +77,8 @@ def snapshot(
     ``format_version`` (2, as graphcheck writes it, by default; 1 is the expanded form
     :func:`graphcheck.load` gives). Every wrong argument is a :class:`GraphcheckError`
     naming it."""
-    return json.loads(
-        live_text(
-            model,
-            manifest,
-            event=event,
-            contents=contents,
-            digests=digests,
-            reference=reference,
-            root=root,
-            max_depth=max_depth,
-            runtime_state=runtime_state,
-            pools=pools,
-            producer=producer,
-            roots=roots,
-            format_version=format_version,
-            recorder=recorder,
-            _rewritten=_rewritten,
-        )
-    )
+    # Every parameter, as given: live_text takes the same.
+    return json.loads(live_text(**locals()))
 
 
 def live_text(

@@ -31,6 +31,21 @@ fn moved_w() -> (Manifest, Live) {
     (m, l)
 }
 
+/// The manifest after applying, verified against `l` probed for its new addresses: no
+/// live finding is left. Returns the probed snapshot and the report.
+fn verified_after(l: &Live, after: &Manifest) -> (Live, crate::check::finding::Report) {
+    let probed = probed_for(l, after);
+    let r = verify(after, Some(&probed), &Allowlist::default()).unwrap();
+    let live_kinds: Vec<_> = r
+        .findings
+        .iter()
+        .filter(|f| !FindingKind::CAPTURE_TIME.contains(&f.kind))
+        .map(|f| (f.kind, f.subject.clone()))
+        .collect();
+    assert_eq!(live_kinds, vec![], "{:?}", r.findings);
+    (probed, r)
+}
+
 fn plan_of(m: &Manifest, l: &Live) -> Plan {
     let r = verify(m, Some(l), &Allowlist::default()).unwrap();
     plan(m, l, &r).unwrap()
@@ -157,15 +172,7 @@ fn the_manifest_after_applying_verifies_clean_against_the_live_state() {
             "format {v}"
         );
     }
-    let probed = probed_for(&l, &after);
-    let r = verify(&after, Some(&probed), &Allowlist::default()).unwrap();
-    let live_kinds: Vec<_> = r
-        .findings
-        .iter()
-        .filter(|f| !FindingKind::CAPTURE_TIME.contains(&f.kind))
-        .map(|f| (f.kind, f.subject.clone()))
-        .collect();
-    assert_eq!(live_kinds, vec![], "{:?}", r.findings);
+    let (probed, r) = verified_after(&l, &after);
     // And nothing is left to retarget.
     assert_eq!(plan(&after, &probed, &r).unwrap().edits, 0);
     // Before applying, the same check finds the drift.
@@ -239,15 +246,7 @@ fn a_rebind_chain_is_followed_link_by_link_and_verifies_clean_after() {
     );
     let after = retargeted_manifest(&m, &l, &p, &["bs1".to_string()]);
     crate::index::refs::check_manifest(&after).expect("the new manifest is consistent");
-    let probed = probed_for(&l, &after);
-    let r = verify(&after, Some(&probed), &Allowlist::default()).unwrap();
-    let live_kinds: Vec<_> = r
-        .findings
-        .iter()
-        .filter(|f| !FindingKind::CAPTURE_TIME.contains(&f.kind))
-        .map(|f| (f.kind, f.subject.clone()))
-        .collect();
-    assert_eq!(live_kinds, vec![], "{:?}", r.findings);
+    verified_after(&l, &after);
 }
 
 /// `model.w` and `model.w2` are one tensor; `move_both` rebinds both to one new tensor,
