@@ -5,6 +5,7 @@
 //! only "no panic". `graphcheck-fuzz` runs them for a time; a test runs a short seeded pass.
 
 pub mod mutate;
+pub mod plans;
 pub mod records;
 pub mod targets;
 
@@ -66,6 +67,7 @@ pub const TARGETS: &[&str] = &[
     "owner_path",
     "explain",
     "signature",
+    "plans",
     "cli",
 ];
 
@@ -83,6 +85,7 @@ pub fn run(target: &str, budget: Budget, seed: u64, binary: &Path) -> Result<Cou
         "owner_path" => Box::new(|r| targets::owner_path(r, &corpus)),
         "explain" => Box::new(|r| targets::explain(r, &corpus)),
         "signature" => Box::new(|r| targets::signature(r, &corpus)),
+        "plans" => Box::new(|r| plans::plans(r, &corpus)),
         "cli" => {
             let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
             let binary = binary.to_path_buf();

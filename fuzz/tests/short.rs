@@ -103,6 +103,11 @@ fn signature() {
 // `diff` that printed 65 KiB of error, one 70,000-character value quoted in full, looked
 // like a hang until the harness read stderr while the child ran.)
 #[test]
+fn plans() {
+    pass("plans", 300, Rejects::Some);
+}
+
+#[test]
 fn cli() {
     pass("cli", 300, Rejects::Some);
 }
