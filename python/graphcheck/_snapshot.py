@@ -27,17 +27,36 @@ __all__ = ["live_text", "snapshot"]
 # -- snapshot -----------------------------------------------------------------------------
 
 
-def _algorithm(digests: Union[bool, str], manifest: dict) -> Optional[str]:
-    """The digest algorithm to use: the manifest's own where it has digests, so that the
-    two compare; else the default (gc128)."""
+def _algorithm(digests: Union[bool, str], recorded: Optional[str]) -> Optional[str]:
+    """The digest algorithm to use: the manifest's own (``recorded``) where it has digests,
+    so that the two compare; else the default (gc128)."""
     if not digests:
         return None
     if isinstance(digests, str):
         return digests
-    for t in manifest["tensors"]:
-        if t.get("digest"):
-            return t["digest"].split(":", 1)[0]
-    return DEFAULT_DIGEST
+    return recorded or DEFAULT_DIGEST
+
+
+#: The facts of the latest manifest :func:`live_text` read: (the manifest as given, its
+#: pools by name, its digest algorithm). A replay check after every transition hands the
+#: same manifest text again; reading it into Python objects each time cost more than the
+#: rest of the snapshot at 1,700 graphs (benches/engine_scale.py).
+_FACTS: list = [None, None, None]
+
+
+def _manifest_facts(manifest) -> tuple:
+    """``(pool id by name, digest algorithm or None)`` of ``manifest``, loaded (and so
+    checked) once per manifest object where it is text."""
+    if isinstance(manifest, (str, bytes, _native.Text)) and _FACTS[0] is manifest:
+        return _FACTS[1], _FACTS[2]
+    m = load_as(manifest, "manifest", "<manifest>", "manifest", 1)
+    pools = {p["name"]: p["id"] for p in m.get("pools", [])}
+    algorithm = next(
+        (t["digest"].split(":", 1)[0] for t in m["tensors"] if t.get("digest")), None
+    )
+    if isinstance(manifest, (str, bytes, _native.Text)):
+        _FACTS[:] = [manifest, pools, algorithm]
+    return pools, algorithm
 
 
 def snapshot(
@@ -117,21 +136,19 @@ def live_text(
         for path, value in reference.items():
             _args.text("reference: an owner path", path)
             _args.text(f"reference[{path!r}]", value)
-    m_source = manifest
-    m = load_as(manifest, "manifest", "<manifest>", "manifest", 1)
+    pool_ids, recorded = _manifest_facts(manifest)
     pairs = [] if model is None and roots else [(root, model)]
     pairs.extend(root_pairs("roots", roots) if roots is not None else [])
     registry = walk_roots(pairs, max_depth=max_depth, runtime_state=runtime_state)
     if digests is None:
         # A manifest recorded with digests is compared: without live digests a preserved
         # tensor whose contents changed would verify clean.
-        digests = contents == "preserved" and any(t.get("digest") for t in m["tensors"])
-    algorithm = _algorithm(digests, m)
+        digests = contents == "preserved" and recorded is not None
+    algorithm = _algorithm(digests, recorded)
     if reference is not None and algorithm is None:
-        algorithm = _algorithm(True, m)
+        algorithm = _algorithm(True, recorded)
     references = _reference_digests(reference, algorithm, root, max_depth) if reference is not None else {}
 
-    pool_ids = {p["name"]: p["id"] for p in m.get("pools", [])}
     bindings = {}
     # The sleep allocator's and torch_memory_saver's pools, where the manifest declares
     # their tags; `pools` wins.
@@ -171,7 +188,7 @@ def live_text(
     # The manifest's `ranges` (memory read that no owner explains) digested again.
     ranges = _digest.range_digests if algorithm is not None else None
     return _native.build_live(
-        _native.Text(json.dumps(spec)), document_source(m_source), version, ranges=ranges
+        _native.Text(json.dumps(spec)), document_source(manifest), version, ranges=ranges
     )
 
 

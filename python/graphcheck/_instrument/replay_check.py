@@ -40,7 +40,7 @@ from .._api import verify
 from .._native import GraphcheckError
 from .._recorder import fatal
 from .._retarget import retarget
-from .._snapshot import snapshot
+from .._snapshot import live_text
 from .host import warn
 from .transitions import latest, rewritten_since
 
@@ -137,6 +137,9 @@ class Checker:
         self.on_findings = on_findings
         self._epoch: Optional[int] = None
         self._result: Optional[tuple] = None  # (report, superseded names)
+        # The live findings of the kept report by graph name: each graph's replay looks
+        # its own up (a scan of every finding per graph was quadratic at 1,700 graphs).
+        self._live: Optional[dict] = None
 
     def result(self, event: str, contents: str, at_epoch: Optional[int]):
         """The report and superseded graphs for ``at_epoch`` (``None``: fresh, not kept)."""
@@ -144,9 +147,24 @@ class Checker:
             if at_epoch is not None and self._epoch == at_epoch and self._result is not None:
                 return self._result
             result = run_check(self.ins, event=event, contents=contents, transition=True)
+            self._live = None
             if at_epoch is not None:
                 self._epoch, self._result = at_epoch, result
             return result
+
+    def live_of(self, report, name: str) -> list:
+        """:func:`live_findings` of ``report`` for graph ``name``, indexed once per kept
+        report."""
+        with _LOCK:
+            if self._result is None or self._result[0] is not report:
+                return live_findings(report, name)
+            if self._live is None:
+                by_graph: dict = {}
+                for f in live_findings(report):
+                    for g in dict.fromkeys(f.graphs):
+                        by_graph.setdefault(g, []).append(f)
+                self._live = by_graph
+            return self._live.get(name, [])
 
 
 def run_check(ins, *, event: str, contents: str, digests=None, transition: bool = False):
@@ -169,7 +187,9 @@ def run_check(ins, *, event: str, contents: str, digests=None, transition: bool 
     contents = "updated" if rewritten is None else "preserved"
     if digests is None:
         digests = contents == "preserved" and bool(rec.digests)
-    live = snapshot(
+    # The snapshot stays the core's text into verify: no dict made of it and written out
+    # again (at 1,700 graphs that round trip cost as much as the check).
+    live = live_text(
         None,
         manifest,
         event=event,
@@ -182,7 +202,7 @@ def run_check(ins, *, event: str, contents: str, digests=None, transition: bool 
         recorder=rec,
         _rewritten=rewritten or frozenset(),
     )
-    report = verify(manifest, live)
+    report = verify(manifest, _native.Text(live))
     return report, set(report.superseded)
 
 
@@ -201,7 +221,7 @@ def before_replay(cuda_graph, state: GraphState, instrumentations: list) -> None
         report, gone = checker.result(event or "transition", contents, at)
         if name in gone:
             continue
-        found = live_findings(report, name)
+        found = checker.live_of(report, name)
         if not found:
             continue
         why_not = ""
@@ -244,7 +264,7 @@ def retarget_before_replay(ins, checker: "Checker", name: str, cuda_graph, event
         return res.refused.get(name, "the plan does not retarget it")
     with _LOCK:
         ins._frozen = None
-        checker._epoch, checker._result = None, None
+        checker._epoch, checker._result, checker._live = None, None, None
     return ""
 
 

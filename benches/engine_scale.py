@@ -1,0 +1,309 @@
+"""Engine scale: graphcheck at the graph counts engines capture (issue 32). A 32-layer bf16
+decoder captured the way vLLM's piecewise mode does (``engine_model.py``: 51 sizes × 33
+pieces into one pool, eager attention between them, plus 35 full graphs: 1,718 graphs),
+plain and under ``graphcheck.torch.instrument()`` in each mode, alternating in one
+process, medians:
+
+  plain    torch.cuda.graph(g, pool=pool) for every graph
+  dir      instrument(directory): what GRAPHCHECK_DIR does, flushed (the last manifest on
+           disk) before the clock stops
+  check    instrument(verify_on_replay="raise"), no directory: the replay check's facts
+  all      instrument(directory, verify_on_replay="raise", digests=True), flushed
+
+and, for ``all`` (``check`` where ``all`` is not run):
+
+  cleared      after mark_transition() with nothing moved (a level-1 round trip keeps
+               every address), the time until every graph is cleared to replay: the one
+               check (live snapshot, verify of all graphs, digests of every tensor they
+               read) and each graph's look at its findings, as its replay makes them
+  replay       one replay of every graph with nothing pending, and the same right after a
+               transition (the difference is what the check adds to the first forward)
+  rebuilt      the same after every layer's derived ``qkv_scale`` was rebuilt at a new
+               address (each graph that reads one refused, the others cleared)
+
+Per-graph capture cost (graphs 1-100 against the last 100), graphcheck's memory (RSS of
+a child process that captures under ``all`` against one that captures plain), and the
+manifest's size on disk. ``--keep DIR`` keeps the written run (the manifest and a live
+snapshot after the nothing-moved transition) for ``graphcheck verify DIR``.
+
+Without CUDA (``--device cpu``, the dry run CI runs small) the model runs on CPU tensors
+and a stand-in for ``torch.cuda.CUDAGraph`` hands graphcheck what each capture read
+(``engine_model.CpuGraph``): capture times then say nothing about a GPU, the check's do.
+
+    python3 benches/engine_scale.py --runs 3 [--layers 64] [--json OUT] [--keep DIR]
+    python3 benches/engine_scale.py --device cpu --layers 2 --sizes 1,2,4 --full 2 --runs 1
+"""
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MODES = ("plain", "dir", "check", "all")
+
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--sizes", help="capture sizes, comma-separated (default: vLLM's 51)")
+    ap.add_argument("--full", type=int, default=None, help="full graphs (default 35)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--checks", type=int, default=3, help="checks timed per transition kind")
+    ap.add_argument("--no-memory", action="store_true", help="skip the two child processes")
+    ap.add_argument("--json")
+    ap.add_argument("--keep", metavar="DIR")
+    ap.add_argument("--cprofile", choices=["cleared", "rebuilt", "all"], help="print a cProfile of it")
+    ap.add_argument("--child", choices=["plain", "all"], help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def engine_of(args):
+    import engine_model  # benches/, first on sys.path when run as a script
+
+    if args.device == "cpu":
+        engine_model.install_cpu_stand_in()
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else engine_model.VLLM_SIZES
+    full = engine_model.FULL_GRAPHS if args.full is None else args.full
+    eng = engine_model.Engine(layers=args.layers, hidden=args.hidden, sizes=sizes,
+                              full=min(full, len(sizes)), device=args.device)
+    eng.warm_up()
+    return engine_model, eng
+
+
+def instrumented(gt, eng, mode, directory):
+    kwargs = dict(model=eng.model, discover=False)
+    if mode == "dir":
+        kwargs.update(directory=directory)
+    elif mode == "check":
+        kwargs.update(directory=False, verify_on_replay="raise")
+    elif mode == "all":
+        kwargs.update(directory=directory, verify_on_replay="raise", digests=True)
+    ins = gt.instrument(**kwargs)
+    ins.register_model(eng.runner, "runner")
+    return ins
+
+
+def capture(gt, eng, mode, directory):
+    """One capture of every graph in ``mode``: (seconds, per-graph seconds, graphs, ins)."""
+    times = []
+    gc.collect()
+    t0 = time.perf_counter()
+    ins = None if mode == "plain" else instrumented(gt, eng, mode, directory)
+    graphs = eng.capture_all(times)
+    if ins is not None and ins.directory is not None:
+        ins.flush()
+    return time.perf_counter() - t0, times, graphs, ins
+
+
+def clear_all(graphs, check_before_replay, ReplayCheckError):
+    """What every graph's first replay after a transition runs before its kernels:
+    returns (seconds, graphs refused)."""
+    refused = 0
+    t0 = time.perf_counter()
+    for _, g, _ in graphs:
+        try:
+            check_before_replay(g)
+        except ReplayCheckError:
+            refused += 1
+    return time.perf_counter() - t0, refused
+
+
+def child(args):
+    """A process that captures in one mode and prints its RSS (graphcheck's memory is the
+    ``all`` child's minus the ``plain`` child's)."""
+    import graphcheck.torch as gt
+
+    _, eng = engine_of(args)
+    before = rss_mib()
+    d = tempfile.mkdtemp(prefix="gc-scale-mem-")
+    _, _, graphs, ins = capture(gt, eng, args.child, d)
+    after = rss_mib()
+    if ins is not None:
+        from graphcheck._instrument.patch import check_before_replay
+        from graphcheck.torch import ReplayCheckError
+
+        gt.mark_transition("wake", "preserved")
+        clear_all(graphs, check_before_replay, ReplayCheckError)
+    checked = rss_mib()
+    print(json.dumps({"graphs": len(graphs), "rss_before": before, "rss_captured": after,
+                      "rss_checked": checked,
+                      "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def memory(args):
+    out = {}
+    for mode in ("plain", "all"):
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--device", args.device,
+               "--layers", str(args.layers), "--hidden", str(args.hidden)]
+        if args.sizes:
+            cmd += ["--sizes", args.sizes]
+        if args.full is not None:
+            cmd += ["--full", str(args.full)]
+        print(f"memory: child {mode}", file=sys.stderr, flush=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise SystemExit(f"the {mode} child failed:\n{res.stderr}")
+        out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+def main():
+    args = parse()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if args.child:
+        return child(args)
+    import torch
+
+    import graphcheck.torch as gt
+    from graphcheck._instrument.patch import check_before_replay
+    from graphcheck.torch import ReplayCheckError
+
+    engine_model, eng = engine_of(args)
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit(f"--modes: {m!r} is not one of {', '.join(MODES)}")
+    tmp = tempfile.mkdtemp(prefix="gc-scale-")
+    res = {m: [] for m in modes}
+    per_graph = {m: [] for m in modes}
+    checks = {"cleared": [], "rebuilt": [], "replay_idle": [], "replay_after": []}
+    refused = {}
+    manifest_bytes = None
+    n_graphs = None
+    kept = False
+    # One capture of everything first, untimed: the first capture of a process sets up
+    # what later ones reuse (cuBLAS, the dispatch machinery on CPU).
+    eng.capture_all()
+    gc.collect()
+    for run in range(args.runs):
+        for m in modes:
+            d = tempfile.mkdtemp(dir=tmp)
+            secs, times, graphs, ins = capture(gt, eng, m, d)
+            n_graphs = len(graphs)
+            res[m].append(secs)
+            per_graph[m].append(times)
+            print(f"run {run + 1}/{args.runs} {m}: {n_graphs} graphs in {secs:.3f} s", file=sys.stderr, flush=True)
+            if ins is not None and ins.path is not None:
+                manifest_bytes = os.path.getsize(ins.path)
+            if ins is not None and m == ("all" if "all" in modes else "check"):
+                measure_checks(args, gt, eng, engine_model, graphs, ins, checks, refused,
+                               check_before_replay, ReplayCheckError,
+                               keep=args.keep if args.keep and not kept else None)
+                kept = True
+            if ins is not None:
+                gt.uninstrument(ins)
+            del graphs, ins
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+
+    out = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (stand-in graphs)",
+        "torch": torch.__version__,
+        "layers": args.layers,
+        "graphs": n_graphs,
+        "runs": args.runs,
+        "capture_s": {m: med(v) for m, v in res.items()},
+        "capture_all_s": res,
+        "manifest_bytes": manifest_bytes,
+    }
+    if "plain" in res:
+        out["capture_ratio"] = {m: med(res[m]) / med(res["plain"]) for m in modes}
+    head, tail = slice(0, 100), slice(-100, None)
+    out["per_graph_ms"] = {
+        m: {"first_100": med([med(t[head]) for t in v]) * 1e3, "last_100": med([med(t[tail]) for t in v]) * 1e3}
+        for m, v in per_graph.items() if v and v[0]
+    }
+    if checks["cleared"]:
+        out["cleared_ms"] = med(checks["cleared"]) * 1e3
+        out["cleared_all_ms"] = [x * 1e3 for x in checks["cleared"]]
+        out["rebuilt_ms"] = med(checks["rebuilt"]) * 1e3
+        out["rebuilt_all_ms"] = [x * 1e3 for x in checks["rebuilt"]]
+        out["replay_idle_ms"] = med(checks["replay_idle"]) * 1e3
+        out["replay_after_transition_ms"] = med(checks["replay_after"]) * 1e3
+        out["refused"] = refused
+    if not args.no_memory and "all" in modes:
+        mem = memory(args)
+        out["memory"] = mem
+        out["graphcheck_mib"] = mem["all"]["rss_checked"] - mem["plain"]["rss_checked"]
+    print(json.dumps(out, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+def measure_checks(args, gt, eng, engine_model, graphs, ins, checks, refused,
+                   check_before_replay, ReplayCheckError, keep=None):
+    """The checks after transitions, on the graphs ``ins`` recorded (mode ``all``)."""
+    import cProfile
+    import pstats
+
+    def timed(kind, fn):
+        if args.cprofile == kind:
+            prof = cProfile.Profile()
+            prof.enable()
+            r = fn()
+            prof.disable()
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
+            return r
+        return fn()
+
+    # Replays with nothing pending, then the first after a transition (the check in it).
+    for _ in range(args.checks):
+        t0 = time.perf_counter()
+        engine_model.replay_all(graphs)
+        engine_model.sync(eng.device)
+        checks["replay_idle"].append(time.perf_counter() - t0)
+        gt.mark_transition("wake", "preserved")
+        t0 = time.perf_counter()
+        engine_model.replay_all(graphs)
+        engine_model.sync(eng.device)
+        checks["replay_after"].append(time.perf_counter() - t0)
+    for _ in range(args.checks):
+        gt.mark_transition("wake", "preserved")
+        secs, n = timed("cleared", lambda: clear_all(graphs, check_before_replay, ReplayCheckError))
+        checks["cleared"].append(secs)
+        refused["cleared"] = n
+        if n:
+            report = gt.check(ins)
+            raise SystemExit(f"nothing moved, yet {n} graphs were refused:\n{report.table}")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        import shutil
+
+        shutil.copy(ins.path, keep)
+        live = gt.snapshot(None, ins.manifest_json(), roots=ins.recorder.roots(),
+                           recorder=ins.recorder, event="wake")
+        with open(os.path.join(keep, "live.json"), "w") as f:
+            json.dump(live, f)
+    for _ in range(args.checks):
+        eng.rebuild_derived()
+        gt.mark_transition("reload", "preserved")
+        secs, n = timed("rebuilt", lambda: clear_all(graphs, check_before_replay, ReplayCheckError))
+        checks["rebuilt"].append(secs)
+        refused["rebuilt"] = n
+    expect = sum(1 for name, _, _ in graphs if not name.endswith(f"_piece{eng.pieces - 1}"))
+    if refused["rebuilt"] != expect:
+        raise SystemExit(f"after the rebuild {refused['rebuilt']} graphs were refused, not {expect}")
+    # The next round's captures start from the model as built.
+
+
+if __name__ == "__main__":
+    main()
