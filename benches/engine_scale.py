@@ -22,7 +22,8 @@ and, for ``all`` (``check`` where ``all`` is not run):
                address (each graph that reads one refused, the others cleared)
 
 Per-graph capture cost (graphs 1-100 against the last 100), graphcheck's memory (RSS of
-a child process that captures under ``all`` against one that captures plain), and the
+a child process that captures under ``all``, or ``--memory-mode``, against one that
+captures plain), and the
 manifest's size on disk. ``--keep DIR`` keeps the written run (the manifest and a live
 snapshot after the nothing-moved transition) for ``graphcheck verify DIR``.
 
@@ -65,8 +66,12 @@ def parse():
     ap.add_argument("--no-memory", action="store_true", help="skip the two child processes")
     ap.add_argument("--json")
     ap.add_argument("--keep", metavar="DIR")
-    ap.add_argument("--cprofile", choices=["cleared", "rebuilt", "all"], help="print a cProfile of it")
-    ap.add_argument("--child", choices=["plain", "all"], help=argparse.SUPPRESS)
+    ap.add_argument("--cprofile", choices=["cleared", "rebuilt", "capture"],
+                    help="print a cProfile (by own time) of the first check of that kind, or of "
+                         "the first instrumented capture of everything")
+    ap.add_argument("--memory-mode", choices=["dir", "check", "all"], default="all",
+                    help="the instrumented child measured against the plain one (default all)")
+    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
@@ -145,7 +150,7 @@ def child(args):
 
 def memory(args):
     out = {}
-    for mode in ("plain", "all"):
+    for mode in ("plain", args.memory_mode):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--device", args.device,
                "--layers", str(args.layers), "--hidden", str(args.hidden)]
         if args.sizes:
@@ -158,6 +163,19 @@ def memory(args):
             raise SystemExit(f"the {mode} child failed:\n{res.stderr}")
         out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
     return out
+
+
+def profiled(fn):
+    """``fn()``, with a cProfile of it on stderr (top 30 by own time)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    r = fn()
+    prof.disable()
+    pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+    return r
 
 
 def med(xs):
@@ -195,7 +213,10 @@ def main():
     for run in range(args.runs):
         for m in modes:
             d = tempfile.mkdtemp(dir=tmp)
-            secs, times, graphs, ins = capture(gt, eng, m, d)
+            if args.cprofile == "capture" and m != "plain" and run == 0:
+                secs, times, graphs, ins = profiled(lambda: capture(gt, eng, m, d))
+            else:
+                secs, times, graphs, ins = capture(gt, eng, m, d)
             n_graphs = len(graphs)
             res[m].append(secs)
             per_graph[m].append(times)
@@ -239,10 +260,11 @@ def main():
         out["replay_idle_ms"] = med(checks["replay_idle"]) * 1e3
         out["replay_after_transition_ms"] = med(checks["replay_after"]) * 1e3
         out["refused"] = refused
-    if not args.no_memory and "all" in modes:
+    if not args.no_memory:
         mem = memory(args)
         out["memory"] = mem
-        out["graphcheck_mib"] = mem["all"]["rss_checked"] - mem["plain"]["rss_checked"]
+        out["memory_mode"] = args.memory_mode
+        out["graphcheck_mib"] = mem[args.memory_mode]["rss_checked"] - mem["plain"]["rss_checked"]
     print(json.dumps(out, indent=1))
     if args.json:
         with open(args.json, "w") as f:
@@ -252,17 +274,12 @@ def main():
 def measure_checks(args, gt, eng, engine_model, graphs, ins, checks, refused,
                    check_before_replay, ReplayCheckError, keep=None):
     """The checks after transitions, on the graphs ``ins`` recorded (mode ``all``)."""
-    import cProfile
-    import pstats
+    profile = [args.cprofile]
 
     def timed(kind, fn):
-        if args.cprofile == kind:
-            prof = cProfile.Profile()
-            prof.enable()
-            r = fn()
-            prof.disable()
-            pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
-            return r
+        if profile[0] == kind:
+            profile[0] = None
+            return profiled(fn)
         return fn()
 
     # Replays with nothing pending, then the first after a transition (the check in it).

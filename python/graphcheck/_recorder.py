@@ -58,7 +58,14 @@ def _pack_ranges(ranges: Iterable[tuple]) -> bytes:
 
 
 class Frozen(NamedTuple):
-    """What :meth:`Recorder.freeze` read: the facts of one moment a manifest is built from."""
+    """What :meth:`Recorder.freeze` read: the facts of one moment a manifest is built from.
+
+    ``graphs``, ``walked`` and ``epochs`` are the recorder's own lists with their lengths
+    then (``(list, n)``; :meth:`upto`): a freeze at every capture copied all three, which
+    made recording N graphs cost N² (1.0 s of the 1.5 s instrument() added to 1,718
+    captures on the H200). The recorder only ever appends to a list a freeze may hold;
+    anything else (a graph moved to the end, an entry changed) makes a new list and new
+    entries."""
 
     registry: Registry
     tensors: Optional[list]  # the tensor specs, where digests were taken then
@@ -66,11 +73,17 @@ class Frozen(NamedTuple):
     pools: list
     pool_ranges: list
     pool_bindings: list
-    graphs: list
-    walked: list
+    graphs: tuple  # (the recorder's graph entries, how many were recorded then)
+    walked: tuple  # (its _native.Walked list, its length then)
     producer: dict
     digests: Optional[str]
-    epochs: list = []  # each graph's event (Recorder._epochs), in the order of graphs
+    epochs: tuple = ([], 0)  # each graph's event (Recorder._epochs), in the order of graphs
+
+    @staticmethod
+    def upto(held: tuple) -> list:
+        """The first n items of a held ``(list, n)``."""
+        items, n = held
+        return items[:n]
 
 
 class Recorder:
@@ -222,8 +235,10 @@ class Recorder:
         name the recorder has not recorded."""
         for i, entry in enumerate(self._graphs):
             if entry["name"] == name:
-                entry.pop("walked", None)
+                # New lists and a new entry: a freeze may hold the old ones (Frozen).
+                entry = {k: v for k, v in entry.items() if k != "walked"}
                 if "walked_index" in entry:
+                    self._walked = list(self._walked)
                     self._walked[entry["walked_index"]] = walked
                 else:
                     entry["walked_index"] = len(self._walked)
@@ -231,9 +246,8 @@ class Recorder:
                 # A graph event of its own: its words name what is alive now, not what
                 # was at its capture (a storage born since is what it reads; one that died
                 # since is not), so it moves to the end, as a graph captured now.
-                self._graphs.append(self._graphs.pop(i))
-                self._epochs.pop(i)
-                self._epochs.append(self._epoch)
+                self._graphs = [*self._graphs[:i], *self._graphs[i + 1 :], entry]
+                self._epochs = [*self._epochs[:i], *self._epochs[i + 1 :], self._epoch]
                 self._epoch += 1
                 return
         raise GraphcheckError(f"the recorder has no graph named {name!r}")
@@ -241,9 +255,9 @@ class Recorder:
     def note_retarget(self, name: str, record: dict) -> None:
         """Notes a retarget applied to graph ``name`` (``{"event", "edits", "time"}``): the
         manifest's ``retargets`` of that graph."""
-        for entry in self._graphs:
+        for i, entry in enumerate(self._graphs):
             if entry["name"] == name:
-                entry["retargets"] = [*entry.get("retargets", ()), dict(record)]
+                self._replace_entry(i, {**entry, "retargets": [*entry.get("retargets", ()), dict(record)]})
                 return
         raise GraphcheckError(f"the recorder has no graph named {name!r}")
 
@@ -547,12 +561,18 @@ class Recorder:
         named ``name``: ``(address, owner paths at capture)`` pairs (an empty list of
         paths: the manifest's owners of that address). Verify leaves the graph out where
         one of those paths holds another address (the trees record a new graph instead)."""
-        entry = next((g for g in reversed(self._graphs) if g["name"] == name), None)
-        if entry is None:
+        at = next((i for i in reversed(range(len(self._graphs))) if self._graphs[i]["name"] == name), None)
+        if at is None:
             raise GraphcheckError(f"guard_graph: no graph named {name!r}")
-        entry.setdefault("guards", []).extend(
-            {"addr": hex(int(addr)), "paths": [str(p) for p in paths]} for addr, paths in guards
-        )
+        entry = self._graphs[at]
+        added = [{"addr": hex(int(addr)), "paths": [str(p) for p in paths]} for addr, paths in guards]
+        self._replace_entry(at, {**entry, "guards": [*entry.get("guards", ()), *added]})
+
+    def _replace_entry(self, i: int, entry: dict) -> None:
+        """Graph entry ``i`` replaced, in a new list: a freeze may hold the old (Frozen)."""
+        graphs = list(self._graphs)
+        graphs[i] = entry
+        self._graphs = graphs
 
     def freeze(self) -> "Frozen":
         """The facts a manifest of now needs that may change before it is built, read now:
@@ -582,11 +602,11 @@ class Recorder:
             pools=[dict(p) for p in self._pools],
             pool_ranges=list(self._pool_ranges),
             pool_bindings=[{"key": list(k), "pool": v} for k, v in self._pool_by_key.items()],
-            graphs=[{**g, "guards": list(g["guards"])} if "guards" in g else dict(g) for g in self._graphs],
-            walked=list(self._walked),
+            graphs=(self._graphs, len(self._graphs)),
+            walked=(self._walked, len(self._walked)),
             producer={"session": self.session, **self.producer},
             digests=self.digests,
-            epochs=list(self._epochs),
+            epochs=(self._epochs, len(self._epochs)),
         )
 
     @staticmethod
@@ -595,13 +615,14 @@ class Recorder:
         AllocSites(f.raw_segments).annotate(tensors, f.registry.tensors)
         # Read at the build, not copied at the freeze: a storage that died since ends at
         # the graphs added by then, none fewer than the frozen ones, so they read the same.
-        number_storages(tensors, f.registry.tensors, f.epochs)
+        epochs = Frozen.upto(f.epochs)
+        number_storages(tensors, f.registry.tensors, epochs)
         # Every storage with a lifetime carries its number: a snapshot of this session
         # numbers the storages it finds alike (`storage_numbers`).
         for spec, rec in zip(tensors, f.registry.tensors):
             if rec.lifetime is not None:
                 spec.setdefault("storage", rec.lifetime[0])
-        owners = owners_by_storage(tensors, f.registry, f.epochs)
+        owners = owners_by_storage(tensors, f.registry, epochs)
         # The core reads the segments (graphcheck::resolve::spec): a bound pool's segments
         # are its ranges, free blocks are free memory (IgnoredReason::FreeMemory).
         return {
@@ -612,7 +633,7 @@ class Recorder:
             "pool_bindings": f.pool_bindings,
             "tensors": tensors,
             "owners": owners,
-            "graphs": f.graphs,
+            "graphs": Frozen.upto(f.graphs),
         }
 
     def build_spec(self) -> dict:
@@ -627,7 +648,7 @@ class Recorder:
         # With digests, the memory the graphs read that no owner explains is digested too
         # (the manifest's `ranges`): contents a sleep lost there are `stale` after it.
         ranges = _digest.range_digests if f.digests else None
-        return _native.build_manifest(json.dumps(cls._spec(f)), f.walked, ranges=ranges)
+        return _native.build_manifest(json.dumps(cls._spec(f)), Frozen.upto(f.walked), ranges=ranges)
 
     @property
     def walked_graphs(self) -> list:

@@ -490,3 +490,26 @@ def test_a_path_rebound_to_a_storage_no_graph_read_keeps_what_a_graph_read(torch
     m = graphcheck.load(rec.manifest())
     held = [o["tensor"] for o in m["owners"] if o["path"] == "model.proj.weight"]
     assert held == [m["graphs"][1]["nodes"][0]["touches"][0]["tensor"]]
+
+
+def test_a_freeze_holds_what_was_recorded_then_whatever_the_recorder_does_after(torch):
+    """A freeze holds the recorder's lists by length instead of copying them (a copy per
+    capture made N captures cost N²): every later change (a graph added, guarded, retargeted
+    or walked again) must leave the frozen manifest as it was built at the freeze."""
+    model = make_model(torch)
+    rec = gt.Recorder(model)
+    w, b = model.proj.weight, model.proj.bias
+    rec.add_graph("g0", walked(kernel(0, "gemv", w)))
+    rec.add_graph("g1", walked(kernel(0, "bias", b)))
+    frozen = rec.freeze()
+    then = gt.Recorder.build_frozen(frozen)
+    rec.guard_graph("g1", [(b.data_ptr(), ["model.proj.bias"])])
+    rec.note_retarget("g0", {"event": "test", "edits": 1, "time": 0.0})
+    rec.replace_walked("g0", _native.Walked.from_json(walked(kernel(0, "gemv2", w, b))))
+    rec.add_graph("g2", walked(kernel(0, "again", w)))
+    assert gt.Recorder.build_frozen(frozen) == then
+    names = [g["name"] for g in json.loads(then)["graphs"]]
+    assert names == ["g0", "g1"]
+    now = json.loads(rec.manifest_json())
+    assert [g["name"] for g in now["graphs"]] == ["g1", "g0", "g2"]
+    assert now["graphs"][0]["guards"] and now["graphs"][1]["retargets"]
