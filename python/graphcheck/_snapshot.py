@@ -41,21 +41,25 @@ def _algorithm(digests: Union[bool, str], recorded: Optional[str]) -> Optional[s
 #: pools by name, its digest algorithm). A replay check after every transition hands the
 #: same manifest text again; reading it into Python objects each time cost more than the
 #: rest of the snapshot at 1,700 graphs (benches/engine_scale.py).
-_FACTS: list = [None, None, None]
+#: One tuple, replaced whole: a thread reading it never sees one manifest's pools with
+#: another's algorithm.
+_FACTS: list = [(None, None, None)]
 
 
 def _manifest_facts(manifest) -> tuple:
     """``(pool id by name, digest algorithm or None)`` of ``manifest``, loaded (and so
     checked) once per manifest object where it is text."""
-    if isinstance(manifest, (str, bytes, _native.Text)) and _FACTS[0] is manifest:
-        return _FACTS[1], _FACTS[2]
+    text = isinstance(manifest, (str, bytes, _native.Text))
+    held, pools, algorithm = _FACTS[0]
+    if text and held is manifest:
+        return pools, algorithm
     m = load_as(manifest, "manifest", "<manifest>", "manifest", 1)
     pools = {p["name"]: p["id"] for p in m.get("pools", [])}
     algorithm = next(
         (t["digest"].split(":", 1)[0] for t in m["tensors"] if t.get("digest")), None
     )
-    if isinstance(manifest, (str, bytes, _native.Text)):
-        _FACTS[:] = [manifest, pools, algorithm]
+    if text:
+        _FACTS[0] = (manifest, pools, algorithm)
     return pools, algorithm
 
 
