@@ -1,0 +1,203 @@
+"""Every page of the docs site and the README is tested as a reader would use it: each
+fenced block is run or checked by its language, and every file a page cites exists.
+
+- ``console``: each ``$ command`` runs with bash from the repository root (the installed
+  ``graphcheck`` command) and prints exactly the lines after it (stdout, then stderr);
+  ``ci/docs-update.py`` writes the real output back after a change.
+- ``python``: compiled; run in a fresh interpreter on the CPU unless a skip marker says what
+  it needs (a GPU, an engine); every ``graphcheck.*`` / ``gt.*`` name it uses exists.
+- ``sh``: run (must exit 0) unless a skip marker says why not.
+- ``toml``: parsed; an allowlist is read by graphcheck. ``yaml``, ``json``: parsed.
+- ``text``: not run (synopses, trees, a snapshot file); it must not hold a ``$ `` command.
+A skipped block is a skipped test with its reason, never a pass (docs_blocks.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+import docs_blocks
+from docs_blocks import REPO, Block
+
+BLOCKS = docs_blocks.all_blocks()
+
+#: The languages a block may carry, and what the test does with each.
+RUN = {"console", "python", "sh", "bash"}
+PARSED = {"toml", "yaml", "json"}
+SHOWN = {"text"}
+
+
+def by(langs) -> list:
+    return [pytest.param(b, id=b.where) for b in BLOCKS if b.lang in langs]
+
+
+def skip_if_marked(block: Block) -> None:
+    if block.skip:
+        pytest.skip(f"{block.where}: not run: {block.skip}")
+
+
+def test_every_block_carries_a_language_the_test_knows():
+    bad = [f"{b.where}: {b.lang or '(none)'}" for b in BLOCKS if b.lang not in RUN | PARSED | SHOWN]
+    assert not bad, "fenced blocks without a language the docs test runs or checks:\n" + "\n".join(bad)
+
+
+def test_the_pages_have_blocks_of_every_kind():
+    # A parser that found nothing would pass every parametrized test below by having none.
+    langs = {b.lang for b in BLOCKS}
+    assert {"console", "python", "toml", "text"} <= langs, langs
+    assert sum(b.lang == "console" for b in BLOCKS) >= 10
+
+
+def test_text_blocks_hold_no_command():
+    bad = [b.where for b in BLOCKS if b.lang in SHOWN and any(
+        line.startswith("$ ") for line in b.text.split("\n"))]
+    assert not bad, "a command and its output belong in a `console` block, which is run: " + ", ".join(bad)
+
+
+@pytest.mark.parametrize("block", by({"console"}))
+def test_console_block_prints_what_the_page_shows(block):
+    skip_if_marked(block)
+    for cmd, want, got in docs_blocks.run_console(block):
+        assert got == want, (
+            f"{block.where}: `{cmd}` printed something else (ci/docs-update.py writes it back)"
+        )
+
+
+@pytest.mark.parametrize("block", by({"python"}))
+def test_python_block_compiles_and_names_what_exists(block):
+    tree = ast.parse(block.text, filename=block.where)
+    aliases = {"graphcheck": "graphcheck"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("graphcheck"):
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("graphcheck"):
+            for a in node.names:
+                _resolve(block, f"{node.module}.{a.name}")
+    for node in ast.walk(tree):
+        chain = _chain(node)
+        if chain and chain[0] in aliases and len(chain) > 1:
+            _resolve(block, ".".join([aliases[chain[0]], *chain[1:]]))
+
+
+def _chain(node) -> list:
+    """`a.b.c` as ["a", "b", "c"] for an attribute chain rooted at a name."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and parts:
+        return [node.id, *reversed(parts)]
+    return []
+
+
+def _resolve(block: Block, dotted: str) -> None:
+    parts = dotted.split(".")
+    obj = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], start=1):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        try:
+            obj = importlib.import_module(".".join(parts[: i + 1]))
+        except ImportError:
+            pytest.fail(f"{block.where}: `{dotted}`: graphcheck has no `{part}` there")
+
+
+@pytest.mark.parametrize("block", by({"python"}))
+def test_python_block_runs(block, tmp_path):
+    skip_if_marked(block)
+    p = subprocess.run(
+        [sys.executable, "-c", block.text],
+        cwd=REPO,
+        env=docs_blocks.environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, f"{block.where}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+
+
+@pytest.mark.parametrize("block", by({"sh", "bash"}))
+def test_shell_block_runs(block):
+    skip_if_marked(block)
+    p = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.text],
+        cwd=REPO,
+        env=docs_blocks.environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, f"{block.where}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+
+
+@pytest.mark.parametrize("block", by({"toml"}))
+def test_toml_block_parses_and_allowlists_are_read_by_graphcheck(block, tmp_path):
+    data = tomllib.loads(block.text)
+    if "allow" not in data:
+        return
+    import graphcheck
+
+    path = tmp_path / "allow.toml"
+    path.write_text(block.text)
+    manifest = REPO / "fixtures/synthetic/marlin_workspace_rebuilt/manifest.json"
+    # An allowlist graphcheck refuses is a GraphcheckError naming the entry and key.
+    graphcheck.verify(str(manifest), allow=str(path))
+
+
+@pytest.mark.parametrize("block", by({"yaml"}))
+def test_yaml_block_parses(block):
+    yaml = pytest.importorskip("yaml", reason="PyYAML (installed with mkdocs) is missing")
+    assert yaml.safe_load(block.text) is not None, block.where
+
+
+@pytest.mark.parametrize("block", by({"json"}))
+def test_json_block_parses(block):
+    try:
+        json.loads(block.text)
+    except json.JSONDecodeError:
+        # A fragment of a document (keys of an object) is shown as it sits in one.
+        json.loads("{" + block.text + "}")
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=str(p.relative_to(REPO))) for p in docs_blocks.PAGES])
+def test_every_file_a_page_cites_exists(page):
+    missing = [what for what, path in docs_blocks.cited(page) if not docs_blocks.exists(path)]
+    assert not missing, f"{page.relative_to(REPO)} cites what does not exist: " + ", ".join(missing)
+
+
+def test_cited_file_check_sees_a_missing_file():
+    # Planted: a page citing a file and a link that do not exist fails the check above.
+    page = REPO / "docs" / "planted.md"
+    text = "See `fixtures/index.json`, `fixtures/no_such_file.json` and [this](no-such-page.md).\n"
+    missing = [w for w, p in docs_blocks.cited(page, text) if not docs_blocks.exists(p)]
+    assert missing == ["link (no-such-page.md)", "`fixtures/no_such_file.json`"]
+
+
+def test_every_docs_page_is_in_the_site_nav():
+    yaml = pytest.importorskip("yaml", reason="PyYAML (installed with mkdocs) is missing")
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+
+    def pages(nav) -> set:
+        out = set()
+        for item in nav:
+            if isinstance(item, str):
+                out.add(item)
+            else:
+                for value in item.values():
+                    out |= pages(value) if isinstance(value, list) else {value}
+        return out
+
+    listed = pages(config["nav"])
+    on_disk = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
+    assert on_disk - listed == set(), "docs pages no reader can reach from the nav"
+    assert listed - on_disk == set(), "nav entries with no page"
