@@ -437,74 +437,9 @@ fn bad_inputs_exit_2_naming_file_and_json_path() {
     }
 }
 
-/// Regression: the README's example error was not the one graphcheck prints. Every
-/// ```text block of the README that starts with `$ graphcheck …` is run, and its output
-/// (stdout, then stderr) must be the rest of the block, byte for byte.
-#[test]
-fn readme_transcripts_are_what_graphcheck_prints() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    // ```text blocks, at any indent (inside a list item too), their lines dedented by the
-    // fence's indent (one inside a list item was skipped, and its transcript cut short).
-    let mut blocks: Vec<String> = Vec::new();
-    let mut lines = readme.lines();
-    while let Some(line) = lines.next() {
-        if line.trim_start() != "```text" {
-            continue;
-        }
-        let indent = line.len() - line.trim_start().len();
-        let mut block = String::new();
-        for l in lines.by_ref() {
-            if l.trim_start() == "```" {
-                break;
-            }
-            block.push_str(
-                l.get(indent..)
-                    .filter(|_| l[..indent].trim().is_empty())
-                    .unwrap_or(l),
-            );
-            block.push('\n');
-        }
-        blocks.push(block);
-    }
-    let mut ran = 0;
-    for block in &blocks {
-        let Some(command) = block
-            .lines()
-            .next()
-            .and_then(|l| l.strip_prefix("$ graphcheck "))
-        else {
-            continue;
-        };
-        let want = block.split_once('\n').map_or("", |(_, rest)| rest);
-        let args: Vec<&str> = command.split_whitespace().collect();
-        let out = graphcheck(&args);
-        let got = format!("{}{}", text(&out.stdout), text(&out.stderr));
-        assert_eq!(got, want, "README.md: `graphcheck {command}`");
-        ran += 1;
-    }
-    assert!(ran >= 2, "the README shows {ran} transcripts");
-}
-
-/// Every allowlist the README shows (```toml blocks) is one graphcheck reads.
-#[test]
-fn readme_allowlists_parse() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let blocks: Vec<&str> = readme
-        .split("```toml\n")
-        .skip(1)
-        .map(|b| b.split("```").next().unwrap())
-        .collect();
-    assert!(
-        blocks.len() >= 3,
-        "{} allowlists in the README",
-        blocks.len()
-    );
-    for b in blocks {
-        let list = graphcheck::check::allow::Allowlist::parse(b)
-            .unwrap_or_else(|e| panic!("README.md allowlist:\n{b}\n{e}"));
-        assert_eq!(list.entries.len(), 1, "{b}");
-    }
-}
+// The README's and the docs site's transcripts and allowlists are run by the docs test
+// (tests/python/test_docs.py), over every page: `console` blocks compared with what the
+// installed command prints, `toml` allowlists read by graphcheck.
 
 /// Regression: `diff` did not report a pool's sleep policy changing.
 #[test]
