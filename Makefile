@@ -23,7 +23,7 @@ FUZZ_SEED ?= 1
 BENCH_ARGS ?=
 
 .PHONY: help ci tools build test test-rust test-python typecheck lint fmt snapshots \
-	scenario fixtures fixtures-check fuzz bench wheel
+	scenario fixtures fixtures-check fuzz bench wheel docs docs-update
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -85,6 +85,12 @@ fuzz: ## a short fuzz pass (FUZZ=target or all, FUZZ_SECONDS per target, FUZZ_SE
 
 bench: ## verify at full size against the Python baseline (benches/README.md; BENCH_ARGS=...)
 	"$(PY)" benches/verify_bench.py $(BENCH_ARGS)
+
+docs: tools ## build the docs site into target/site, warnings as errors (as ci/test.sh)
+	NO_MKDOCS_2_WARNING=1 "$(PY)" -m mkdocs build --strict --site-dir target/site
+
+docs-update: wheel ## write the real output of every docs console block back into its page
+	"$(PY)" ci/docs-update.py
 
 wheel: tools ## the release wheel into target/wheels-dev, installed into the venv (as ci/test.sh)
 	rm -rf target/wheels-dev

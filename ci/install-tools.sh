@@ -11,6 +11,8 @@ if ! cargo insta --version 2>/dev/null | grep -q "$INSTA_VERSION"; then
     cargo install cargo-insta --version "$INSTA_VERSION" --locked --quiet
 fi
 "$PY" -m pip install --quiet --disable-pip-version-check -r ci/requirements-test.txt
+# The docs site's generator (mkdocs.yml), built by ci/test.sh with warnings as errors.
+"$PY" -m pip install --quiet --disable-pip-version-check -r ci/requirements-docs.txt
 
 # PyTorch for the graphcheck.torch tests, which use CPU tensors only. PyPI has no CPU-only
 # build for Linux: its torch wheel (540 MB) does not import without the CUDA libraries it

@@ -25,5 +25,8 @@ rm -rf target/wheels-ci
 step "Python type check (mypy over python/graphcheck, [tool.mypy] in pyproject.toml)"
 "$PY" -m mypy python/graphcheck
 
+step "docs site (mkdocs build --strict: a broken link, a page outside the nav, an API object not found fail)"
+NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict --quiet --site-dir target/site
+
 step "Python tests"
 "$PY" -m pytest -q -rs tests/python

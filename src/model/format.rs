@@ -9,7 +9,7 @@
 //! address the manifest captured. Both are JSON objects whose first two keys are
 //! `format_version` and `kind`.
 //!
-//! Rules of the contract (see `README.md`, "Format"):
+//! Rules of the contract (see `docs/format.md`, "What the documents hold"):
 //! - `format_version` changes on any change a reader of the previous version would
 //!   misread; adding an optional field does not change it, and readers ignore fields they
 //!   do not know. This build reads [`crate::model::version::FORMAT_VERSIONS`] and writes [`FORMAT_VERSION`] unless

@@ -730,7 +730,7 @@ mod tests {
         assert!(Glob::new("a.b").unwrap().is_match("a.b"));
         assert!(!Glob::new("a.b").unwrap().is_match("a.bc"));
         assert!(Glob::new("**").unwrap().is_match(""));
-        // `*` stops only at `.`: it runs across brackets, as the README says.
+        // `*` stops only at `.`: it runs across brackets, as docs/guide/findings.md says.
         assert!(Glob::new("a.l[*]").unwrap().is_match("a.l[0][1]"));
         // What a `**` leaves is matched once: pieces on either side never share a byte.
         for (g, p, want) in [

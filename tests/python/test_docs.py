@@ -201,3 +201,38 @@ def test_every_docs_page_is_in_the_site_nav():
     on_disk = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
     assert on_disk - listed == set(), "docs pages no reader can reach from the nav"
     assert listed - on_disk == set(), "nav entries with no page"
+
+
+def test_the_site_build_fails_on_a_broken_link(tmp_path):
+    # Planted: the site's own validation settings, over a page with a link to no page, must
+    # fail `mkdocs build --strict` (ci/test.sh builds the real site so); without the broken
+    # link the same build passes.
+    yaml = pytest.importorskip("yaml", reason="PyYAML (installed with mkdocs) is missing")
+    pytest.importorskip("mkdocs", reason="mkdocs is missing: ci/requirements-docs.txt")
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    small = {
+        "site_name": "planted",
+        "docs_dir": "docs",
+        "site_dir": "site",
+        "validation": config["validation"],
+        "nav": ["index.md", "other.md"],
+    }
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(small))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "other.md").write_text("# Other\n")
+
+    def build(index: str) -> subprocess.CompletedProcess:
+        (tmp_path / "docs" / "index.md").write_text(index)
+        return subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet"],
+            cwd=tmp_path,
+            env={**docs_blocks.environment(), "NO_MKDOCS_2_WARNING": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    good = build("# Home\n\n[other](other.md)\n")
+    assert good.returncode == 0, good.stderr
+    bad = build("# Home\n\n[other](other.md), [gone](no-such-page.md)\n")
+    assert bad.returncode != 0 and "no-such-page.md" in bad.stderr, bad.stderr
