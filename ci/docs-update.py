@@ -3,7 +3,7 @@
 page, as the docs test (tests/python/test_docs.py) runs it: after a change to what a
 command prints, run this, then review the diff (`git diff -- docs README.md`).
 
-Run it with the project's Python, where graphcheck is installed: `. ci/venv.sh && "$PY"
+`ci/docs-update.py PAGE...` rewrites only those pages. Run it with the project's Python, where graphcheck is installed: `. ci/venv.sh && "$PY"
 ci/docs-update.py` (the `graphcheck` command it runs is the one beside that Python).
 """
 
@@ -16,8 +16,10 @@ import docs_blocks  # noqa: E402
 
 
 def main() -> int:
+    # Pages named on the command line, else every page.
+    pages = [Path(p).resolve() for p in sys.argv[1:]] or docs_blocks.PAGES
     changed = 0
-    for page in docs_blocks.PAGES:
+    for page in pages:
         # Read again per block: a rewrite above moves the lines below.
         count = sum(b.lang == "console" for b in docs_blocks.blocks(page))
         for i in range(count):
