@@ -7,7 +7,10 @@ Shared by ``test_docs.py`` (which runs or checks each block) and ``ci/docs-updat
 
 A block is skipped only by the line ``<!-- docs-test: skip: REASON -->`` right before its
 fence (blank lines between are allowed): it is then reported as skipped with REASON, and a
-``python`` block is still compiled and its graphcheck names looked up.
+``python`` block is still compiled and its graphcheck names looked up. A ``python`` block
+that needs nothing but a GPU says ``<!-- docs-test: gpu: REASON -->`` instead: it runs where
+``GRAPHCHECK_GPU_TESTS=1`` (after the page's GPU blocks before it, as a reader runs a
+tutorial), and is skipped with REASON elsewhere.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>.*)$")
-_SKIP = re.compile(r"^\s*<!--\s*docs-test:\s*skip:\s*(?P<reason>.+?)\s*-->\s*$")
+_SKIP = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<how>skip|gpu):\s*(?P<reason>.+?)\s*-->\s*$")
 
 
 @dataclass
@@ -39,6 +42,9 @@ class Block:
     lang: str
     text: str  # dedented by the fence's indent
     skip: Optional[str]
+    #: A ``python`` block that needs a GPU only (``<!-- docs-test: gpu: REASON -->``): run,
+    #: after the page's GPU blocks before it, where GRAPHCHECK_GPU_TESTS=1; else skipped.
+    gpu: bool = False
     #: (first, end) 0-based line range of the block's content in the page, for rewriting.
     span: tuple = field(default=(0, 0))
 
@@ -53,14 +59,16 @@ def blocks(page: Path) -> list:
     out = []
     i = 0
     pending_skip: Optional[str] = None
+    pending_gpu = False
     while i < len(lines):
         m = _FENCE.match(lines[i])
         if not m:
             s = _SKIP.match(lines[i])
             if s:
                 pending_skip = s.group("reason")
+                pending_gpu = s.group("how") == "gpu"
             elif lines[i].strip():
-                pending_skip = None
+                pending_skip, pending_gpu = None, False
             i += 1
             continue
         indent, fence = len(m.group("indent")), m.group("fence")
@@ -75,8 +83,8 @@ def blocks(page: Path) -> list:
             body.append(line[indent:] if line[:indent].strip() == "" else line)
             j += 1
         text = "\n".join(body) + ("\n" if body else "")
-        out.append(Block(page, i + 1, lang, text, pending_skip, (i + 1, j)))
-        pending_skip = None
+        out.append(Block(page, i + 1, lang, text, pending_skip, pending_gpu, (i + 1, j)))
+        pending_skip, pending_gpu = None, False
         i = j + 1
     return out
 

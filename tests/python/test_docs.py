@@ -24,6 +24,7 @@ import tomllib
 import pytest
 
 import docs_blocks
+from conftest import GPU
 from docs_blocks import REPO, Block
 
 BLOCKS = docs_blocks.all_blocks()
@@ -114,10 +115,19 @@ def _resolve(block: Block, dotted: str) -> None:
 
 @pytest.mark.parametrize("block", by({"python"}))
 def test_python_block_runs(block, tmp_path):
-    skip_if_marked(block)
+    code = block.text
+    if block.gpu:
+        if not GPU:
+            pytest.skip(f"{block.where}: not run: {block.skip} (GPU blocks run where GRAPHCHECK_GPU_TESTS=1)")
+        # A tutorial's GPU blocks build on each other: run those before this one first.
+        before = [b for b in BLOCKS if b.page == block.page and b.gpu and b.line < block.line]
+        code = "\n".join(b.text for b in [*before, block])
+    else:
+        skip_if_marked(block)
     p = subprocess.run(
-        [sys.executable, "-c", block.text],
-        cwd=REPO,
+        [sys.executable, "-c", code],
+        # GPU blocks write their documents where they stand: a folder of the test's own.
+        cwd=tmp_path if block.gpu else REPO,
         env=docs_blocks.environment(),
         capture_output=True,
         text=True,
