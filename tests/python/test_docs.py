@@ -247,3 +247,13 @@ def test_the_site_build_fails_on_a_broken_link(tmp_path):
     assert good.returncode == 0, good.stderr
     bad = build("# Home\n\n[other](other.md), [gone](no-such-page.md)\n")
     assert bad.returncode != 0 and "no-such-page.md" in bad.stderr, bad.stderr
+
+
+def test_the_exit_codes_page_lists_the_codes_graphcheck_exits_with():
+    import re
+
+    import graphcheck
+
+    page = (REPO / "docs/reference/exit-codes.md").read_text()
+    listed = [int(c) for c in re.findall(r"^\| (\d+) \|", page, re.M)]
+    assert listed == [graphcheck.EXIT_OK, graphcheck.EXIT_FINDINGS, graphcheck.EXIT_BAD_INPUT]
