@@ -4,6 +4,7 @@
 //! exit with the same codes by construction.
 
 pub mod mapped;
+pub mod reference;
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read, Write};
@@ -45,11 +46,40 @@ impl From<FormatArg> for Format {
     }
 }
 
+/// A shell `completions` writes a script for: every shell clap_complete generates for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShellArg {
+    /// `graphcheck completions bash > ~/.local/share/bash-completion/completions/graphcheck`
+    /// (bash-completion loads it the first time `graphcheck` is completed).
+    Bash,
+    /// `graphcheck completions zsh > ~/.zfunc/_graphcheck`, with `fpath+=~/.zfunc` before
+    /// `compinit` in `~/.zshrc`.
+    Zsh,
+    /// `graphcheck completions fish > ~/.config/fish/completions/graphcheck.fish`.
+    Fish,
+    /// `eval (graphcheck completions elvish | slurp)` in `~/.config/elvish/rc.elv`.
+    Elvish,
+    /// `graphcheck completions powershell | Out-String | Invoke-Expression` in `$PROFILE`.
+    Powershell,
+}
+
+impl From<ShellArg> for clap_complete::Shell {
+    fn from(s: ShellArg) -> clap_complete::Shell {
+        match s {
+            ShellArg::Bash => clap_complete::Shell::Bash,
+            ShellArg::Zsh => clap_complete::Shell::Zsh,
+            ShellArg::Fish => clap_complete::Shell::Fish,
+            ShellArg::Elvish => clap_complete::Shell::Elvish,
+            ShellArg::Powershell => clap_complete::Shell::PowerShell,
+        }
+    }
+}
+
 /// The exit codes, as `--help` lists them (the constants are [`graphcheck::exit`]).
 pub const EXIT_CODES: &str = "\
 Exit codes:
   0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found;
-     show, schema, convert: printed
+     show, schema, convert, completions: printed
   1  verify: findings; diff: the documents differ; explain: nothing matched
   2  bad input or usage: an unreadable or invalid document or allowlist, a bad flag or
      explain target, two `-`, an --output that is a directory or one of the inputs";
@@ -194,6 +224,25 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Print a shell's completion script (`graphcheck completions --help` says where to
+    /// install it).
+    ///
+    /// The script is generated from graphcheck's own command-line definitions, so it
+    /// completes every command, option and value of this version: write it again after an
+    /// upgrade. Each shell below is followed by the line that installs its script.
+    #[command(after_help = EXIT_CODES)]
+    Completions {
+        /// The shell to write the script for.
+        #[arg(value_enum)]
+        shell: ShellArg,
+    },
+}
+
+/// The command line's definitions, as `graphcheck` parses them: what the completion
+/// scripts, the man pages and the Markdown reference are generated from.
+pub fn command() -> clap::Command {
+    // The program is `graphcheck` however it was started (a path, `python -m graphcheck`).
+    Cli::command().bin_name("graphcheck")
 }
 
 /// An output refused for being standard input, named so (`the document read from standard
@@ -257,8 +306,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    // The program is `graphcheck` however it was started (a path, `python -m graphcheck`).
-    let mut command = Cli::command().bin_name("graphcheck");
+    let mut command = command();
     let cli = match command
         .try_get_matches_from_mut(args)
         .and_then(|m| Cli::from_arg_matches(&m))
@@ -592,7 +640,22 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
             }
             Ok(exit::OK)
         }
+        Command::Completions { shell } => {
+            emit(&completion_script(shell.into())?)?;
+            Ok(exit::OK)
+        }
     }
+}
+
+/// The completion script of `shell` for the `graphcheck` command.
+fn completion_script(shell: clap_complete::Shell) -> Result<String> {
+    let mut cmd = command();
+    cmd.build();
+    let mut script = Vec::new();
+    // `try_generate`, not `generate`: a generator's error is a message, never a panic.
+    clap_complete::Generator::try_generate(&shell, &cmd, &mut script)
+        .context("failed to generate the completion script")?;
+    Ok(String::from_utf8_lossy(&script).into_owned())
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
-//! `graphcheck-gen`: writes the synthetic fixture corpus and the benchmark documents.
+//! `graphcheck-gen`: writes the synthetic fixture corpus, the benchmark documents, and the
+//! command line's reference and man pages.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use graphcheck_gen::{bench, fixtures, phases};
+use graphcheck_gen::{bench, docs, fixtures, phases};
 
 /// Exit code: done, or `--check` found the folder equal to the generator.
 const EXIT_OK: u8 = 0;
@@ -27,6 +28,16 @@ enum Command {
     Fixtures {
         /// The fixtures folder.
         #[arg(long, default_value = "fixtures")]
+        out: PathBuf,
+        /// Compare instead of writing; exit 1 listing the files that differ.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Write the command line's Markdown reference (reference/cli.md) and its man pages
+    /// (man/*.1), generated from graphcheck-cli's clap definitions.
+    Docs {
+        /// The docs folder.
+        #[arg(long, default_value = "docs")]
         out: PathBuf,
         /// Compare instead of writing; exit 1 listing the files that differ.
         #[arg(long)]
@@ -103,34 +114,52 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--check`'s answer: that `out` matches, or the files that differ and the command that
+/// writes them again (`cargo run -p graphcheck-gen -- COMMAND`), and the exit code.
+fn checked(out: &Path, files: &fixtures::Files, differ: Vec<String>, command: &str) -> u8 {
+    if differ.is_empty() {
+        eprintln!(
+            "{}: {} files match the generator",
+            out.display(),
+            files.len()
+        );
+        return EXIT_OK;
+    }
+    eprintln!(
+        "{}: {} files differ from the generator (run `cargo run -p graphcheck-gen -- {command}`):",
+        out.display(),
+        differ.len()
+    );
+    for d in differ {
+        eprintln!("  {d}");
+    }
+    EXIT_DIFFERS
+}
+
 fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Fixtures { out, check } => {
             let files = fixtures::corpus();
             if check {
-                let differ = fixtures::check(&out, &files);
-                if differ.is_empty() {
-                    eprintln!(
-                        "{}: {} files match the generator",
-                        out.display(),
-                        files.len()
-                    );
-                    return Ok(EXIT_OK);
-                }
-                eprintln!(
-                    "{}: {} files differ from the generator (run `cargo run -p graphcheck-gen -- fixtures`):",
-                    out.display(),
-                    differ.len()
-                );
-                for d in differ {
-                    eprintln!("  {d}");
-                }
-                Ok(EXIT_DIFFERS)
-            } else {
-                fixtures::write(&out, &files)?;
-                eprintln!("wrote {} files under {}", files.len(), out.display());
-                Ok(EXIT_OK)
+                return Ok(checked(
+                    &out,
+                    &files,
+                    fixtures::check(&out, &files),
+                    "fixtures",
+                ));
             }
+            fixtures::write(&out, &files)?;
+            eprintln!("wrote {} files under {}", files.len(), out.display());
+            Ok(EXIT_OK)
+        }
+        Command::Docs { out, check } => {
+            let files = docs::files()?;
+            if check {
+                return Ok(checked(&out, &files, docs::check(&out, &files), "docs"));
+            }
+            docs::write(&out, &files)?;
+            eprintln!("wrote {} files under {}", files.len(), out.display());
+            Ok(EXIT_OK)
         }
         Command::Bench {
             out,
