@@ -1,14 +1,18 @@
 """The ``producer`` block of a document graphcheck.torch writes: the tool and its version,
-torch's, the rank and world size (torch.distributed where initialized) and the GPU."""
+torch's, the rank and world size (torch.distributed where initialized, else the launcher's
+environment) and the GPU. Manifests and live snapshots read the rank the same way, so a
+process's snapshot is of its manifest's rank (one read torch.distributed only, and a rank
+launched with RANK but no process group was refused as another rank's)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, Optional
 
 from ._api import __version__
 from ._torch_import import import_torch
 
-__all__ = ["producer"]
+__all__ = ["producer", "rank_and_world"]
 
 
 def producer(overrides: Optional[Mapping[str, Any]] = None) -> dict:
@@ -18,13 +22,29 @@ def producer(overrides: Optional[Mapping[str, Any]] = None) -> dict:
         "tool": "graphcheck.torch",
         "tool_version": __version__,
         "framework": f"torch {torch.__version__}",
-        "rank": 0,
-        "world_size": 1,
     }
-    dist = getattr(torch, "distributed", None)
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        p["rank"], p["world_size"] = dist.get_rank(), dist.get_world_size()
+    p["rank"], p["world_size"] = rank_and_world()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         p["gpu"] = torch.cuda.get_device_name()
     p.update(overrides or {})
     return p
+
+
+def rank_and_world() -> tuple:
+    """This process's rank and world size: torch.distributed where initialized, else the
+    launcher's environment (RANK, else LOCAL_RANK; WORLD_SIZE), else (0, 1)."""
+    torch = import_torch()
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a half-initialized process group: use the env
+        pass
+    for var in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            rank = int(value)
+            size = os.environ.get("WORLD_SIZE", "")
+            world = int(size) if size.strip().isdigit() else rank + 1
+            return rank, max(world, rank + 1)
+    return 0, 1

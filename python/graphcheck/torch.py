@@ -28,7 +28,7 @@ from ._instrument import (
 )
 from ._instrument.replay_check import ENV_VERIFY_ON_REPLAY, ReplayCheckError
 from ._instrument.transitions import mark_transition
-from ._recorder import Recorder, graph
+from ._recorder import OwnersNotCurrent, Recorder, graph
 from ._registry import OwnerRecord, Registry, TensorRecord
 from ._retarget import RetargetResult, retarget
 from ._snapshot import snapshot
@@ -39,6 +39,7 @@ from .sleep import allocator as sleep_allocator
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
+    "OwnersNotCurrent",
     "OwnerRecord",
     "Recorder",
     "Registry",

@@ -9,6 +9,7 @@ import os
 import types
 from typing import Callable
 
+from .._producer import rank_and_world
 from .._recorder import fatal
 from .._torch_import import import_torch
 
@@ -75,26 +76,6 @@ def each_sink(sinks: list, call: Callable) -> None:
             except Exception:  # noqa: BLE001 - the note is a courtesy: the warning said it
                 pass
     raise first
-
-
-def rank_and_world() -> tuple:
-    """This process's rank and world size: torch.distributed where initialized, else the
-    launcher's environment (RANK, else LOCAL_RANK; WORLD_SIZE), else (0, 1)."""
-    torch = import_torch()
-    dist = getattr(torch, "distributed", None)
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:  # noqa: BLE001 - a half-initialized process group: use the env
-        pass
-    for var in ("RANK", "LOCAL_RANK"):
-        value = os.environ.get(var, "")
-        if value.strip().isdigit():
-            rank = int(value)
-            size = os.environ.get("WORLD_SIZE", "")
-            world = int(size) if size.strip().isdigit() else rank + 1
-            return rank, max(world, rank + 1)
-    return 0, 1
 
 
 # The manifest files this process's instrumentations write (absolute paths): each
