@@ -41,6 +41,7 @@ __all__ = [
     "load",
     "load_as",
     "normalized",
+    "reads",
     "schema",
     "summary",
     "verify",
@@ -171,6 +172,18 @@ def version_arg(value) -> int:
 def normalized(doc: Document) -> str:
     """The stable text of a document (``graphcheck show --normalized``)."""
     return _native.normalized(document_source(doc))
+
+
+def reads(doc: Document, *, kernels: bool = True) -> str:
+    """The reads view of a manifest: its owners, pools and, per graph (by name), the owner
+    paths it reads, the reads no owner explains and its kernels, as sorted text with no
+    address, id, pool number, size or timing; equal for two recordings of the same model
+    and graphs, so an engine's tests can keep it as a snapshot (:mod:`graphcheck.syrupy`).
+    ``kernels=False`` leaves kernel names, and the word counts that depend on them, out:
+    they differ between GPU architectures and library versions. A live snapshot is an
+    error (``docs/recipes/pytest.md``)."""
+    kernels = _args.flag("kernels", kernels)
+    return _native.reads(document_source(doc), kernels, "<document>")
 
 
 def summary(doc: Document) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "verify_pairs",
     "Verified",
     "normalized",
+    "reads",
     "summary",
     "explain",
     "diff",
@@ -159,6 +160,7 @@ class Verified:
     def recapture(self) -> list[str]: ...
 
 def normalized(document: _Source, name: str | None = None) -> str: ...
+def reads(manifest: _Source, kernels: bool = True, name: str | None = None) -> str: ...
 def summary(document: _Source, name: str | None = None) -> str: ...
 def explain(
     manifest: _Source,

@@ -407,6 +407,26 @@ fn normalized(py: Python<'_>, document: &Bound<'_, PyAny>, name: Option<&str>) -
     })
 }
 
+/// The reads view of a manifest (`graphcheck.reads`): its owners, pools and, per graph,
+/// the owner paths it reads, what no owner explains and its kernels, with no address, id,
+/// pool number or timing; `kernels=False` leaves the kernel names (and word counts) out. A
+/// live snapshot is an error naming the document.
+#[pyfunction]
+#[pyo3(signature = (manifest, kernels=true, name=None))]
+fn reads(
+    py: Python<'_>,
+    manifest: &Bound<'_, PyAny>,
+    kernels: bool,
+    name: Option<&str>,
+) -> PyResult<String> {
+    let src = source(manifest, name)?;
+    interruptible(py, move || -> Result<String, NativeError> {
+        let options = graphcheck::present::reads::ReadsOptions { kernels };
+        graphcheck::present::reads::reads(&src.document()?, options)
+            .map_err(|e| format!("{}: {e}", src.name().display()).into())
+    })
+}
+
 /// The summary of a document (`graphcheck show`).
 #[pyfunction]
 #[pyo3(signature = (document, name=None))]
@@ -647,6 +667,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_pairs, m)?)?;
     m.add_class::<Verified>()?;
     m.add_function(wrap_pyfunction!(normalized, m)?)?;
+    m.add_function(wrap_pyfunction!(reads, m)?)?;
     m.add_function(wrap_pyfunction!(summary, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(diff, m)?)?;
