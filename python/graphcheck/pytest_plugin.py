@@ -18,7 +18,14 @@ the model it is given), verifies against the captures so far, and fails the test
 report's table on any finding. ``--graphcheck-dir DIR`` also writes each test's manifest to
 ``DIR/<test id>.json``.
 
-Importing this module imports neither torch nor ``graphcheck.torch``.
+The fixture ``graphcheck_snapshot`` is syrupy's ``snapshot`` with graphcheck's extension
+(:class:`graphcheck.syrupy.ReadsExtension`): ``assert graphcheck_recorder.manifest() ==
+graphcheck_snapshot`` keeps what each graph reads as a text file beside the test, and
+``pytest --snapshot-update`` accepts a change (``docs/recipes/pytest.md``). It needs syrupy
+installed; without it, a test that asks for the fixture fails saying so.
+
+Importing this module imports neither torch, ``graphcheck.torch`` nor syrupy: each is
+imported by the fixture that uses it.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import pytest
 
 import graphcheck
 
-__all__ = ["GraphcheckRecorder", "graphcheck_recorder", "pytest_addoption"]
+__all__ = ["GraphcheckRecorder", "graphcheck_recorder", "graphcheck_snapshot", "pytest_addoption"]
 
 
 def pytest_addoption(parser) -> None:
@@ -147,3 +154,29 @@ def graphcheck_recorder(request):
         directory = request.config.getoption("--graphcheck-dir")
         if directory and ins.captures:
             ins.write(os.path.join(directory, _file_name(request.node.nodeid)))
+
+
+@pytest.fixture
+def graphcheck_snapshot(request):
+    """syrupy's ``snapshot`` fixture with :class:`graphcheck.syrupy.ReadsExtension`: a
+    manifest compared with it is compared as its reads view (:func:`graphcheck.reads`)."""
+    try:
+        from graphcheck.syrupy import ReadsExtension
+    except ModuleNotFoundError as e:
+        if e.name != "syrupy" and not (e.name or "").startswith("syrupy."):
+            raise
+        pytest.fail(
+            "the graphcheck_snapshot fixture needs syrupy, pytest's snapshot plugin, which is "
+            "not installed: pip install syrupy",
+            pytrace=False,
+        )
+    try:
+        snapshot = request.getfixturevalue("snapshot")
+    except LookupError:  # pytest's FixtureLookupError, public only in newer pytest
+        pytest.fail(
+            "the graphcheck_snapshot fixture needs syrupy's snapshot fixture, which this run "
+            "does not have: syrupy is installed but its pytest plugin is not loaded "
+            "(-p no:syrupy, or PYTEST_DISABLE_PLUGIN_AUTOLOAD without -p syrupy)",
+            pytrace=False,
+        )
+    return snapshot.use_extension(ReadsExtension)

@@ -48,6 +48,7 @@ ORDER = [
     "_instrument",
     "_autoinstrument",
     "torch",
+    "syrupy",
     "pytest_plugin",
 ]
 
