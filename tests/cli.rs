@@ -480,6 +480,35 @@ fn tempfile_dir(what: &str) -> PathBuf {
     dir
 }
 
+/// `show --reads` prints the core's reads view of every scenario's manifest, and refuses a
+/// live snapshot (exit 2, naming the file) and `--no-kernels` without `--reads`.
+#[test]
+fn show_reads_is_the_reads_view_of_a_manifest() {
+    use graphcheck::codec::load::Source;
+    use graphcheck::present::reads::{ReadsOptions, reads};
+    for s in scenarios() {
+        let manifest = rel(s["manifest"].as_str().unwrap());
+        let doc = Source::Path(root().join(&manifest)).document().unwrap();
+        for kernels in [true, false] {
+            let mut argv = vec!["show", "--reads", manifest.as_str()];
+            if !kernels {
+                argv.push("--no-kernels");
+            }
+            let out = graphcheck(&argv);
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            let want = reads(&doc, ReadsOptions { kernels }).unwrap();
+            assert_eq!(text(&out.stdout).trim_end(), want.trim_end(), "{manifest}");
+        }
+    }
+    let live = "fixtures/synthetic/marlin_workspace_rebuilt/live.json";
+    let out = graphcheck(&["show", "--reads", live]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains(live) && err.contains("not of a live snapshot"), "{err}");
+    let out = graphcheck(&["show", "--no-kernels", live]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
 #[test]
 fn missing_file_and_usage_errors_exit_2() {
     let out = graphcheck(&["verify", "fixtures/does-not-exist.json"]);

@@ -20,6 +20,7 @@ use graphcheck::exit;
 use graphcheck::model::version::{FORMAT_VERSION, FORMAT_VERSIONS};
 use graphcheck::present::explain::{Query, QueryError};
 use graphcheck::present::normalize::normalized;
+use graphcheck::present::reads::{ReadsOptions, reads};
 use graphcheck::present::text::summary;
 
 use graphcheck::app::commands::{self, Format};
@@ -79,8 +80,9 @@ impl From<ShellArg> for clap_complete::Shell {
 pub const EXIT_CODES: &str = "\
 Exit codes:
   0  verify: no findings (allowed ones and warnings aside); diff: equal; explain: found;
-     show, schema, convert, completions: printed
-  1  verify: findings; diff: the documents differ; explain: nothing matched
+     retarget: no graph must be recaptured; show, schema, convert, completions: printed
+  1  verify: findings; diff: the documents differ; explain: nothing matched; retarget:
+     some graphs must be recaptured
   2  bad input or usage: an unreadable or invalid document or allowlist, a bad flag or
      explain target, two `-`, an --output that is a directory or one of the inputs";
 
@@ -167,8 +169,17 @@ enum Command {
         /// The manifest or live snapshot (`-`: standard input).
         document: PathBuf,
         /// The stable text snapshot tests store: symbolic addresses, sorted, complete.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "reads")]
         normalized: bool,
+        /// What the graphs read, with no address, id or pool number: owners, pools, and per
+        /// graph the owners read and its kernels; stable across runs and machines, for an
+        /// engine's snapshot tests (a manifest only).
+        #[arg(long)]
+        reads: bool,
+        /// With --reads: leave out kernel names, which differ between GPU architectures and
+        /// library versions.
+        #[arg(long, requires = "reads")]
+        no_kernels: bool,
     },
     /// Compare two documents by owner path (tensor set, registration, layout, digests).
     #[command(after_help = EXIT_CODES)]
@@ -580,10 +591,23 @@ fn run(cli: Cli, inputs: Inputs) -> Result<i32> {
         Command::Show {
             document,
             normalized: norm,
+            reads: view,
+            no_kernels,
         } => {
-            let [d] = sources([&document], inputs)?;
-            let d = d.document()?;
-            emit(&if norm { normalized(&d) } else { summary(&d) })?;
+            let [source] = sources([&document], inputs)?;
+            let d = source.document()?;
+            let text = if view {
+                let options = ReadsOptions {
+                    kernels: !no_kernels,
+                };
+                reads(&d, options)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", source.name().display()))?
+            } else if norm {
+                normalized(&d)
+            } else {
+                summary(&d)
+            };
+            emit(&text)?;
             Ok(exit::OK)
         }
         Command::Diff { a, b, format } => {

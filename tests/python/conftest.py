@@ -115,7 +115,7 @@ def save_gpu_document(name, doc):
 #: clears it), no model owner reaches it; a real finding, allowed in the GPU tests by its
 #: kernels (the same entry as fixtures/gpu/cublas_workspace.allow.toml).
 CUBLAS_WORKSPACE = [{
-    "kernels": ["nvjet_*", "*gemm*", "*splitKreduce*", "cutlass::Kernel2*", "memset"],
+    "kernels": ["nvjet_*", "*gemm*", "*splitKreduce*", "*cutlass::Kernel2*", "memset"],
     "kinds": ["unowned"],
     "reason": "torch's cuBLAS workspace: scratch torch keeps for the whole process",
 }]

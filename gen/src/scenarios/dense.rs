@@ -358,7 +358,7 @@ const ALLOW_UNUSED_GLOB: &str = "model.layers[*].self_attn.attn.impl._workspace"
 fn allow_toml() -> String {
     format!(
         r#"# Allowlist for the allowlisted_workspace scenario (graphcheck verify --allow).
-# Each entry: an owner-path glob (`*` within one hop, `**` across hops, brackets literal),
+# Each entry: an owner-path glob (`*` stops only at an attribute's `.`, `**` at nothing, brackets literal),
 # the kinds it covers (default: all), and why it is safe.
 
 [[allow]]
