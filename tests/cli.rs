@@ -480,6 +480,19 @@ fn tempfile_dir(what: &str) -> PathBuf {
     dir
 }
 
+/// Regression: verify's headline says `graphcheck show` lists the unread nodes, and plain
+/// `show` only counted them; it lists each with the walk's reason.
+#[test]
+fn show_lists_each_unread_node_with_its_reason() {
+    let out = graphcheck(&["show", "fixtures/gpu/native_conditional.json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("    unread node 0 (conditional): its bodies could not be read"),
+        "{shown}"
+    );
+}
+
 /// `show --reads` prints the core's reads view of every scenario's manifest, and refuses a
 /// live snapshot (exit 2, naming the file) and `--no-kernels` without `--reads`.
 #[test]

@@ -125,6 +125,17 @@ pub fn summary(d: &Document) -> String {
                         format!("; {opaque} opaque")
                     }
                 );
+                // Each unread node with the walk's reason: verify's headline sends the
+                // reader here to see which nodes went unchecked and why.
+                for u in &g.unread {
+                    let _ = writeln!(
+                        out,
+                        "    unread node {} ({}): {}",
+                        u.index,
+                        escape(&u.node_type),
+                        escape(&u.reason)
+                    );
+                }
             }
         }
         Document::Live(l) => {
