@@ -517,7 +517,10 @@ fn show_reads_is_the_reads_view_of_a_manifest() {
     let out = graphcheck(&["show", "--reads", live]);
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
-    assert!(err.contains(live) && err.contains("not of a live snapshot"), "{err}");
+    assert!(
+        err.contains(live) && err.contains("not of a live snapshot"),
+        "{err}"
+    );
     let out = graphcheck(&["show", "--no-kernels", live]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
