@@ -175,11 +175,13 @@ fn headline(r: &Report) -> String {
 /// those that had only their manifest.
 fn mode(r: &Report) -> String {
     const CAPTURE: &str = "capture-time checks only: no live snapshot";
-    // Contents are compared only where both sides have digests (`stale` is then checked).
+    // Contents are compared where both sides have digests and contents were preserved, or
+    // where the live snapshot carries reference digests (`stale` is then checked). It said
+    // "no digests on both sides" also of an update whose sides both had digests.
     let both = if r.checked.contains(&FindingKind::Stale) {
         "capture and live checks"
     } else {
-        "capture and live checks; contents not compared: no digests on both sides"
+        "capture and live checks; contents not compared: an update without reference digests, or digests missing on a side"
     };
     if !multi(r) {
         return if r.checked.contains(&FindingKind::Drifted) {
