@@ -119,3 +119,31 @@ CUBLAS_WORKSPACE = [{
     "kinds": ["unowned"],
     "reason": "torch's cuBLAS workspace: scratch torch keeps for the whole process",
 }]
+
+
+#: The source of a stand-in for torch.cuda.CUDAGraph, for the conftest of a pytester run
+#: (the pytest plugin's tests): it captures nothing; the inner conftest's fake walker says
+#: what each graph read.
+FAKE_CUDA_GRAPH = """
+class FakeCUDAGraph:
+    def __new__(cls, keep_graph=False):
+        return object.__new__(cls)
+
+    def __init__(self, keep_graph=False):
+        self.keep_graph = keep_graph
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        pass
+
+    def capture_end(self):
+        pass
+
+    def raw_cuda_graph(self):
+        return 0x1000
+
+    def instantiate(self):
+        self.instantiated = True
+
+    def pool(self):
+        return (0, 1)
+"""

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import graphcheck
-from conftest import kernel, walked
+from conftest import FAKE_CUDA_GRAPH, kernel, walked
 
 pytest_plugins = ["pytester"]
 
@@ -152,28 +152,7 @@ import torch
 from graphcheck import _native
 
 
-class FakeCUDAGraph:
-    def __new__(cls, keep_graph=False):
-        return object.__new__(cls)
-
-    def __init__(self, keep_graph=False):
-        self.keep_graph = keep_graph
-
-    def capture_begin(self, pool=None, capture_error_mode="global"):
-        pass
-
-    def capture_end(self):
-        pass
-
-    def raw_cuda_graph(self):
-        return 0x1000
-
-    def instantiate(self):
-        pass
-
-    def pool(self):
-        return (0, 1)
-
+''' + FAKE_CUDA_GRAPH + '''
 
 NEXT = {}
 

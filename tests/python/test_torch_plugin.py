@@ -7,38 +7,24 @@ import os
 
 import pytest
 
+# Imported here, before any test sets GRAPHCHECK_DIR: imported first under the variable (as
+# when this file ran alone), graphcheck.torch instruments this process at import, before the
+# inner conftest's fake CUDAGraph is in place, and the inner captures were not recorded.
+import graphcheck.torch  # noqa: F401
+from conftest import FAKE_CUDA_GRAPH
+
 pytest_plugins = ["pytester"]
 
 CONFTEST = '''
 import json
 import pytest
+
 import torch
 import graphcheck.torch as gt
 from graphcheck import _native
 
 
-class FakeCUDAGraph:
-    def __new__(cls, keep_graph=False):
-        return object.__new__(cls)
-
-    def __init__(self, keep_graph=False):
-        self.keep_graph = keep_graph
-
-    def capture_begin(self, pool=None, capture_error_mode="global"):
-        pass
-
-    def capture_end(self):
-        pass
-
-    def raw_cuda_graph(self):
-        return 0x1000
-
-    def instantiate(self):
-        self.instantiated = True
-
-    def pool(self):
-        return (0, 1)
-
+''' + FAKE_CUDA_GRAPH + '''
 
 NEXT = {}
 
