@@ -121,9 +121,10 @@ CUBLAS_WORKSPACE = [{
 }]
 
 
-#: The source of a stand-in for torch.cuda.CUDAGraph, for the conftest of a pytester run
-#: (the pytest plugin's tests): it captures nothing; the inner conftest's fake walker says
-#: what each graph read.
+#: The source of a stand-in for torch.cuda.CUDAGraph and the walker, for the conftest of a
+#: pytester run (the pytest plugin's tests; it needs json, pytest, torch and
+#: graphcheck._native imported): the fake captures nothing, and each walk reads the tensors
+#: the inner test put in NEXT["tensors"], by one kernel (NEXT["name"], default gemv).
 FAKE_CUDA_GRAPH = """
 class FakeCUDAGraph:
     def __new__(cls, keep_graph=False):
@@ -146,4 +147,24 @@ class FakeCUDAGraph:
 
     def pool(self):
         return (0, 1)
+
+
+NEXT = {}
+
+
+def fake_walk(handle):
+    # One kernel node (named NEXT.get("name", "gemv")) reading NEXT["tensors"], in order.
+    words = [{"param": i, "offset": 0, "addr": hex(t.data_ptr()), "allocation": None}
+             for i, t in enumerate(NEXT["tensors"])]
+    node = {"index": 0, "kind": "kernel", "name": NEXT.get("name", "gemv"), "grid": [1, 1, 1],
+            "block": [1, 1, 1], "parent": None, "opaque": None, "words": words}
+    return json.dumps({"node_counts": {"kernel": 1}, "unread": [], "nodes": [node]})
+
+
+@pytest.fixture(autouse=True)
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
+    monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
+    monkeypatch.setattr(_native, "walk_graph", fake_walk, raising=False)
+    monkeypatch.setattr(_native, "walk", lambda h: _native.Walked.from_json(fake_walk(h)), raising=False)
 """

@@ -154,25 +154,6 @@ from graphcheck import _native
 
 ''' + FAKE_CUDA_GRAPH + '''
 
-NEXT = {}
-
-
-def fake_walk(handle):
-    words = [{"param": i, "offset": 0, "addr": hex(t.data_ptr()), "allocation": None}
-             for i, t in enumerate(NEXT["tensors"])]
-    node = {"index": 0, "kind": "kernel", "name": "fused_decode", "grid": [1, 1, 1],
-            "block": [1, 1, 1], "parent": None, "opaque": None, "words": words}
-    return json.dumps({"node_counts": {"kernel": 1}, "unread": [], "nodes": [node]})
-
-
-@pytest.fixture(autouse=True)
-def fake_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
-    monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
-    monkeypatch.setattr(_native, "walk_graph", fake_walk, raising=False)
-    monkeypatch.setattr(_native, "walk", lambda h: _native.Walked.from_json(fake_walk(h)), raising=False)
-
-
 @pytest.fixture
 def engine():
     class Engine:
@@ -185,7 +166,7 @@ def engine():
             tensors = [self.model.proj.weight, self.model.proj.bias]
             if os.environ.get("ENGINE_READS_ROPE_CACHE"):
                 tensors.append(self.model.rope_cache)
-            NEXT["tensors"] = tensors
+            NEXT["tensors"], NEXT["name"] = tensors, "fused_decode"
             g = torch.cuda.CUDAGraph()
             g.capture_begin()
             g.capture_end()

@@ -26,28 +26,6 @@ from graphcheck import _native
 
 ''' + FAKE_CUDA_GRAPH + '''
 
-NEXT = {}
-
-
-def word(i, t):
-    return {"param": i, "offset": 0, "addr": hex(t.data_ptr()), "allocation": None}
-
-
-def fake_walk(handle):
-    tensors = NEXT["tensors"]
-    node = {"index": 0, "kind": "kernel", "name": "gemv", "grid": [1, 1, 1], "block": [1, 1, 1],
-            "parent": None, "opaque": None, "words": [word(i, t) for i, t in enumerate(tensors)]}
-    return json.dumps({"node_counts": {"kernel": 1}, "unread": [], "nodes": [node]})
-
-
-@pytest.fixture(autouse=True)
-def fake_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
-    monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
-    monkeypatch.setattr(_native, "walk_graph", fake_walk, raising=False)
-    monkeypatch.setattr(_native, "walk", lambda h: _native.Walked.from_json(fake_walk(h)), raising=False)
-
-
 @pytest.fixture
 def engine():
     """An engine that captures with plain torch calls, knowing nothing of graphcheck."""
