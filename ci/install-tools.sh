@@ -10,6 +10,16 @@ if ! cargo insta --version 2>/dev/null | grep -q "$INSTA_VERSION"; then
     echo "installing cargo-insta $INSTA_VERSION (about a minute)" >&2
     cargo install cargo-insta --version "$INSTA_VERSION" --locked --quiet
 fi
+# The shells and groff the completion and man-page tests check their output with
+# (tests/completions.rs); without them those checks say "not checked" and pass. Installed
+# where this machine can (Debian, as root); elsewhere they stay unchecked, as said.
+if ! command -v zsh >/dev/null || ! command -v fish >/dev/null || ! command -v groff >/dev/null; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "installing zsh, fish and groff for the completion and man-page checks" >&2
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zsh fish groff-base >/dev/null) \
+            || echo "could not install zsh, fish, groff: those checks will say not checked" >&2
+    fi
+fi
 "$PY" -m pip install --quiet --disable-pip-version-check -r ci/requirements-test.txt
 # The docs site's generator (mkdocs.yml), built by ci/test.sh with warnings as errors.
 "$PY" -m pip install --quiet --disable-pip-version-check -r ci/requirements-docs.txt
