@@ -74,10 +74,14 @@ class Instrumentation:
         self.name = name
         self.strict = strict
         self._recorder_args = recorder_args
+        #: The :class:`graphcheck.torch.Recorder` every capture goes into (add pools here).
         self.recorder = Recorder(None, **recorder_args)
+        #: The manifest file this instrumentation writes, once it has written (``None`` in
+        #: memory: ``instrument(False)``, or before the first write).
         self.path: Optional[str] = None
         #: Captures recorded, and errors met (when not ``strict``), in this process.
         self.captures = 0
+        #: The errors met while recording (when not ``strict``), each also warned.
         self.errors: list = []
         self._pid = os.getpid()
         #: The replay check (``verify_on_replay``), or None.
