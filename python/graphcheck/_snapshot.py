@@ -79,7 +79,6 @@ def snapshot(
     roots: Optional[Mapping[str, Any]] = None,
     format_version: int = FORMAT_VERSION,
     recorder: Any = None,
-    _rewritten: frozenset = frozenset(),
 ) -> dict:
     """The live snapshot of ``model`` against ``manifest`` after sleep/wake or a reload.
 
@@ -100,7 +99,8 @@ def snapshot(
     ``format_version`` (2, as graphcheck writes it, by default; 1 is the expanded form
     :func:`graphcheck.load` gives). Every wrong argument is a :class:`GraphcheckError`
     naming it."""
-    # Every parameter, as given: live_text takes the same.
+    # Every parameter, as given: live_text takes the same (and one more, the replay
+    # check's own: what an update wrote, left out of the digests).
     return json.loads(live_text(**locals()))
 
 
