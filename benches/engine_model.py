@@ -105,6 +105,8 @@ class Engine:
             if p.dim() > 1:
                 p.normal_(std=0.02)
         self.runner = Runner(max(self.sizes), hidden, **kw)
+        #: Every derived tensor a rebuild replaced, kept alive (rebuild_derived).
+        self.retired: list = []
 
     @property
     def pieces(self):
@@ -188,6 +190,11 @@ class Engine:
         """A reload's post-load processing: every layer's ``qkv_scale`` rebuilt at a new
         address, the same values (the graphs still read the old ones)."""
         for layer in self.model.layers:
+            # The replaced tensor is kept alive: freed, its block could be taken by the next
+            # rebuild's tensor, of the captured layout and values, which the graphs would then
+            # read rightly (no finding), and the count of refused graphs would vary with the
+            # allocator (seen once in five CPU dry runs: 10 refused, not 14).
+            self.retired.append(layer.qkv_scale)
             layer.qkv_scale = layer.qkv_scale.clone()
 
 
