@@ -7,3 +7,4 @@ pub mod format;
 pub mod ids;
 pub mod owner_path;
 pub mod version;
+pub mod words;

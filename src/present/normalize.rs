@@ -298,14 +298,8 @@ fn pools_section(out: &mut String, pools: &[Pool]) {
             out,
             "  {}: {} (sleep: {})",
             escape(&p.name),
-            serde_json::to_value(p.kind)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
-            serde_json::to_value(p.sleep)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
+            p.kind,
+            p.sleep,
         );
     }
 }

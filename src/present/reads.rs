@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use crate::model::format::{
     AllocationId, Document, Graph, IgnoredReason, Manifest, NodeKind, Owner, PoolId, PoolKind,
-    SleepPolicy, Tensor, TensorId,
+    Tensor, TensorId,
 };
 use crate::present::fmt::escape;
 
@@ -70,8 +70,8 @@ pub fn reads_manifest(m: &Manifest, options: ReadsOptions) -> String {
             let mut line = format!(
                 "  {}: {}, sleep {}",
                 view.pools.label(p.id),
-                kind_name(p.kind),
-                sleep_name(p.sleep)
+                p.kind,
+                p.sleep
             );
             if p.kind == PoolKind::Graph {
                 let n = view.pools.graphs_of.get(&p.id).map_or(0, Vec::len) as u64;
@@ -198,7 +198,9 @@ impl<'m> View<'m> {
                         let place = match (pool, allocation.is_some() || tensor.is_some()) {
                             (Some(p), _) => format!(
                                 "in pool kind {}",
-                                self.pools.kind(p).map_or("?", kind_name)
+                                self.pools
+                                    .kind(p)
+                                    .map_or_else(|| "?".to_string(), |k| k.to_string())
                             ),
                             (None, true) => "in no declared pool".to_string(),
                             (None, false) => "outside every known allocation".to_string(),
@@ -337,24 +339,6 @@ impl PoolLabels {
 
     fn kind(&self, p: PoolId) -> Option<PoolKind> {
         self.kinds.get(&p).copied()
-    }
-}
-
-fn kind_name(k: PoolKind) -> &'static str {
-    match k {
-        PoolKind::Default => "default",
-        PoolKind::Graph => "graph",
-        PoolKind::Weights => "weights",
-        PoolKind::KvCache => "kv_cache",
-        PoolKind::Other => "other",
-    }
-}
-
-fn sleep_name(s: SleepPolicy) -> &'static str {
-    match s {
-        SleepPolicy::Untouched => "untouched",
-        SleepPolicy::Restored => "restored",
-        SleepPolicy::Discarded => "discarded",
     }
 }
 
