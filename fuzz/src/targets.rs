@@ -606,7 +606,7 @@ pub fn cli(rng: &mut SmallRng, c: &Corpus, binary: &Path, dir: &Path) -> (Vec<u8
         a.display().to_string(),
     );
     let format = ["table", "json", "markdown"][rng.random_range(0..3)].to_string();
-    let args: Vec<String> = match rng.random_range(0..6) {
+    let args: Vec<String> = match rng.random_range(0..7) {
         0 => vec!["verify".into(), m, "--format".into(), format],
         1 => vec![
             "verify".into(),
@@ -618,6 +618,8 @@ pub fn cli(rng: &mut SmallRng, c: &Corpus, binary: &Path, dir: &Path) -> (Vec<u8
             format,
         ],
         2 => vec!["show".into(), m, "--normalized".into()],
+        // The reads view of any document the loader takes (a live one is exit 2).
+        5 => vec!["show".into(), m, "--reads".into(), "--no-kernels".into()],
         3 => vec!["diff".into(), m, l, "--format".into(), format],
         4 => {
             let seed = c.pick(rng, &c.dict).clone();
