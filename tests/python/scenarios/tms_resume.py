@@ -19,7 +19,7 @@ import torch_memory_saver as tms_module
 
 import graphcheck
 import graphcheck.torch as gt
-from graphcheck import _guard
+from graphcheck._instrument import transitions
 
 saver = tms_module.torch_memory_saver
 saver.hook_mode = "preload" if "preload" in sys.argv[1:] else "torch"
@@ -65,7 +65,7 @@ if refit:
     saver.resume("kv_cache")  # the latest transition: contents preserved
 else:
     saver.resume()  # a transition graphcheck sees by itself
-out["epoch"] = _guard.epoch()  # transitions marked: 1, or 3 with the refit
+out["epoch"] = transitions.epoch()  # transitions marked: 1, or 3 with the refit
 out["state_after_resume"] = float(model.state[0].item())
 try:
     g.replay()
