@@ -1,6 +1,7 @@
 """torch's CUDA caching allocator as graphcheck reads it: its segments and blocks
 (``torch.cuda.memory_snapshot()``: pools, free blocks, allocation sites where memory
-history is on), pool ids, and the ``MemPool`` regions of torch_memory_saver. The recorder
+history is on), pool ids, the ``MemPool`` regions of torch_memory_saver, and the tagged
+allocations of vLLM's sleep allocator (``CuMemAllocator``). The recorder
 (:mod:`graphcheck._recorder`) and the live snapshot (:mod:`graphcheck._snapshot`) both
 read them here. (Not :class:`graphcheck.sleep.SleepAllocator`, graphcheck's own allocator,
 which torch loads as a pluggable one.)
@@ -20,6 +21,7 @@ __all__ = [
     "ALLOC_SITE_FRAMES",
     "TAG_KINDS",
     "AllocSites",
+    "cumem_regions",
     "memory_segments",
     "pool_key",
     "pool_segments",
@@ -87,6 +89,76 @@ def tms_pools() -> list:
         sleep = "restored" if cpu or disk else "discarded"
         out.append((name, TAG_KINDS.get(tag, "other"), sleep, pool))
     return out
+
+
+#: The module of vLLM's sleep allocator, looked up where it is imported (never imported).
+CUMEM_MODULE = "vllm.device_allocator.cumem"
+
+
+def cumem_regions() -> list:
+    """vLLM's sleep allocator (``CuMemAllocator``), where the process has one: ``(tag, kind,
+    sleep, ranges)`` per tag of its allocations, sorted by tag, ``ranges`` the ``(base,
+    size)`` of each allocation under the tag, sorted. Read from the allocator's own table
+    (``CuMemAllocator.instance.pointer_to_data``: allocation base to ``AllocationData``,
+    whose ``handle`` is ``(device, size, base, handle)`` and ``tag`` the tag of the
+    ``use_memory_pool`` context it was made in; vLLM 0.24.0), so a tensor's pool is the tag
+    of the allocation holding its address, whatever ``MemPool`` torch made it in.
+
+    The sleep policy is vLLM's worker's: ``sleep(level=1)`` backs up ``weights`` to the
+    host and discards every other tag, ``sleep(level=2)`` discards them all and the engine
+    reloads the weights. So ``weights`` is ``restored`` (its parameters and buffers come
+    back, by copy or by reload) and any other tag (``kv_cache``, vLLM's ``default``)
+    ``discarded``, at either level.
+
+    A process where vLLM's module is not imported, or its allocator not made, has none. An
+    allocator whose table does not read as above warns (what is off) and gives none: its
+    pools would be guesses."""
+    import sys
+
+    module = sys.modules.get(CUMEM_MODULE)
+    cls = getattr(module, "CuMemAllocator", None) if module is not None else None
+    instance = getattr(cls, "instance", None) if cls is not None else None
+    if instance is None:
+        return []
+    table = getattr(instance, "pointer_to_data", None)
+    by_tag: dict = {}
+    problem = None
+    if not isinstance(table, Mapping):
+        problem = f"pointer_to_data is {type(table).__name__}, not a dict"
+    else:
+        for base, data in list(table.items()):
+            handle, tag = getattr(data, "handle", None), getattr(data, "tag", None)
+            if not (
+                isinstance(base, int)
+                and isinstance(tag, str)
+                and isinstance(handle, tuple)
+                and len(handle) == 4
+                and all(isinstance(x, int) for x in handle)
+                and handle[2] == base
+                and handle[1] > 0
+            ):
+                key = hex(base) if isinstance(base, int) else _args.show(base)
+                problem = (
+                    f"pointer_to_data[{key}] is not an allocation: handle {_args.show(handle)}, "
+                    f"tag {_args.show(tag)}; vLLM's is a (device, size, base, handle) tuple "
+                    "and a str"
+                )
+                break
+            by_tag.setdefault(tag, []).append((base, handle[1]))
+    if problem is not None:
+        import warnings
+
+        warnings.warn(
+            f"graphcheck: vLLM's CuMemAllocator reads otherwise than vLLM 0.24.0's ({problem}); "
+            "its tags are not read into pools",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return []
+    return [
+        (tag, TAG_KINDS.get(tag, "other"), "restored" if tag == "weights" else "discarded", sorted(ranges))
+        for tag, ranges in sorted(by_tag.items())
+    ]
 
 
 def memory_segments() -> list:

@@ -459,11 +459,13 @@ class Recorder:
             self._pool_by_key[pool_key(torch_pool)] = pid
         return pid
 
-    def _declare_sleep_pools(self) -> None:
+    def _declare_sleep_pools(self) -> list:
         """Declares a pool for each tag of the process's sleep allocator (where one is in
-        use) and each region of torch_memory_saver (where that package is imported) that
-        is not declared yet, with its kind and sleep policy, so that manifests attribute
-        tensors to tags without the caller asking."""
+        use), each region of torch_memory_saver (where that package is imported) and each
+        tag of vLLM's ``CuMemAllocator`` (where it is made) that is not declared yet, with
+        its kind and sleep policy, so that manifests attribute tensors to tags without the
+        caller asking. Returns the ``pool_ranges`` of vLLM's allocations now (a pool
+        declared under a tag's name by the caller takes that tag's allocations)."""
         alloc = _sleep_state.allocator()
         tags = []
         if alloc is not None:
@@ -476,6 +478,16 @@ class Recorder:
                 continue
             names.add(tag)
             self.add_pool(tag, kind=kind, sleep=policy, torch_pool=pool)
+        # vLLM's CuMemAllocator: a pool per tag, its ranges read again at each freeze
+        # (allocations come and go under a tag; the table is what holds now).
+        ranges = []
+        for tag, kind, policy, regions in _caching_allocator.cumem_regions():
+            if tag not in names:
+                names.add(tag)
+                self.add_pool(tag, kind=kind, sleep=policy)
+            pid = next(i for i, p in enumerate(self._pools) if p["name"] == tag)
+            ranges.extend({"base": hex(base), "size": size, "pool": pid} for base, size in regions)
+        return ranges
 
     def _pool_id(self, pool) -> Optional[int]:
         if isinstance(pool, bool):
@@ -591,7 +603,7 @@ class Recorder:
             reg = reg.copy()
             for path, t, registration in self._extra:
                 reg.add(t, path, registration, None)
-        self._declare_sleep_pools()
+        cumem_ranges = self._declare_sleep_pools()
         # Looked up in _caching_allocator at each call, as the snapshot does: one place
         # where the allocator's snapshot is read, and where the CPU tests fake it.
         raw_segments = _caching_allocator.memory_segments()
@@ -600,7 +612,7 @@ class Recorder:
             tensors=reg.tensor_specs(self.digests) if self.digests else None,
             raw_segments=raw_segments,
             pools=[dict(p) for p in self._pools],
-            pool_ranges=list(self._pool_ranges),
+            pool_ranges=list(self._pool_ranges) + cumem_ranges,
             pool_bindings=[{"key": list(k), "pool": v} for k, v in self._pool_by_key.items()],
             graphs=(self._graphs, len(self._graphs)),
             walked=(self._walked, len(self._walked)),

@@ -165,6 +165,14 @@ def live_text(
         if not isinstance(name, str) or name not in pool_ids:
             raise GraphcheckError(f"pools: the manifest has no pool named {name!r}")
         bindings[pool_key(key)] = pool_ids[name]
+    # vLLM's CuMemAllocator: each allocation under a tag the manifest has a pool of, by
+    # its range (its MemPool is one of many, made per use_memory_pool context).
+    pool_ranges = [
+        {"base": hex(base), "size": size, "pool": pool_ids[tag]}
+        for tag, _, _, regions in _caching_allocator.cumem_regions()
+        if tag in pool_ids
+        for base, size in regions
+    ]
 
     # Looked up in _caching_allocator at each call, as the recorder does: one place where
     # the allocator's snapshot is read, and where the CPU tests fake it.
@@ -187,6 +195,7 @@ def live_text(
         "owners": registry.owner_specs(),
         "segments": _caching_allocator.segment_facts(raw_segments),
         "pool_bindings": [{"key": list(k), "pool": v} for k, v in bindings.items()],
+        "pool_ranges": pool_ranges,
         "reference_digests": references,
     }
     # The manifest's `ranges` (memory read that no owner explains) digested again.

@@ -58,6 +58,17 @@ pub struct PoolBinding {
     pub pool: PoolId,
 }
 
+/// A range of memory that belongs to a document pool, whatever allocator pool its segment
+/// is in: a region of an allocator that keeps its own table of allocations (vLLM's
+/// `CuMemAllocator`: one range per allocation, under its tag).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolRange {
+    pub base: Addr,
+    pub size: u64,
+    pub pool: PoolId,
+}
+
 /// An owner path of a registry walk; `tensor` is a position in the list of tensor specs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,15 +80,21 @@ pub struct OwnerSpec {
     pub holder: Option<String>,
 }
 
-/// The segments, sorted, for "which segment holds this address" and its blocks.
+/// The segments, sorted, for "which segment holds this address" and its blocks; and the
+/// pool of an address: its [`PoolRange`] where one holds it, else its segment's bound pool.
 pub struct SegmentMap<'a> {
     segments: Vec<&'a Segment>,
     index: IntervalIndex<usize>,
     bindings: &'a [PoolBinding],
+    ranges: IntervalIndex<PoolId>,
 }
 
 impl<'a> SegmentMap<'a> {
-    pub fn new(segments: &'a [Segment], bindings: &'a [PoolBinding]) -> SegmentMap<'a> {
+    pub fn new(
+        segments: &'a [Segment],
+        bindings: &'a [PoolBinding],
+        ranges: &[PoolRange],
+    ) -> SegmentMap<'a> {
         let segments: Vec<&Segment> = segments.iter().collect();
         let index = IntervalIndex::new(
             segments
@@ -86,11 +103,28 @@ impl<'a> SegmentMap<'a> {
                 .map(|(i, s)| (s.base.0, s.base.0.saturating_add(s.size), i))
                 .collect(),
         );
+        let ranges = IntervalIndex::new(
+            ranges
+                .iter()
+                .map(|r| (r.base.0, r.base.0.saturating_add(r.size), r.pool))
+                .collect(),
+        );
         SegmentMap {
             segments,
             index,
             bindings,
+            ranges,
         }
+    }
+
+    /// The document pool of `addr` in segment `s` (or in none): the pool range holding it,
+    /// else the segment's bound pool.
+    pub fn pool_at(&self, addr: u64, s: Option<&Segment>) -> Option<PoolId> {
+        let mut found = None;
+        self.ranges.stab(addr, |_, _, p| {
+            found.get_or_insert(p);
+        });
+        found.or_else(|| s.and_then(|s| self.pool_of(s)))
     }
 
     /// The segment holding `addr`, by position in the caller's list.

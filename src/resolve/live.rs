@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
 
-use super::facts::{OwnerSpec, PoolBinding, Segment, SegmentMap};
+use super::facts::{OwnerSpec, PoolBinding, PoolRange, Segment, SegmentMap};
 use super::manifest::{BuildError, TensorSpec};
 use crate::index::refs::check_live;
 use crate::model::format::{
@@ -33,6 +33,11 @@ pub struct LiveSpec {
     /// Which of the manifest's pools each allocator pool is.
     #[serde(default)]
     pub pool_bindings: Vec<PoolBinding>,
+    /// Ranges of the manifest's pools, whatever allocator pool their segments are in (an
+    /// allocator's own table of allocations: vLLM's `CuMemAllocator`); a range wins over
+    /// its segment's binding.
+    #[serde(default)]
+    pub pool_ranges: Vec<PoolRange>,
     /// Owner path → the digest a fresh load holds there (`contents: updated`).
     #[serde(default)]
     pub reference_digests: BTreeMap<String, Digest>,
@@ -44,12 +49,20 @@ pub struct LiveSpec {
 /// inside a storage the live walk found: CPU memory), `free` in a cached block, else
 /// `unmapped`.
 pub fn build_live(spec: LiveSpec, manifest: &Manifest) -> Result<Live, BuildError> {
-    let segments = SegmentMap::new(&spec.segments, &spec.pool_bindings);
+    let segments = SegmentMap::new(&spec.segments, &spec.pool_bindings, &spec.pool_ranges);
     for (i, b) in spec.pool_bindings.iter().enumerate() {
         if !manifest.pools.iter().any(|p| p.id == b.pool) {
             return Err(BuildError::Spec(format!(
                 "pool_bindings[{i}].pool: the manifest has no {}",
                 b.pool
+            )));
+        }
+    }
+    for (i, r) in spec.pool_ranges.iter().enumerate() {
+        if !manifest.pools.iter().any(|p| p.id == r.pool) {
+            return Err(BuildError::Spec(format!(
+                "pool_ranges[{i}].pool: the manifest has no {}",
+                r.pool
             )));
         }
     }
@@ -69,7 +82,7 @@ pub fn build_live(spec: LiveSpec, manifest: &Manifest) -> Result<Live, BuildErro
             && base.saturating_add(t.storage_nbytes) <= s.base.0.saturating_add(s.size)
         {
             tensor.allocation = Some(allocations.of(si, s, &segments));
-            if let Some(p) = segments.pool_of(s) {
+            if let Some(p) = segments.pool_at(base, Some(s)) {
                 tensor.pool = Some(p);
             }
         }
@@ -115,7 +128,7 @@ pub fn build_live(spec: LiveSpec, manifest: &Manifest) -> Result<Live, BuildErro
                 } else {
                     AllocState::Free
                 },
-                pool: segments.pool_of(s),
+                pool: segments.pool_at(addr.0, Some(s)),
                 allocation: Some(allocations.of(si, s, &segments)),
             },
             None => Probe {
@@ -160,7 +173,7 @@ impl Allocations {
                 id,
                 base: s.base,
                 size: s.size,
-                pool: segments.pool_of(s),
+                pool: segments.pool_at(s.base.0, Some(s)),
             });
             id
         })
@@ -213,6 +226,7 @@ mod tests {
                 .collect(),
             segments: vec![],
             pool_bindings: vec![],
+            pool_ranges: vec![],
             reference_digests: BTreeMap::new(),
         }
     }
@@ -278,6 +292,61 @@ mod tests {
             "one probe per distinct captured address"
         );
         assert_eq!(live.owners[2].registration, Registration::ObjectAttribute);
+    }
+
+    #[test]
+    fn a_pool_range_names_the_pool_of_what_lies_in_it_over_the_segments_binding() {
+        let m = manifest();
+        let mut spec = spec_of(&m);
+        // One segment of allocator pool [0, 1], bound to pool 0; a range over its second
+        // slot (one allocation of an allocator with its own table) names pool 1.
+        spec.segments = vec![Segment {
+            base: Addr(BASE),
+            size: 0x3000,
+            pool: [0, 1],
+            blocks: vec![Block {
+                addr: Addr(BASE),
+                size: 0x3000,
+                state: BlockState::ActiveAllocated,
+            }],
+        }];
+        let (bound, ranged) = (m.pools[0].id, m.pools[1].id);
+        spec.pool_bindings = vec![PoolBinding {
+            key: [0, 1],
+            pool: bound,
+        }];
+        spec.pool_ranges = vec![PoolRange {
+            base: Addr(BASE + 0x1000),
+            size: 0x1000,
+            pool: ranged,
+        }];
+        let live = build_live(spec, &m).unwrap();
+        let pool = |slot: u64| {
+            let at = |a: u64| a >= BASE + slot * 0x1000 && a < BASE + (slot + 1) * 0x1000;
+            let probe = live.probes.iter().find(|p| at(p.addr.0)).map(|p| p.pool);
+            let tensor = live
+                .tensors
+                .iter()
+                .find(|t| at(t.storage_base.0))
+                .map(|t| t.pool);
+            (probe, tensor)
+        };
+        assert_eq!(pool(0), (Some(Some(bound)), Some(Some(bound))));
+        assert_eq!(pool(1), (Some(Some(ranged)), Some(Some(ranged))));
+        assert_eq!(pool(2), (Some(Some(bound)), Some(Some(bound))));
+    }
+
+    #[test]
+    fn a_range_of_a_pool_the_manifest_lacks_is_an_error() {
+        let m = manifest();
+        let mut spec = spec_of(&m);
+        spec.pool_ranges = vec![PoolRange {
+            base: Addr(BASE),
+            size: 0x1000,
+            pool: PoolId(99),
+        }];
+        let e = build_live(spec, &m).unwrap_err().to_string();
+        assert!(e.contains("pool_ranges[0].pool"), "{e}");
     }
 
     #[test]

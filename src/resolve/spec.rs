@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::facts::{BlockState, OwnerSpec, PoolBinding, Segment};
+use super::facts::{BlockState, OwnerSpec, PoolBinding, PoolRange, Segment};
 use super::manifest::{BuildError, ManifestBuilder, TensorSpec};
 use super::walked::WalkedGraph;
 use crate::model::format::{
@@ -50,14 +50,6 @@ struct PoolSpec {
     name: String,
     kind: PoolKind,
     sleep: SleepPolicy,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PoolRange {
-    base: Addr,
-    size: u64,
-    pool: PoolId,
 }
 
 #[derive(Deserialize)]

@@ -119,7 +119,7 @@ def on_capture(cuda_graph) -> None:
     with LOCK:
         sinks = list(ACTIVE)
         if any(ins._checker is not None for ins in sinks):
-            transitions.patch(PATCHED)  # torch_memory_saver imported since instrument()
+            transitions.patch(PATCHED)  # torch_memory_saver or vLLM imported since instrument()
     if not sinks:
         return
     # A graph of torch.compile's CUDA-graph trees: its name and the static inputs torch

@@ -2,7 +2,8 @@
 :func:`mark_transition` moves on (and what the latest said, and what updates wrote), and
 the transitions seen without the engine saying so, patched to mark one after they return:
 ``Module.load_state_dict`` (which also says which tensors it wrote), torch_memory_saver's
-``resume``, and this package's sleep allocator waking (a wake hook). :func:`patch` and the
+``resume``, vLLM's ``CuMemAllocator.wake_up``, and this package's sleep allocator waking
+(a wake hook). :func:`patch` and the
 hook are put in place by ``instrument()`` and taken away with the rest of its patch."""
 
 from __future__ import annotations
@@ -205,9 +206,9 @@ def patch(patched: list) -> None:
     """Patches the transitions a replay check sees without the engine saying so (what it
     replaced goes into ``patched``, for the instrumentation to restore):
     ``Module.load_state_dict`` (new weights: ``updated``, the tensors it wrote known, so
-    that the rest are still compared) and torch_memory_saver's ``resume``
-    (``preserved``), where that package is imported. (This package's sleep allocator
-    marks its wakes through :func:`after_wake`.)"""
+    that the rest are still compared), torch_memory_saver's ``resume`` and vLLM's
+    ``CuMemAllocator.wake_up`` (``preserved``), where those modules are imported. (This
+    package's sleep allocator marks its wakes through :func:`after_wake`.)"""
     import sys
 
     torch = import_torch()
@@ -227,6 +228,16 @@ def patch(patched: list) -> None:
             cls,
             "resume",
             lambda self, a, k: f"torch_memory_saver.resume({(a or (k.get('tag'),))[0]!r})",
+            "preserved",
+        )
+    cumem = sys.modules.get("vllm.device_allocator.cumem")
+    cls = getattr(cumem, "CuMemAllocator", None) if cumem is not None else None
+    if isinstance(cls, type):
+        _wrap(
+            patched,
+            cls,
+            "wake_up",
+            lambda self, a, k: f"vllm CuMemAllocator.wake_up({(a or (k.get('tags'),))[0]!r})",
             "preserved",
         )
 
