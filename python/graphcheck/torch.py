@@ -18,6 +18,7 @@ import os
 from ._caching_allocator import ALLOC_SITE_FRAMES
 from ._digest import DEFAULT_DIGEST, DIGEST_ALGORITHMS, digest, digest_all
 from ._instrument import (
+    ENV_DIGESTS,
     ENV_DIR,
     Instrumentation,
     check,
@@ -54,6 +55,7 @@ __all__ = [
     "tensor_spec",
     "walk",
     "walk_roots",
+    "ENV_DIGESTS",
     "ENV_DIR",
     "ENV_VERIFY_ON_REPLAY",
     "Instrumentation",

@@ -838,3 +838,22 @@ def test_written_takes_a_model_with_tensors_of_no_storage_of_their_own(torch, fa
     gt.mark_transition("reload_weights()", "updated", written=model)
     g.replay()  # what the update wrote is not stale
     assert replays(g) == 1 and ins.errors == []
+
+
+def test_graphcheck_digests_turns_digests_on_for_an_instrumentation_that_does_not_say(torch, fake, monkeypatch):
+    """GRAPHCHECK_DIR's zero-code attach passes no arguments: the environment says."""
+    from graphcheck._instrument import ENV_DIGESTS
+
+    for value, want in (("", False), ("0", False), ("off", False), ("1", True), ("on", True), ("sum64", "sum64")):
+        monkeypatch.setenv(ENV_DIGESTS, value)
+        ins = gt.instrument(None)
+        got = ins.recorder.digests  # the algorithm, None where off
+        assert (got is not None) == bool(want) and (want in (True, False) or got == want), value
+        gt.uninstrument()
+    monkeypatch.setenv(ENV_DIGESTS, "1")
+    ins = gt.instrument(None, digests=False)  # an argument wins
+    assert ins.recorder.digests is None
+    gt.uninstrument()
+    monkeypatch.setenv(ENV_DIGESTS, "md5-of-nothing")
+    with pytest.raises(graphcheck.GraphcheckError, match="md5-of-nothing"):
+        gt.instrument(None)

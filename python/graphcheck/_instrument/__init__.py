@@ -30,9 +30,11 @@ from .patch import ACTIVE, LOCK, start, stop
 
 __all__ = [
     "DEFAULT_NAME",
+    "ENV_DIGESTS",
     "ENV_DIR",
     "Instrumentation",
     "check",
+    "digests_arg",
     "instrument",
     "instrumented",
     "register_model",
@@ -53,7 +55,7 @@ def instrument(
     model=None,
     root: str = "model",
     name: Union[str, Callable[[int], str]] = DEFAULT_NAME,
-    digests: Union[bool, str] = False,
+    digests: Union[None, bool, str] = None,
     runtime_state: Iterable[str] = (),
     max_depth: int = DEFAULT_MAX_DEPTH,
     strict: bool = False,
@@ -96,6 +98,10 @@ def instrument(
     :class:`Instrumentation`; :func:`uninstrument` restores torch. Every wrong argument is
     a :class:`GraphcheckError` naming it, raised before torch is patched.
 
+    ``digests`` (default: ``$GRAPHCHECK_DIGESTS``: ``1`` or an algorithm name, else off)
+    digests every tensor the graphs read at each manifest, so that a check after a
+    transition compares contents too (``stale``).
+
     ``verify_on_replay`` (default: ``$GRAPHCHECK_VERIFY_ON_REPLAY``, else off) checks
     each graph at its first replay after a transition (:func:`mark_transition`, this
     package's sleep allocator waking, a torch_memory_saver resume,
@@ -134,6 +140,7 @@ def instrument(
                 f"{name!r} does not format ({type(e).__name__}: {e})"
             ) from None
     strict = _args.flag("strict", strict)
+    digests = digests_arg(digests)
     on_replay = replay_check.on_findings_arg(verify_on_replay)
     ins = Instrumentation(
         directory,
@@ -232,6 +239,25 @@ def check(
             raise replay_check.ReplayCheckError(message, report=report, graph=None, findings=found)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
     return report
+
+
+#: The environment variable that turns digests on for :func:`instrument` (and
+#: ``GRAPHCHECK_DIR``'s zero-code attach): ``1``/``on``/``true``, or an algorithm name;
+#: ``0``/``off``/``false`` or empty: off.
+ENV_DIGESTS = "GRAPHCHECK_DIGESTS"
+
+
+def digests_arg(value: Union[None, bool, str]) -> Union[bool, str]:
+    """``digests``: ``None`` (the environment variable decides), a flag, or an algorithm
+    name (checked where the recorder takes it)."""
+    if value is not None:
+        return value
+    env = os.environ.get(ENV_DIGESTS, "").strip()
+    if env.lower() in ("", "0", "off", "false", "no"):
+        return False
+    if env.lower() in ("1", "on", "true", "yes"):
+        return True
+    return env
 
 
 def instrumented() -> list:
