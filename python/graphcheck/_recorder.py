@@ -480,7 +480,7 @@ class Recorder:
             self.add_pool(tag, kind=kind, sleep=policy, torch_pool=pool)
         # vLLM's CuMemAllocator: a pool per tag, its ranges read again at each freeze
         # (allocations come and go under a tag; the table is what holds now).
-        ranges = []
+        ranges: list = []
         for tag, kind, policy, regions in _caching_allocator.cumem_regions():
             if tag not in names:
                 names.add(tag)
