@@ -21,7 +21,8 @@
 #       as one .tar.xz of their unpacked trees), the flash-attention package's Python
 #       files, and its FA3 extension (which importing any vLLM model needs on CUDA, even
 #       with TRITON_ATTN: fa_utils imports vllm.vllm_flash_attn, which raises without
-#       _vllm_fa2_C or _vllm_fa3_C), into .gpu/e1 ... .gpu/eN.
+#       _vllm_fa2_C or _vllm_fa3_C; FA3 is 153 MB, 8 MB as .xz), as one .tar.xz (160 MB)
+#       cut into .gpu/e1 ... .gpu/e4 (48, 48, 48 and 13 MB, run here on 2026-12-02).
 #   there, run k:    carry .gpu/ek;  vllm_gpu.sh engine-part     (for each but the last)
 #   there, last run: carry .gpu/eN;  vllm_gpu.sh engine-run      (join, check, install into
 #       /tmp/vsite2, run the Gemma3n scenario as shipped and with the four scales
