@@ -104,11 +104,13 @@ def cumem_regions() -> list:
     ``use_memory_pool`` context it was made in; vLLM 0.24.0), so a tensor's pool is the tag
     of the allocation holding its address, whatever ``MemPool`` torch made it in.
 
-    The sleep policy is vLLM's worker's: ``sleep(level=1)`` backs up ``weights`` to the
-    host and discards every other tag, ``sleep(level=2)`` discards them all and the engine
-    reloads the weights. So ``weights`` is ``restored`` (its parameters and buffers come
-    back, by copy or by reload) and any other tag (``kv_cache``, vLLM's ``default``)
-    ``discarded``, at either level.
+    The sleep policy is vLLM's worker's (``Worker.sleep``): ``sleep(level=1)`` backs up
+    ``weights`` to the host and discards every other tag, ``sleep(level=2)`` discards them
+    all and the engine reloads the weights. So ``weights`` is ``restored`` (its parameters
+    and buffers come back, by copy or by reload) and any other tag (``kv_cache``, vLLM's
+    ``default``) ``discarded``, at either level. (The allocator called directly as
+    ``CuMemAllocator.sleep()``, with no tags, backs up ``default`` instead: not what the
+    worker does.)
 
     A process where vLLM's module is not imported, or its allocator not made, has none. An
     allocator whose table does not read as above warns (what is off) and gives none: its
@@ -148,12 +150,14 @@ def cumem_regions() -> list:
     if problem is not None:
         import warnings
 
-        warnings.warn(
+        message = (
             f"graphcheck: vLLM's CuMemAllocator reads otherwise than vLLM 0.24.0's ({problem}); "
-            "its tags are not read into pools",
-            RuntimeWarning,
-            stacklevel=2,
+            "its tags are not read into pools"
         )
+        try:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        except Exception:  # noqa: BLE001 - a warning made an error must not lose the manifest
+            print(message, file=sys.stderr)
         return []
     return [
         (tag, TAG_KINDS.get(tag, "other"), "restored" if tag == "weights" else "discarded", sorted(ranges))

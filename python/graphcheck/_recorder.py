@@ -485,7 +485,8 @@ class Recorder:
             if tag not in names:
                 names.add(tag)
                 self.add_pool(tag, kind=kind, sleep=policy)
-            pid = next(i for i, p in enumerate(self._pools) if p["name"] == tag)
+            # The last pool of the name, as a snapshot finds pools by name (_snapshot).
+            pid = max(i for i, p in enumerate(self._pools) if p["name"] == tag)
             ranges.extend({"base": hex(base), "size": size, "pool": pid} for base, size in regions)
         return ranges
 

@@ -166,7 +166,8 @@ def live_text(
             raise GraphcheckError(f"pools: the manifest has no pool named {name!r}")
         bindings[pool_key(key)] = pool_ids[name]
     # vLLM's CuMemAllocator: each allocation under a tag the manifest has a pool of, by
-    # its range (its MemPool is one of many, made per use_memory_pool context).
+    # its range (its MemPool is one of many, made per use_memory_pool context). A range
+    # wins over any binding, `pools` included, as it did in the manifest.
     pool_ranges = [
         {"base": hex(base), "size": size, "pool": pool_ids[tag]}
         for tag, _, _, regions in _caching_allocator.cumem_regions()

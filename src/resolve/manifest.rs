@@ -379,29 +379,42 @@ fn captured_owners(
         .collect()
 }
 
-/// Which pool holds an address, from the declared pool ranges.
+/// Which pool holds an address, from the declared pool ranges. Where ranges overlap, the
+/// one declared first wins: the spec's `pool_ranges` (an allocator's own table of
+/// allocations, vLLM's) before the bound segments, as the live snapshot decides
+/// ([`super::facts::SegmentMap::pool_at`]).
 struct PoolMap {
-    index: IntervalIndex<PoolId>,
+    index: IntervalIndex<(usize, PoolId)>,
     kinds: Vec<PoolKind>,
 }
 
 impl PoolMap {
     fn new(ranges: Vec<(u64, u64, PoolId)>, pools: &[Pool]) -> PoolMap {
         PoolMap {
-            index: IntervalIndex::new(ranges),
+            index: IntervalIndex::new(
+                ranges
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (start, end, p))| (start, end, (i, p)))
+                    .collect(),
+            ),
             kinds: pools.iter().map(|p| p.kind).collect(),
         }
     }
 
     fn pool_at(&self, a: u64) -> Option<PoolId> {
-        self.index.stab_vec(a).first().copied()
+        self.index
+            .stab_vec(a)
+            .into_iter()
+            .min_by_key(|&(declared, _)| declared)
+            .map(|(_, p)| p)
     }
 
     fn in_graph_pool(&self, a: u64) -> bool {
         self.index
             .stab_vec(a)
             .iter()
-            .any(|p| self.kinds.get(p.0 as usize) == Some(&PoolKind::Graph))
+            .any(|(_, p)| self.kinds.get(p.0 as usize) == Some(&PoolKind::Graph))
     }
 }
 

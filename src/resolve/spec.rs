@@ -279,6 +279,32 @@ mod tests {
         assert_eq!(pools, vec![Some(PoolId(0)), None]);
     }
 
+    /// A pool range (an allocator's own table: vLLM's) wins over the bound segment it
+    /// overlaps, larger or not, as the live snapshot decides.
+    #[test]
+    fn a_pool_range_wins_over_the_bound_segment_it_overlaps() {
+        for size in ["2097152", "2101248"] {
+            let spec = r#"{
+                "producer": {"tool": "t", "tool_version": "0", "rank": 0, "world_size": 1},
+                "pools": [{"name": "model", "kind": "other", "sleep": "untouched"},
+                          {"name": "kv_cache", "kind": "kv_cache", "sleep": "discarded"}],
+                "pool_ranges": [{"base": "0x200000", "size": SIZE, "pool": 1}],
+                "segments": [{"base": "0x200000", "size": 2097152, "pool": [0, 1], "blocks": []}],
+                "pool_bindings": [{"key": [0, 1], "pool": 0}],
+                "graphs": [{"name": "g", "walked": {"node_counts": {"kernel": 1}, "unread": [],
+                    "nodes": [{"index": 0, "kind": "kernel", "name": "k", "grid": null,
+                        "block": null, "parent": null, "opaque": null, "words": [
+                        {"param": 0, "offset": 0, "addr": "0x210020", "allocation": ["0x200000", 2097152]}
+                    ]}]}}]
+            }"#
+            .replace("SIZE", size);
+            let spec = BuildSpec::parse(spec.as_bytes(), "<test>").unwrap();
+            let m = build(spec, &[], "<test>").unwrap();
+            let pools: Vec<Option<PoolId>> = m.allocations.iter().map(|a| a.pool).collect();
+            assert_eq!(pools, vec![Some(PoolId(1))], "range of {size} bytes");
+        }
+    }
+
     /// The blocks digested for addresses no owner explains: handed-out blocks only, each
     /// once, and none for an address in a free block or outside every block.
     #[test]

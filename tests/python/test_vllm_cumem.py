@@ -134,6 +134,31 @@ def test_the_snapshot_takes_each_address_s_tag_by_its_range(torch, engine):
     assert {a: pool_of.get(a) for a in want} == want, live["probes"]
 
 
+def test_a_range_wins_over_a_declared_binding_of_its_segment_on_both_sides(torch, engine):
+    """The caller binds the segments' allocator pool (7, 7) to a pool of its own; vLLM's
+    table still says which allocation is under which tag, at capture and after, alike."""
+    model, _, graph = engine
+    # vLLM's handle holds the size it mapped, rounded up: more than torch's segment.
+    table = sys.modules[ca.CUMEM_MODULE].CuMemAllocator.instance.pointer_to_data
+    state = table[storage(model.state)[0]]
+    state.handle = (*state.handle[:1], state.handle[1] + 4096, *state.handle[2:])
+    rec = gt.Recorder(model)
+    rec.add_pool("model", kind="other", torch_pool=(7, 7))
+    rec.add_graph("decode_bs8", graph)
+    manifest = rec.manifest()
+    doc = graphcheck.load(manifest)
+    names = {p["id"]: p["name"] for p in doc["pools"]}
+    at_capture = {o["path"]: names[doc["tensors"][o["tensor"]]["pool"]] for o in doc["owners"]}
+    assert at_capture["model.state"] == "kv_cache" and at_capture["model.scale"] == "weights"
+    assert ("mispooled", ["model.state"]) in [
+        (f.kind, [o.path for o in f.owners]) for f in graphcheck.verify(manifest).findings
+    ]
+    live = graphcheck.load(gt.snapshot(model, manifest, event="wake_up", pools={(7, 7): "model"}))
+    pool_of = {p["addr"]: names[p["pool"]] for p in live["probes"] if p.get("pool") is not None}
+    assert pool_of[hex(storage(model.state)[0])] == "kv_cache"
+    assert pool_of[hex(storage(model.scale)[0])] == "weights"
+
+
 def test_allocations_made_after_the_first_capture_are_read_at_the_next(torch, engine, monkeypatch):
     """The table is read at each manifest: an allocation made under a tag later (the KV
     cache, made after the weights) lands in the tag's pool."""
@@ -191,6 +216,15 @@ def test_a_wake_up_is_a_transition_the_replay_check_sees(torch, monkeypatch):
         assert cls().wake_up(["weights"]) == ["weights"]
         assert transitions.epoch() == before + 1
         assert transitions.latest()[1:] == ("vllm CuMemAllocator.wake_up(['weights'])", "preserved")
+        # vLLM's worker passes tags by keyword; a wake of every tag passes none.
+        assert cls().wake_up(tags=["kv_cache"]) == ["kv_cache"]
+        assert transitions.latest()[1] == "vllm CuMemAllocator.wake_up(['kv_cache'])"
+        cls().wake_up()
+        assert transitions.latest()[1] == "vllm CuMemAllocator.wake_up(None)"
+        assert transitions.epoch() == before + 3
+        transitions.patch(patched)  # patched once: a second patch wraps nothing
+        cls().wake_up()
+        assert transitions.epoch() == before + 4
     finally:
         for owner, attr, original, _ in reversed(patched):
             setattr(owner, attr, original)

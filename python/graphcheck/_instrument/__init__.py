@@ -252,11 +252,18 @@ def digests_arg(value: Union[None, bool, str]) -> Union[bool, str]:
     name (checked where the recorder takes it)."""
     if value is not None:
         return value
-    env = os.environ.get(ENV_DIGESTS, "").strip()
-    if env.lower() in ("", "0", "off", "false", "no"):
+    from .._digest import DIGEST_ALGORITHMS
+
+    env = os.environ.get(ENV_DIGESTS, "").strip().lower()
+    if env in ("", "0", "off", "false", "no"):
         return False
-    if env.lower() in ("1", "on", "true", "yes"):
+    if env in ("1", "on", "true", "yes"):
         return True
+    if env not in DIGEST_ALGORITHMS:
+        raise GraphcheckError(
+            f"{ENV_DIGESTS} is 1, on, true, 0, off, false or an algorithm "
+            f"({', '.join(DIGEST_ALGORITHMS)}), not {env!r}"
+        )
     return env
 
 
