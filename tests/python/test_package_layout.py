@@ -36,6 +36,7 @@ ORDER = [
     "_walk",
     "_snapshot",
     "_recorder",
+    "_graph",
     "_retarget",
     "_discover",
     "_instrument.host",
