@@ -121,6 +121,7 @@ def live_text(
     format_version: int = FORMAT_VERSION,
     recorder: Any = None,
     _rewritten: frozenset = frozenset(),
+    _keep_parsed: bool = False,
 ) -> str:
     """:func:`snapshot`, as the core's JSON text: for a caller that only hands the snapshot
     back to the core (:func:`graphcheck.torch.retarget`), which a dict would cost a read and
@@ -201,8 +202,11 @@ def live_text(
     }
     # The manifest's `ranges` (memory read that no owner explains) digested again.
     ranges = _digest.range_digests if algorithm is not None else None
+    # _keep_parsed (the replay check, which verifies against the same Text next): the core
+    # keeps the manifest it parses here for that verify.
     return _native.build_live(
-        _native.Text(json.dumps(spec)), document_source(manifest), version, ranges=ranges
+        _native.Text(json.dumps(spec)), document_source(manifest), version, ranges=ranges,
+        keep=_keep_parsed,
     )
 
 

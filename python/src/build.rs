@@ -115,14 +115,18 @@ fn range_digests(
 /// `ranges`, where given and the manifest has `ranges`, digests them again (called as
 /// `build_manifest`'s is, with the manifest's ranges); the snapshot's `ranges` records what
 /// it gives.
+///
+/// `keep`, with `manifest` a `Text`: the manifest as parsed here is kept for the next
+/// `verify`, which takes it instead of parsing the same text again (`kept.rs`).
 #[pyfunction]
-#[pyo3(signature = (spec, manifest, format_version=2, ranges=None))]
+#[pyo3(signature = (spec, manifest, format_version=2, ranges=None, keep=false))]
 fn build_live(
     py: Python<'_>,
     spec: &Bound<'_, PyAny>,
     manifest: &Bound<'_, PyAny>,
     format_version: u32,
     ranges: Option<Bound<'_, PyAny>>,
+    keep: bool,
 ) -> PyResult<String> {
     let v = version_arg(format_version)?;
     let spec = spec_bytes(spec, "<live spec>")?;
@@ -136,10 +140,13 @@ fn build_live(
                 e.inner()
             ))
         })?;
-        let (m, _) = manifest.manifest_checked()?;
+        let (m, t) = manifest.manifest_checked()?;
         let live = graphcheck::resolve::live::build_live(spec, &m)
             .map_err(|e| NativeError::Message(format!("<live spec>: {}", chain(&e))))?;
         let wanted: Vec<(Addr, u64)> = m.ranges.iter().map(|r| (r.addr, r.size)).collect();
+        if keep && let Source::Shared { bytes, .. } = &manifest {
+            crate::kept::keep(bytes, m, t);
+        }
         Ok((live, wanted))
     })?;
     if let Some(f) = ranges

@@ -28,6 +28,7 @@ mod args;
 mod build;
 mod digest;
 mod guard;
+mod kept;
 mod objects;
 mod retarget;
 mod sleep;
@@ -169,6 +170,11 @@ fn verify(
     let m_src = source(manifest, Some("<manifest>"))?;
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
     let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
+    // The manifest a `build_live(keep=True)` of this very text parsed just before.
+    let parsed = kept::take(match &m_src {
+        Source::Shared { bytes, .. } => Some(bytes),
+        _ => None,
+    });
     let verified = interruptible(py, move || -> Result<_, NativeError> {
         let allow = allowlist(allow, allow_entries, deny_unused_allow)?;
         let folder = match &m_src {
@@ -178,7 +184,7 @@ fn verify(
         };
         Ok(match folder {
             Some((dir, docs)) => app_verify::verify_dir(dir, &docs, &allow)?,
-            None => app_verify::verify(&m_src, l_src.as_ref(), &allow)?,
+            None => app_verify::verify_parsed(&m_src, parsed, l_src.as_ref(), &allow)?,
         })
     })?;
     // What the command line notes on stderr: a folder's JSON files that are no document.

@@ -62,6 +62,18 @@ pub fn verify(
     live: Option<&Source>,
     allow: &Allowlist,
 ) -> Result<Verified, LoadError> {
+    verify_parsed(manifest, None, live, allow)
+}
+
+/// [`verify`], with `manifest`'s text parsed and checked already where `parsed` is given
+/// (by the caller that read the same text just before: the replay check's snapshot): it
+/// is not parsed again. `manifest` still names it in messages.
+pub fn verify_parsed(
+    manifest: &Source,
+    parsed: Option<(Manifest, Tables)>,
+    live: Option<&Source>,
+    allow: &Allowlist,
+) -> Result<Verified, LoadError> {
     let (m, l) = std::thread::scope(|s| {
         // The live snapshot's lookups are built on its thread too: it is done loading well
         // before the manifest (a third of the size, no graphs).
@@ -73,7 +85,10 @@ pub fn verify(
                 })
             })
         });
-        let m = manifest.manifest_checked();
+        let m = match parsed {
+            Some(parsed) => Ok(parsed),
+            None => manifest.manifest_checked(),
+        };
         let l = live_job.map(|j| match j.join() {
             Ok(r) => r,
             Err(panic) => std::panic::resume_unwind(panic),

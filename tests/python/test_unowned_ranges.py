@@ -164,3 +164,27 @@ def test_a_range_no_capture_took_is_left_uncompared_and_counted(torch, cache_set
     f.ranges.digests.clear()  # as for a graph added without a capture-time build
     assert "ranges" not in graphcheck.load(Recorder.build_frozen(f))
     assert f.ranges.misses == 1
+
+
+def test_a_verify_after_a_kept_snapshot_reports_what_one_parsing_again_does(torch, cache_setup):
+    """The replay check's snapshot keeps the manifest it parsed for the verify of the same
+    Text that follows (issue 32: one parse per check, not two): the report is the same."""
+    from graphcheck._snapshot import live_text
+
+    import json
+
+    model, cache, graph, _, _ = cache_setup
+    text = json.dumps(record(model, graph, True))
+    manifest = _native.Text(text)
+    with torch.no_grad():
+        cache.fill_(float("nan"))  # a finding to report beside `unowned`
+    for _ in range(2):  # the second check takes what the second snapshot kept
+        live = live_text(model, manifest, event="wake", digests=True, _keep_parsed=True)
+        kept = graphcheck.verify(manifest, _native.Text(live))
+        again = graphcheck.verify(text, live)
+        assert sorted(f.kind for f in kept.findings) == ["stale", "unowned"]
+        assert kept.json == again.json and kept.table == again.table
+    # A verify of another text gives the kept parse up and parses its own.
+    live_text(model, manifest, event="wake", digests=True, _keep_parsed=True)
+    other = _native.Text(text)
+    assert graphcheck.verify(other, _native.Text(live)).json == again.json

@@ -134,14 +134,24 @@ def test_the_snapshot_takes_each_address_s_tag_by_its_range(torch, engine):
     assert {a: pool_of.get(a) for a in want} == want, live["probes"]
 
 
-def test_a_range_wins_over_a_declared_binding_of_its_segment_on_both_sides(torch, engine):
+def test_a_range_wins_over_a_declared_binding_of_its_segment_on_both_sides(torch, monkeypatch):
     """The caller binds the segments' allocator pool (7, 7) to a pool of its own; vLLM's
-    table still says which allocation is under which tag, at capture and after, alike."""
-    model, _, graph = engine
-    # vLLM's handle holds the size it mapped, rounded up: more than torch's segment.
-    table = sys.modules[ca.CUMEM_MODULE].CuMemAllocator.instance.pointer_to_data
-    state = table[storage(model.state)[0]]
-    state.handle = (*state.handle[:1], state.handle[1] + 4096, *state.handle[2:])
+    table still says which allocation is under which tag, at capture and after, alike,
+    also where its allocation is larger than torch's segment (vLLM maps rounded-up sizes)."""
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(4, 4)
+    held = torch.zeros(8 + 2048)  # the allocation; the segment torch reports is its head
+    model.register_buffer("state", held[:8])
+    base, size = storage(held)
+    stand_in(monkeypatch, {base: ("kv_cache", size)})
+
+    def seg(b, n):
+        return {"address": b, "total_size": n, "segment_pool_id": (7, 7),
+                "blocks": [{"address": b, "size": n, "state": "active_allocated"}]}
+
+    segments = [seg(*storage(model.proj.weight)), seg(*storage(model.proj.bias)), seg(base, 32)]
+    monkeypatch.setattr(ca, "memory_segments", lambda: segments)
+    graph = walked(kernel(0, "step", model.proj.weight, model.proj.bias, model.state))
     rec = gt.Recorder(model)
     rec.add_pool("model", kind="other", torch_pool=(7, 7))
     rec.add_graph("decode_bs8", graph)
@@ -149,14 +159,14 @@ def test_a_range_wins_over_a_declared_binding_of_its_segment_on_both_sides(torch
     doc = graphcheck.load(manifest)
     names = {p["id"]: p["name"] for p in doc["pools"]}
     at_capture = {o["path"]: names[doc["tensors"][o["tensor"]]["pool"]] for o in doc["owners"]}
-    assert at_capture["model.state"] == "kv_cache" and at_capture["model.scale"] == "weights"
+    assert at_capture == {"model.proj.weight": "model", "model.proj.bias": "model", "model.state": "kv_cache"}
     assert ("mispooled", ["model.state"]) in [
         (f.kind, [o.path for o in f.owners]) for f in graphcheck.verify(manifest).findings
     ]
     live = graphcheck.load(gt.snapshot(model, manifest, event="wake_up", pools={(7, 7): "model"}))
     pool_of = {p["addr"]: names[p["pool"]] for p in live["probes"] if p.get("pool") is not None}
-    assert pool_of[hex(storage(model.state)[0])] == "kv_cache"
-    assert pool_of[hex(storage(model.scale)[0])] == "weights"
+    assert pool_of[hex(base)] == "kv_cache"
+    assert pool_of[hex(storage(model.proj.weight)[0])] == "model"
 
 
 def test_allocations_made_after_the_first_capture_are_read_at_the_next(torch, engine, monkeypatch):

@@ -228,14 +228,20 @@ class Instrumentation:
         as built at the latest capture (the facts of then), else built now."""
         return self._manifest_and_epoch()[0]
 
-    def _manifest_and_epoch(self) -> tuple:
-        """The manifest and the transition epoch its facts (digests) are of."""
+    def _manifest_and_epoch(self, as_text: bool = False) -> tuple:
+        """The manifest and the transition epoch its facts (digests) are of; ``as_text``:
+        the manifest as a ``_native.Text``, one object per frozen manifest."""
         with LOCK:
             self._fork_check()
             frozen = self._frozen
             if frozen is None or frozen[0] != self.captures:
-                return self._build_json(), epoch()
-        return _built(frozen), frozen[2]
+                built = self._build_json()
+                return (_native.Text(built) if as_text else built), epoch()
+        if not as_text:
+            return _built(frozen), frozen[2]
+        if len(frozen) < 4:
+            frozen.append(_native.Text(_built(frozen)))  # one item added: a reader sees it or not
+        return frozen[3], frozen[2]
 
     def _producer_rank(self) -> None:
         rank, world = rank_and_world()

@@ -178,7 +178,9 @@ def run_check(ins, *, event: str, contents: str, digests=None, transition: bool 
     ``updated`` whatever the caller said). ``transition``: ``contents`` is the latest
     marked transition's, already among the updates; else an ``updated`` asked for here
     (``check()``) is one more update that does not say what it wrote."""
-    manifest, at = ins._manifest_and_epoch()
+    # As a Text, the same object at each check of this manifest: the snapshot's facts of it
+    # are read once (_snapshot), and the verify takes the manifest the snapshot parsed.
+    manifest, at = ins._manifest_and_epoch(as_text=True)
     rec = ins.recorder
     rewritten = rewritten_since(at)
     if contents == "updated" and not transition:
@@ -201,6 +203,7 @@ def run_check(ins, *, event: str, contents: str, digests=None, transition: bool 
         max_depth=rec.max_depth,
         recorder=rec,
         _rewritten=rewritten or frozenset(),
+        _keep_parsed=True,
     )
     report = verify(manifest, _native.Text(live))
     return report, set(report.superseded)
