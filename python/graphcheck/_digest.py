@@ -52,7 +52,6 @@ __all__ = [
     "gc128",
     "nvrtc_path",
     "range_digests",
-    "RangeCache",
 ]
 
 
@@ -230,34 +229,6 @@ def range_digests(ranges: list) -> list:
             stacklevel=3,
         )
     return digests
-
-
-class RangeCache:
-    """Digests of the memory graphs read that no owner explains, taken at each graph's
-    capture (:meth:`take`, the ``ranges`` of a build of that graph alone) and looked up by
-    a later build of every graph (:meth:`lookup`) instead of digesting then: the contents
-    are the capture's, and a capture costs one graph's build, not every graph's. A range
-    taken again (a later graph reads it too) keeps the later digest; one never taken is
-    ``None`` (not compared) and counted in ``misses``."""
-
-    def __init__(self) -> None:
-        self.digests: dict = {}
-        self.misses = 0
-
-    def take(self, ranges: list) -> list:
-        got = range_digests(ranges)
-        for r, d in zip(ranges, got):
-            self.digests[tuple(r)] = d
-        return got
-
-    def lookup(self, ranges: list) -> list:
-        out = []
-        for r in ranges:
-            key = tuple(r)
-            if key not in self.digests:
-                self.misses += 1
-            out.append(self.digests.get(key))
-        return out
 
 
 #: The environment variable naming libnvrtc for the GPU digest.

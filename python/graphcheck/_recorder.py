@@ -1,14 +1,15 @@
 """Recording: :class:`Recorder` collects the walked graphs of one model (one per batch
 size, say) and builds their manifest in the core, keeping the owners current as graphs
-are added (:func:`graphcheck._graph.graph` is ``torch.cuda.graph`` that records into one).
+are added; :func:`graph` is ``torch.cuda.graph`` that records into one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 import weakref
-from typing import Any, Iterable, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Union
 
 from . import _args, _caching_allocator, _digest, _native, _sleep_state
 from ._caching_allocator import AllocSites, pool_key, pool_segments
@@ -21,7 +22,7 @@ from ._registry import Registry
 from ._torch_import import import_torch
 from ._walk import DEFAULT_MAX_DEPTH, root_arg, walk_roots
 
-__all__ = ["Frozen", "OwnersNotCurrent", "Recorder", "fatal", "tensors_arg", "walk_graph"]
+__all__ = ["Frozen", "OwnersNotCurrent", "Recorder", "fatal", "graph", "walk_graph"]
 
 
 def walk_graph(handle: int):
@@ -77,7 +78,6 @@ class Frozen(NamedTuple):
     producer: dict
     digests: Optional[str]
     epochs: tuple = ([], 0)  # each graph's event (Recorder._epochs), in the order of graphs
-    ranges: Any = None  # a _digest.RangeCache a build looks digests up in, where taken
 
     @staticmethod
     def upto(held: tuple) -> list:
@@ -170,7 +170,6 @@ class Recorder:
         self._epochs: list = []  # the event of each of _graphs, increasing
         self._graphs_walked = 0  # graph events before the last walk
         self._walked: list = []  # _native.Walked objects, by graphs' walked_index
-        self._ranges_taken: Optional[_digest.RangeCache] = None  # freeze_taking_ranges's
         #: The retargets applied to the recorded graphs (``graphcheck.torch.retarget``), in
         #: order: each ``{"graphs": [...], "edits": n, "time": seconds since the epoch}``.
         self.retargets: list = []
@@ -524,8 +523,8 @@ class Recorder:
         :class:`GraphcheckError` says so."""
         name = _args.text("name", name)
         extras = [
-            ("inputs", tensors_arg("inputs", inputs)),
-            ("outputs", tensors_arg("outputs", outputs)),
+            ("inputs", _tensors_arg("inputs", inputs)),
+            ("outputs", _tensors_arg("outputs", outputs)),
         ]
         entry: dict = {"name": name, "pool": self._pool_id(pool)}
         if isinstance(walked, _native.Walked):
@@ -662,34 +661,7 @@ class Recorder:
         # With digests, the memory the graphs read that no owner explains is digested too
         # (the manifest's `ranges`): contents a sleep lost there are `stale` after it.
         ranges = _digest.range_digests if f.digests else None
-        if f.ranges is not None:
-            ranges = f.ranges.lookup
         return _native.build_manifest(json.dumps(cls._spec(f)), Frozen.upto(f.walked), ranges=ranges)
-
-    def freeze_taking_ranges(self) -> "Frozen":
-        """:meth:`freeze`, with the memory the latest graph reads that no owner explains
-        digested now, at its capture, by a build of that graph alone; a build of the result
-        looks those digests up (:class:`graphcheck._digest.RangeCache`). So a capture with
-        digests costs one graph's build, however many came before."""
-        f = self.freeze()
-        graphs, walked = Frozen.upto(f.graphs), Frozen.upto(f.walked)
-        if not f.digests or not graphs:
-            return f
-        if self._ranges_taken is None:
-            self._ranges_taken = _digest.RangeCache()
-        one, alone = dict(graphs[-1]), []
-        if "walked_index" in one:
-            alone, one["walked_index"] = [walked[one["walked_index"]]], 0
-        epochs = Frozen.upto(f.epochs)[-1:]
-        single = f._replace(
-            # Copies: a build numbers the specs it is given (storage), and f's are its own.
-            tensors=None if f.tensors is None else [dict(t) for t in f.tensors],
-            graphs=([one], 1),
-            walked=(alone, len(alone)),
-            epochs=(epochs, len(epochs)),
-        )
-        _native.build_manifest(json.dumps(self._spec(single)), alone, ranges=self._ranges_taken.take)
-        return f._replace(ranges=self._ranges_taken)
 
     @property
     def walked_graphs(self) -> list:
@@ -711,6 +683,68 @@ class Recorder:
         _native.write_atomic(path, self.manifest_json().encode())
 
 
+@contextlib.contextmanager
+def graph(
+    cuda_graph,
+    *,
+    model=None,
+    name: str,
+    recorder: Optional[Recorder] = None,
+    pool=None,
+    stream=None,
+    capture_error_mode: str = "global",
+    inputs: Optional[Mapping[str, Any]] = None,
+    outputs: Optional[Mapping[str, Any]] = None,
+) -> Iterator[Recorder]:
+    """``torch.cuda.graph`` that also records: captures into ``cuda_graph`` (made with
+    ``torch.cuda.CUDAGraph(keep_graph=True)``), walks the captured graph, adds it to
+    ``recorder`` (a new one over ``model`` when not given), then instantiates it. Yields the
+    recorder.
+
+    The graph is instantiated whether or not recording succeeds: a recording failure
+    raises :class:`GraphcheckError` (its cause chained) after the graph is ready to
+    replay. An empty capture (torch only warns) is recorded as a graph with no node. A
+    wrong argument is a :class:`GraphcheckError` before anything is captured."""
+    torch = import_torch()
+    name = _args.text("name", name)
+    _tensors_arg("inputs", inputs)
+    _tensors_arg("outputs", outputs)
+    if recorder is not None and not isinstance(recorder, Recorder):
+        raise GraphcheckError(
+            f"recorder is a graphcheck.torch.Recorder, not {_args.show(recorder)}"
+        )
+    # Duck-typed: under instrument() torch.cuda.CUDAGraph is a subclass, and a graph made
+    # before is an instance of the class it replaced.
+    if not hasattr(cuda_graph, "raw_cuda_graph"):
+        raise GraphcheckError(
+            "cuda_graph is a torch.cuda.CUDAGraph (made with keep_graph=True), "
+            f"not {_args.show(cuda_graph)}"
+        )
+    if recorder is None:
+        if model is None:
+            raise GraphcheckError("graph() needs a model or a recorder")
+        recorder = Recorder(model)
+    if not hasattr(_native, "walk"):
+        walk_graph(0)  # raises the message that says why
+    with torch.cuda.graph(
+        cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
+    ):
+        yield recorder
+    try:
+        graph_pool = pool if pool is not None else cuda_graph.pool()
+        recorder.record(cuda_graph, name, pool=graph_pool, inputs=inputs, outputs=outputs)
+    except GraphcheckError:
+        raise
+    except BaseException as e:
+        if fatal(e):
+            raise
+        raise GraphcheckError(f"recording graph {name!r} failed: {type(e).__name__}: {e}") from e
+    finally:
+        instantiate: Optional[Callable] = getattr(cuda_graph, "instantiate", None)
+        if instantiate is not None:
+            instantiate()
+
+
 def fatal(e: BaseException) -> bool:
     """Whether an exception must reach the caller as it is: an interrupt or an exit. Any
     other failure of a recording (``pyo3_runtime.PanicException`` included, a
@@ -718,7 +752,7 @@ def fatal(e: BaseException) -> bool:
     return isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit))
 
 
-def tensors_arg(name: str, tensors) -> Mapping:
+def _tensors_arg(name: str, tensors) -> Mapping:
     """``inputs``/``outputs``: ``None`` or a mapping of name to tensor."""
     if tensors is None:
         return {}

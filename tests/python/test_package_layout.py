@@ -36,7 +36,6 @@ ORDER = [
     "_walk",
     "_snapshot",
     "_recorder",
-    "_graph",
     "_retarget",
     "_discover",
     "_instrument.host",

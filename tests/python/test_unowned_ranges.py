@@ -121,51 +121,6 @@ def test_a_digester_that_breaks_its_contract_is_a_clear_error(torch, cache_setup
     monkeypatch.setattr(graphcheck._digest, "range_digests", bad)
     with pytest.raises(graphcheck.GraphcheckError, match="ranges: .*" + re.escape(message)):
         record(model, graph, True)
-
-
-def test_a_capture_digests_its_own_graph_s_ranges_and_a_later_build_looks_them_up(torch, cache_setup):
-    """What instrument() does at each capture with digests (issue 32): a build of the new
-    graph alone digests the memory it reads that no owner explains, so a capture costs one
-    graph's build; the manifest built later (a write, a check) holds the capture's digests."""
-    from graphcheck._recorder import Recorder
-
-    model, cache, graph, (base, size), calls = cache_setup
-    capture_time = _native.gc128_bytes(ctypes.string_at(base, size))
-    rec = gt.Recorder(model, digests=True)
-    rec.add_pool("rope", kind="weights", sleep="discarded", torch_pool=(1, 2))
-    rec.add_graph("decode_bs1", graph)
-    first = rec.freeze_taking_ranges()
-    assert calls == [[(base, size)]]
-    rec.add_graph("decode_bs2", graph)
-    second = rec.freeze_taking_ranges()
-    assert calls == [[(base, size)]] * 2, "one graph's ranges per capture, not every graph's"
-    with torch.no_grad():
-        cache.fill_(float("nan"))  # after the captures: a build then digests the NaN
-    built = graphcheck.load(Recorder.build_frozen(second))
-    assert built["ranges"] == [{"addr": hex(base), "size": size, "digest": capture_time}]
-    assert [g["name"] for g in built["graphs"]] == ["decode_bs1", "decode_bs2"]
-    assert graphcheck.load(Recorder.build_frozen(first))["ranges"] == built["ranges"]
-    assert second.ranges.misses == 0 and len(calls) == 2, "the builds digested nothing"
-    now = graphcheck.load(rec.manifest())["ranges"]
-    assert now[0]["digest"] != capture_time  # what a build digesting at once gives instead
-    # The rest of the manifest is the one a build at once makes.
-    for key in ("graphs", "tensors", "owners", "allocations", "pools"):
-        assert built[key] == graphcheck.load(rec.manifest())[key], key
-
-
-def test_a_range_no_capture_took_is_left_uncompared_and_counted(torch, cache_setup):
-    from graphcheck._recorder import Recorder
-
-    model, cache, graph, _, calls = cache_setup
-    rec = gt.Recorder(model, digests=True)
-    rec.add_pool("rope", kind="weights", sleep="discarded", torch_pool=(1, 2))
-    rec.add_graph("decode_bs1", graph)
-    f = rec.freeze_taking_ranges()
-    f.ranges.digests.clear()  # as for a graph added without a capture-time build
-    assert "ranges" not in graphcheck.load(Recorder.build_frozen(f))
-    assert f.ranges.misses == 1
-
-
 def test_a_verify_after_a_kept_snapshot_reports_what_one_parsing_again_does(torch, cache_setup):
     """The replay check's snapshot keeps the manifest it parsed for the verify of the same
     Text that follows (issue 32: one parse per check, not two): the report is the same."""

@@ -162,10 +162,9 @@ class Instrumentation:
                 # and the contents are the capture's: one built after a wake would digest
                 # the poison, and after a step would see a freed intermediate as free
                 # memory. The manifest is built from them when a write or a check asks
-                # (with digests, the memory this graph reads that no owner explains is
-                # digested now, by a build of this graph alone). A directory with
-                # write_every > 1 (and no check or digest asking for capture-time facts)
-                # reads them at the captures it writes at only.
+                # (with digests, now: the ranges no owner explains are digested at the
+                # build). A directory with write_every > 1 (and no check or digest asking
+                # for capture-time facts) reads them at the captures it writes at only.
                 if (
                     self.directory is None
                     or self._unwritten + 1 >= self.write_every
@@ -173,7 +172,7 @@ class Instrumentation:
                     or self.recorder.digests
                 ):
                     try:
-                        built = self._freeze(taking_ranges=bool(self.recorder.digests))
+                        built = self._build_json() if self.recorder.digests else self._freeze()
                         self._frozen = [self.captures, built, epoch()]
                     except BaseException as e:  # noqa: BLE001 - built when asked instead
                         if fatal(e):
@@ -248,11 +247,9 @@ class Instrumentation:
         self.recorder.producer.setdefault("rank", rank)
         self.recorder.producer.setdefault("world_size", world)
 
-    def _freeze(self, taking_ranges: bool = False):
+    def _freeze(self):
         with LOCK:
             self._producer_rank()
-            if taking_ranges:
-                return self.recorder.freeze_taking_ranges()
             return self.recorder.freeze()
 
     def _build_json(self) -> str:
