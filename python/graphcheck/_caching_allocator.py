@@ -19,8 +19,10 @@ from ._torch_import import import_torch
 
 __all__ = [
     "ALLOC_SITE_FRAMES",
+    "CUMEM_MODULE",
     "TAG_KINDS",
     "AllocSites",
+    "cumem_pool_ranges",
     "cumem_regions",
     "memory_segments",
     "pool_key",
@@ -162,6 +164,19 @@ def cumem_regions() -> list:
     return [
         (tag, TAG_KINDS.get(tag, "other"), "restored" if tag == "weights" else "discarded", sorted(ranges))
         for tag, ranges in sorted(by_tag.items())
+    ]
+
+
+def cumem_pool_ranges(regions: list, pool_ids: Mapping[str, int]) -> list:
+    """The ``pool_ranges`` the core's builders take (``{"base", "size", "pool"}``) of
+    :func:`cumem_regions`'s ``regions``, each tag's allocations in the pool ``pool_ids``
+    names for it; a tag without one is left out. The manifest's and the live snapshot's
+    alike."""
+    return [
+        {"base": hex(base), "size": size, "pool": pool_ids[tag]}
+        for tag, _, _, ranges in regions
+        if tag in pool_ids
+        for base, size in ranges
     ]
 
 

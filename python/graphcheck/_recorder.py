@@ -480,15 +480,14 @@ class Recorder:
             self.add_pool(tag, kind=kind, sleep=policy, torch_pool=pool)
         # vLLM's CuMemAllocator: a pool per tag, its ranges read again at each freeze
         # (allocations come and go under a tag; the table is what holds now).
-        ranges: list = []
-        for tag, kind, policy, regions in _caching_allocator.cumem_regions():
+        regions = _caching_allocator.cumem_regions()
+        for tag, kind, policy, _ in regions:
             if tag not in names:
                 names.add(tag)
                 self.add_pool(tag, kind=kind, sleep=policy)
-            # The last pool of the name, as a snapshot finds pools by name (_snapshot).
-            pid = max(i for i, p in enumerate(self._pools) if p["name"] == tag)
-            ranges.extend({"base": hex(base), "size": size, "pool": pid} for base, size in regions)
-        return ranges
+        # The last pool of a name, as a snapshot finds pools by name (_snapshot).
+        pool_ids = {p["name"]: i for i, p in enumerate(self._pools)}
+        return _caching_allocator.cumem_pool_ranges(regions, pool_ids)
 
     def _pool_id(self, pool) -> Optional[int]:
         if isinstance(pool, bool):

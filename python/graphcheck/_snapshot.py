@@ -169,12 +169,7 @@ def live_text(
     # vLLM's CuMemAllocator: each allocation under a tag the manifest has a pool of, by
     # its range (its MemPool is one of many, made per use_memory_pool context). A range
     # wins over any binding, `pools` included, as it did in the manifest.
-    pool_ranges = [
-        {"base": hex(base), "size": size, "pool": pool_ids[tag]}
-        for tag, _, _, regions in _caching_allocator.cumem_regions()
-        if tag in pool_ids
-        for base, size in regions
-    ]
+    pool_ranges = _caching_allocator.cumem_pool_ranges(_caching_allocator.cumem_regions(), pool_ids)
 
     # Looked up in _caching_allocator at each call, as the recorder does: one place where
     # the allocator's snapshot is read, and where the CPU tests fake it.

@@ -12,11 +12,12 @@ import threading
 from typing import Any, Callable, Optional
 
 from .. import _args
+from .._caching_allocator import CUMEM_MODULE
 from .._native import GraphcheckError
 from .._tensors import device_name
 from .._torch_import import import_torch
 
-__all__ = ["after_wake", "epoch", "latest", "mark_transition", "patch", "rewritten_since"]
+__all__ = ["ENGINE_WAKES", "after_wake", "epoch", "latest", "mark_transition", "patch", "rewritten_since"]
 
 
 _LOCK = threading.RLock()
@@ -202,6 +203,14 @@ def _fits(value, param) -> bool:
     return shape == want or (want == () and shape == (1,))
 
 
+#: The engines' wakes a replay check sees by itself, where their module is imported:
+#: (module, class, method, event, the keyword of its first argument).
+ENGINE_WAKES = (
+    ("torch_memory_saver", "TorchMemorySaver", "resume", "torch_memory_saver.resume", "tag"),
+    (CUMEM_MODULE, "CuMemAllocator", "wake_up", "vllm CuMemAllocator.wake_up", "tags"),
+)
+
+
 def patch(patched: list) -> None:
     """Patches the transitions a replay check sees without the engine saying so (what it
     replaced goes into ``patched``, for the instrumentation to restore):
@@ -220,26 +229,17 @@ def patch(patched: list) -> None:
         "updated",
         _loaded_tensors,
     )
-    tms = sys.modules.get("torch_memory_saver")
-    cls = getattr(tms, "TorchMemorySaver", None) if tms is not None else None
-    if isinstance(cls, type):
-        _wrap(
-            patched,
-            cls,
-            "resume",
-            lambda self, a, k: f"torch_memory_saver.resume({(a or (k.get('tag'),))[0]!r})",
-            "preserved",
-        )
-    cumem = sys.modules.get("vllm.device_allocator.cumem")
-    cls = getattr(cumem, "CuMemAllocator", None) if cumem is not None else None
-    if isinstance(cls, type):
-        _wrap(
-            patched,
-            cls,
-            "wake_up",
-            lambda self, a, k: f"vllm CuMemAllocator.wake_up({(a or (k.get('tags'),))[0]!r})",
-            "preserved",
-        )
+    for module, name, method, event, keyword in ENGINE_WAKES:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type):
+            _wrap(
+                patched,
+                cls,
+                method,
+                # The first argument, or the keyword naming it, in the event's words.
+                lambda self, a, k, event=event, keyword=keyword: f"{event}({(a or (k.get(keyword),))[0]!r})",
+                "preserved",
+            )
 
 
 def after_wake(result: dict) -> None:
