@@ -11,7 +11,7 @@ import uuid
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Union
 
-from . import _args, _caching_allocator, _digest, _native, _sleep_state
+from . import _args, _caching_allocator, _native, _ranges, _sleep_state
 from ._caching_allocator import AllocSites, pool_key, pool_segments
 from ._digest import digests_arg
 from ._native import GraphcheckError
@@ -45,18 +45,6 @@ _POOL_KINDS = ("default", "graph", "weights", "kv_cache", "other")
 _SLEEP = ("untouched", "restored", "discarded")
 
 
-def _pack_ranges(ranges: Iterable[tuple]) -> bytes:
-    """``(base, size)`` pairs as native-endian ``u64`` words (``Walked.unexplained``)."""
-    import array
-
-    flat = array.array("Q")
-    for base, size in ranges:
-        if 0 <= base < 1 << 64 and 0 < size < 1 << 64:
-            flat.append(base)
-            flat.append(size)
-    return flat.tobytes()
-
-
 class Frozen(NamedTuple):
     """What :meth:`Recorder.freeze` read: the facts of one moment a manifest is built from.
 
@@ -78,6 +66,9 @@ class Frozen(NamedTuple):
     producer: dict
     digests: Optional[str]
     epochs: tuple = ([], 0)  # each graph's event (Recorder._epochs), in the order of graphs
+    #: With digests, the digests of the blocks holding what the graphs read that nothing
+    #: known explained, read then (``_ranges.frozen_digests``), which the build looks up.
+    ranges: Optional[dict] = None
 
     @staticmethod
     def upto(held: tuple) -> list:
@@ -189,6 +180,10 @@ class Recorder:
         self._pool_known = b""
         self._ownerless: set = set()
         self._ownerless_known = b""
+        # With digests: every address a graph read that the registry, the extra tensors
+        # and the graph pools did not explain at its capture (the freeze digests the
+        # blocks holding them: _ranges).
+        self._unexplained_seen: set = set()
         # The graphs since the last walk that read addresses nothing explains, those
         # addresses, and how many such graphs pass before the next walk (doubled by a walk
         # that explained none).
@@ -249,6 +244,7 @@ class Recorder:
                 self._graphs = [*self._graphs[:i], *self._graphs[i + 1 :], entry]
                 self._epochs = [*self._epochs[:i], *self._epochs[i + 1 :], self._epoch]
                 self._epoch += 1
+                self._note_unexplained(walked)
                 return
         raise GraphcheckError(f"the recorder has no graph named {name!r}")
 
@@ -330,7 +326,7 @@ class Recorder:
         # The registry hands back the same list while nothing changed: no comparison.
         if reg is not self._registry_ranges and reg != self._registry_ranges:
             self._registry_ranges = reg
-            self._registry_known = _pack_ranges(reg)
+            self._registry_known = _ranges.pack(reg)
             self._known = None
 
     def _known_ranges(self) -> bytes:
@@ -364,7 +360,7 @@ class Recorder:
         if segments == self._graph_segments:
             return False
         self._graph_segments = segments
-        self._pool_known = _pack_ranges(self._graph_pool_ranges + segments)
+        self._pool_known = _ranges.pack(self._graph_pool_ranges + segments)
         self._known = None
         return True
 
@@ -406,7 +402,7 @@ class Recorder:
         self._waiting_addrs.clear()
         if still:
             self._ownerless.update(still)
-            self._ownerless_known = _pack_ranges((a, 1) for a in sorted(self._ownerless))
+            self._ownerless_known = _ranges.pack((a, 1) for a in sorted(self._ownerless))
             self._known = None
 
     def catch_up(self) -> bool:
@@ -426,7 +422,7 @@ class Recorder:
             return
         if r not in self._extra_ranges:
             self._extra_ranges.add(r)
-            self._extra_known += _pack_ranges([r])
+            self._extra_known += _ranges.pack([r])
             self._known = None
 
     def add_pool(
@@ -442,7 +438,7 @@ class Recorder:
         handle or pool id) takes its ranges from the CUDA allocator's segments; ``ranges``
         gives ``(base, size)`` pairs directly."""
         name = _args.text("name", name)
-        ranges = _ranges_arg(ranges)
+        ranges = _ranges.ranges_arg(ranges)
         if kind not in _POOL_KINDS:
             raise GraphcheckError(f"pool kind is one of {_POOL_KINDS}, not {kind!r}")
         if sleep not in _SLEEP:
@@ -453,7 +449,7 @@ class Recorder:
             self._pool_ranges.append({"base": hex(base), "size": size, "pool": pid})
             if kind == "graph":
                 self._graph_pool_ranges.append((base, size))
-                self._pool_known = _pack_ranges(self._graph_pool_ranges + self._graph_segments)
+                self._pool_known = _ranges.pack(self._graph_pool_ranges + self._graph_segments)
                 self._known = None
         if torch_pool is not None:
             self._pool_by_key[pool_key(torch_pool)] = pid
@@ -550,10 +546,21 @@ class Recorder:
             if fatal(e):
                 raise
             self._stale = True  # the next graph or manifest walks again
+            self._note_unexplained(native)
             raise OwnersNotCurrent(
                 f"graph {name!r} was recorded, but the walk that keeps its owners current "
                 f"failed ({type(e).__name__}: {e}): its owners may be stale until the next walk"
             ) from e
+        self._note_unexplained(native)
+
+    def _note_unexplained(self, walked) -> None:
+        """With digests, keeps what ``walked`` reads that the registry, the extra tensors
+        and the graph pools do not explain now (addresses walks left ownerless included):
+        where a manifest's ``unowned`` addresses can be, whenever it is built."""
+        if self.digests and walked is not None:
+            self._check_registry()
+            known = self._registry_known + self._extra_known + self._pool_known
+            self._unexplained_seen.update(walked.unexplained(known))
 
     def record(self, cuda_graph, name: str, *, pool=None, inputs=None, outputs=None) -> None:
         """Walks a captured ``torch.cuda.CUDAGraph`` (made with ``keep_graph=True``) and
@@ -591,9 +598,8 @@ class Recorder:
         the owners (the registry, walked again where stale, with the declared inputs'
         views), the allocator's segments, the pools, the graphs so far, and with digests
         the tensors' digests. :meth:`build_frozen` builds the manifest of then from them,
-        later (at a write, a check, on another thread) and with the same result; only the
-        digests of ranges no owner explains are taken at the build (so a recorder with
-        digests builds at once)."""
+        later (at a write, a check, on another thread) and with the same result (with
+        digests, those of the memory no owner explains are read now too: ``_ranges``)."""
         reg = self.registry
         if reg is None or self._stale:
             reg = self.rewalk()
@@ -607,18 +613,24 @@ class Recorder:
         # Looked up in _caching_allocator at each call, as the snapshot does: one place
         # where the allocator's snapshot is read, and where the CPU tests fake it.
         raw_segments = _caching_allocator.memory_segments()
+        pool_ranges = list(self._pool_ranges) + cumem_ranges
         return Frozen(
             registry=reg,
             tensors=reg.tensor_specs(self.digests) if self.digests else None,
             raw_segments=raw_segments,
             pools=[dict(p) for p in self._pools],
-            pool_ranges=list(self._pool_ranges) + cumem_ranges,
+            pool_ranges=pool_ranges,
             pool_bindings=[{"key": list(k), "pool": v} for k, v in self._pool_by_key.items()],
             graphs=(self._graphs, len(self._graphs)),
             walked=(self._walked, len(self._walked)),
             producer={"session": self.session, **self.producer},
             digests=self.digests,
             epochs=(self._epochs, len(self._epochs)),
+            ranges=_ranges.frozen_digests(
+                raw_segments, self._unexplained_seen, self._pool_by_key, pool_ranges
+            )
+            if self.digests
+            else None,
         )
 
     @staticmethod
@@ -654,12 +666,15 @@ class Recorder:
         return self._spec(self.freeze())
 
     @classmethod
-    def build_frozen(cls, f: "Frozen") -> str:
+    def build_frozen(cls, f: "Frozen", late: Optional[Callable[[list], list]] = None) -> str:
         """The manifest of what :meth:`freeze` read, as JSON text. Touches nothing of the
-        recorder's: it can run on another thread while the recorder takes more graphs."""
-        # With digests, the memory the graphs read that no owner explains is digested too
-        # (the manifest's `ranges`): contents a sleep lost there are `stale` after it.
-        ranges = _digest.range_digests if f.digests else None
+        recorder's: it can run on another thread while the recorder takes more graphs.
+        With digests, the memory the graphs read that no owner explains is digested too
+        (the manifest's `ranges`: contents a sleep lost there are `stale` after it), as the
+        freeze read it; ``late`` digests a block it did not (default: reads it now)."""
+        ranges = None
+        if f.digests:
+            ranges = _ranges.looked_up(f.ranges or {}, late or _ranges.digested)
         return _native.build_manifest(json.dumps(cls._spec(f)), Frozen.upto(f.walked), ranges=ranges)
 
     @property
@@ -776,18 +791,3 @@ def _walked_arg(walked) -> Mapping:
     raise GraphcheckError(
         f"walked is a walked graph (_native.Walked, JSON text or dict), not {_args.show(walked)}"
     )
-
-
-def _ranges_arg(ranges) -> list:
-    """``(base, size)`` pairs of non-negative integers."""
-    if isinstance(ranges, (str, bytes, Mapping)) or not _args.iterable(ranges):
-        raise GraphcheckError(f"ranges is a list of (base, size) pairs, not {_args.show(ranges)}")
-    out = []
-    for i, pair in enumerate(ranges):
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise GraphcheckError(f"ranges[{i}] is a (base, size) pair, not {_args.show(pair)}")
-        out.append((
-            _args.integer(f"ranges[{i}] base", pair[0], minimum=0),
-            _args.integer(f"ranges[{i}] size", pair[1], minimum=0),
-        ))
-    return out

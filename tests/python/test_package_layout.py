@@ -31,6 +31,7 @@ ORDER = [
     "_paths",
     "_tensors",
     "_digest",
+    "_ranges",
     "_registry",
     "_lifetimes",
     "_walk",
