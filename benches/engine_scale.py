@@ -143,9 +143,43 @@ def child(args):
         gt.mark_transition("wake", "preserved")
         clear_all(graphs, check_before_replay, ReplayCheckError)
     checked = rss_mib()
-    print(json.dumps({"graphs": len(graphs), "rss_before": before, "rss_captured": after,
-                      "rss_checked": checked,
-                      "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    out = {"graphs": len(graphs), "rss_before": before, "rss_captured": after,
+           "rss_checked": checked, "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if ins is not None and args.device == "cuda":
+        held = [ins]
+        del ins
+        out.update(attribute(gt, held, graphs))
+    print(json.dumps(out), flush=True)
+    if "rss_templates_destroyed" in out:
+        os._exit(0)  # torch would destroy the templates again at exit
+
+
+def attribute(gt, held, graphs):
+    """Where an instrumented child's memory is: RSS after graphcheck lets go of everything it
+    holds (the instrumentation, its recorder, walked graphs and manifests), then after the
+    graph templates that instrument() keeps for the walk and for retarget (torch's
+    keep_graph=True; a plain capture drops each at instantiate) are destroyed through the
+    driver. Only before the process exits: torch destroys them again at exit."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+
+    def settled():
+        gc.collect()
+        libc.malloc_trim(0)
+        return rss_mib()
+
+    out = {"rss_trimmed": settled()}
+    gt.uninstrument()
+    held.clear()
+    out["rss_graphcheck_released"] = settled()
+    cuda = ctypes.CDLL("libcuda.so.1")
+    failed = 0
+    for _, g, _ in graphs:
+        failed += cuda.cuGraphDestroy(ctypes.c_void_p(g.raw_cuda_graph())) != 0
+    out["rss_templates_destroyed"] = settled()
+    out["templates_not_destroyed"] = failed
+    return out
 
 
 def memory(args):
