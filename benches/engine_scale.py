@@ -148,7 +148,10 @@ def child(args):
     if ins is not None and args.device == "cuda":
         held = [ins]
         del ins
-        out.update(attribute(gt, held, graphs))
+        try:
+            out.update(attribute(gt, held, graphs))
+        except Exception as e:  # noqa: BLE001 - the figures above still stand
+            out["attribution_failed"] = f"{type(e).__name__}: {e}"
     print(json.dumps(out), flush=True)
     if "rss_templates_destroyed" in out:
         os._exit(0)  # torch would destroy the templates again at exit
