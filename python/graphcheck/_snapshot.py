@@ -197,8 +197,9 @@ def live_text(
     }
     # The manifest's `ranges` (memory read that no owner explains) digested again.
     ranges = _digest.range_digests if algorithm is not None else None
-    # _keep_parsed (the replay check, which verifies against the same Text next): the core
-    # keeps the manifest it parses here for that verify.
+    # _keep_parsed (the replay check, which verifies against the same Text next and checks
+    # again at each transition until the next capture): the core keeps the manifest it
+    # parses here with that Text, for every later snapshot and verify of it.
     return _native.build_live(
         _native.Text(json.dumps(spec)), document_source(manifest), version, ranges=ranges,
         keep=_keep_parsed,

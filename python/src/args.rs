@@ -87,6 +87,8 @@ pub(crate) fn is_json_text(b: &[u8]) -> bool {
 pub(crate) struct Text {
     bytes: SharedBytes,
     name: Option<String>,
+    /// The manifest parsed from `bytes`, where a `build_live(keep=True)` kept it (`kept.rs`).
+    pub(crate) parsed: crate::kept::ParseCell,
 }
 
 #[pymethods]
@@ -112,6 +114,7 @@ impl Text {
         Ok(Text {
             bytes: SharedBytes(std::sync::Arc::new(bytes)),
             name,
+            parsed: Default::default(),
         })
     }
 
@@ -119,6 +122,13 @@ impl Text {
     #[getter]
     fn name(&self) -> Option<&str> {
         self.name.as_deref()
+    }
+
+    /// Whether a manifest parsed from this text is kept with it (`build_live(keep=True)`),
+    /// for the snapshots and verifies of it that follow.
+    #[getter]
+    fn parsed(&self) -> bool {
+        self.parsed.get().is_some()
     }
 
     /// The text's length in bytes.

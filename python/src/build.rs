@@ -2,6 +2,8 @@
 //! snapshot of a live spec, with the digests of the memory the graphs read that no owner
 //! explains, which a Python callable takes (it reads device memory).
 
+use std::sync::Arc;
+
 use graphcheck::codec::load::Source;
 use graphcheck::model::format::{Addr, Digest, RangeDigest};
 use graphcheck::resolve::live::LiveSpec;
@@ -116,8 +118,9 @@ fn range_digests(
 /// `build_manifest`'s is, with the manifest's ranges); the snapshot's `ranges` records what
 /// it gives.
 ///
-/// `keep`, with `manifest` a `Text`: the manifest as parsed here is kept for the next
-/// `verify`, which takes it instead of parsing the same text again (`kept.rs`).
+/// `keep`, with `manifest` a `Text`: the manifest as parsed here is kept with the `Text`,
+/// and later `build_live` and `verify` calls of it take it instead of parsing the same
+/// text again (`kept.rs`); a `Text` that holds one is never parsed again.
 #[pyfunction]
 #[pyo3(signature = (spec, manifest, format_version=2, ranges=None, keep=false))]
 fn build_live(
@@ -130,8 +133,10 @@ fn build_live(
 ) -> PyResult<String> {
     let v = version_arg(format_version)?;
     let spec = spec_bytes(spec, "<live spec>")?;
+    let text = manifest.cast::<crate::args::Text>().ok();
+    let kept = text.and_then(|t| t.get().parsed.get());
     let manifest = source(manifest, Some("<manifest>"))?;
-    let (mut live, wanted) = interruptible(py, move || -> Result<_, NativeError> {
+    let (mut live, wanted, parsed) = interruptible(py, move || -> Result<_, NativeError> {
         let mut de = serde_json::Deserializer::from_slice(&spec);
         let spec: LiveSpec = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             NativeError::Message(format!(
@@ -140,15 +145,21 @@ fn build_live(
                 e.inner()
             ))
         })?;
-        let (m, t) = manifest.manifest_checked()?;
+        let (m, t) = match kept {
+            Some(parsed) => parsed,
+            None => {
+                let (m, t) = manifest.manifest_checked()?;
+                (Arc::new(m), Arc::new(t))
+            }
+        };
         let live = graphcheck::resolve::live::build_live(spec, &m)
             .map_err(|e| NativeError::Message(format!("<live spec>: {}", chain(&e))))?;
         let wanted: Vec<(Addr, u64)> = m.ranges.iter().map(|r| (r.addr, r.size)).collect();
-        if keep && let Source::Shared { bytes, .. } = &manifest {
-            crate::kept::keep(bytes, m, t);
-        }
-        Ok((live, wanted))
+        Ok((live, wanted, (m, t)))
     })?;
+    if keep && let Some(text) = text {
+        text.get().parsed.keep(parsed);
+    }
     if let Some(f) = ranges
         && !wanted.is_empty()
     {

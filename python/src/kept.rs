@@ -1,74 +1,60 @@
-//! The manifest a `build_live` parsed, kept for the `verify` of the same text that follows:
-//! the replay check snapshots the live model against the manifest and then verifies the
-//! two, and the manifest (megabytes at engine scale) was parsed and checked in each. Kept
-//! only where `build_live` is asked to (`keep=True`), one manifest at most, and given up
-//! by the next `verify`, whichever text it verifies: a parsed manifest is never held
-//! beyond the check that made it.
+//! A manifest's parse, kept with its `Text`: the replay check snapshots the live model
+//! against the manifest and then verifies the two, at every transition, and the manifest
+//! (megabytes at engine scale, parsed and checked in tens of milliseconds) stays the same
+//! text until the next capture. A `build_live(keep=True)` of a `Text` keeps the parse it
+//! made with that `Text`; later `build_live` and `verify` calls of the same `Text` take it
+//! instead of parsing again. It goes with the `Text`: the instrumentation holds one per
+//! frozen manifest and lets it go when a capture freezes the next.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
-use graphcheck::codec::load::SharedBytes;
 use graphcheck::index::refs::Tables;
 use graphcheck::model::format::Manifest;
 
-type Bytes = dyn AsRef<[u8]> + Send + Sync;
+/// A manifest parsed and checked, shared.
+pub(crate) type Parsed = (Arc<Manifest>, Arc<Tables>);
 
-/// The text the manifest was parsed from (held weakly: its allocation, and so its
-/// address, cannot be another text's while this lives), and the parse.
-static KEPT: Mutex<Option<(Weak<Bytes>, Manifest, Tables)>> = Mutex::new(None);
+/// Where a `Text` keeps the parse of its manifest (empty until a `build_live` keeps one).
+#[derive(Default)]
+pub(crate) struct ParseCell(Mutex<Option<Parsed>>);
 
-/// Keeps the parse of `text` for the next [`take`].
-pub(crate) fn keep(text: &SharedBytes, manifest: Manifest, tables: Tables) {
-    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
-    *kept = Some((Arc::downgrade(&text.0), manifest, tables));
-}
+impl ParseCell {
+    /// The parse kept, if any.
+    pub(crate) fn get(&self) -> Option<Parsed> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 
-/// Gives up what is kept; returns it where it is the parse of `text`.
-pub(crate) fn take(text: Option<&SharedBytes>) -> Option<(Manifest, Tables)> {
-    let kept = KEPT.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-    let (of, manifest, tables) = kept;
-    let text = text?;
-    Weak::ptr_eq(&of, &Arc::downgrade(&text.0)).then_some((manifest, tables))
+    /// Keeps `parsed` (the parse of this very text: only its `Text` calls this).
+    pub(crate) fn keep(&self, parsed: Parsed) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(parsed);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graphcheck::codec::load::Source;
-
-    fn text(json: &str) -> SharedBytes {
-        SharedBytes(Arc::new(json.as_bytes().to_vec()))
-    }
+    use graphcheck::codec::load::{SharedBytes, Source};
 
     #[test]
-    fn a_parse_is_taken_once_by_its_own_text_and_given_up_by_any_other() {
+    fn a_kept_parse_is_shared_by_every_taker_and_is_the_texts_own() {
         let json = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../fixtures/gpu/vllm_cumem_l1_manifest.json"
         ))
         .unwrap();
-        let (a, b) = (text(&json), text(&json)); // equal bytes, two texts
-        let parse = |t: &SharedBytes| {
-            Source::Shared {
-                bytes: t.clone(),
-                name: "m".into(),
-            }
-            .manifest_checked()
-            .unwrap()
+        let source = Source::Shared {
+            bytes: SharedBytes(Arc::new(json.into_bytes())),
+            name: "m".into(),
         };
-        let (m, t) = parse(&a);
-        keep(&a, m.clone(), t);
-        assert_eq!(take(Some(&a)).map(|(m, _)| m), Some(m.clone()));
-        assert!(take(Some(&a)).is_none(), "taken once");
-        let (m, t) = parse(&a);
-        keep(&a, m, t);
-        assert!(take(Some(&b)).is_none(), "another text's, equal or not");
-        assert!(take(Some(&a)).is_none(), "given up by that verify");
-        let (m, t) = parse(&a);
-        keep(&a, m, t);
+        let (m, t) = source.manifest_checked().unwrap();
+        let cell = ParseCell::default();
+        assert!(cell.get().is_none(), "empty until kept");
+        cell.keep((Arc::new(m.clone()), Arc::new(t)));
+        let (a, b) = (cell.get().unwrap(), cell.get().unwrap());
         assert!(
-            take(None).is_none() && take(Some(&a)).is_none(),
-            "a path's verify gives it up"
+            Arc::ptr_eq(&a.0, &b.0),
+            "one parse, shared, not copied per taker"
         );
+        assert_eq!(*a.0, m);
     }
 }

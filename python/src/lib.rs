@@ -167,14 +167,14 @@ fn verify(
     normalized: bool,
     deny_unused_allow: bool,
 ) -> PyResult<Verified> {
+    // The manifest a `build_live(keep=True)` of this very `Text` parsed (kept.rs).
+    let parsed = manifest
+        .cast::<args::Text>()
+        .ok()
+        .and_then(|t| t.get().parsed.get());
     let m_src = source(manifest, Some("<manifest>"))?;
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
     let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
-    // The manifest a `build_live(keep=True)` of this very text parsed just before.
-    let parsed = kept::take(match &m_src {
-        Source::Shared { bytes, .. } => Some(bytes),
-        _ => None,
-    });
     let verified = interruptible(py, move || -> Result<_, NativeError> {
         let allow = allowlist(allow, allow_entries, deny_unused_allow)?;
         let folder = match &m_src {

@@ -2,6 +2,7 @@
 //! loaded, checked and ready to render in any format.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::app::commands::{Format, source};
 use crate::app::folder::{DirError, no_folder, not_a_document};
@@ -22,8 +23,9 @@ use crate::present::report::{render_json, render_markdown, render_table_fit};
 /// A verified manifest: the documents and the report, ready to render in any format.
 pub struct Verified {
     /// The manifest verified; with several ranks (`verify DIR`, pairs), the lowest rank's.
-    pub manifest: Manifest,
-    pub tables: Tables,
+    /// Shared: a manifest parsed once may serve several verifies (the replay check's).
+    pub manifest: Arc<Manifest>,
+    pub tables: Arc<Tables>,
     pub live: Option<(Live, Tables)>,
     pub report: Report,
     /// With several ranks, every rank's manifest but `manifest`'s, by rank: `--normalized`
@@ -70,7 +72,7 @@ pub fn verify(
 /// is not parsed again. `manifest` still names it in messages.
 pub fn verify_parsed(
     manifest: &Source,
-    parsed: Option<(Manifest, Tables)>,
+    parsed: Option<(Arc<Manifest>, Arc<Tables>)>,
     live: Option<&Source>,
     allow: &Allowlist,
 ) -> Result<Verified, LoadError> {
@@ -87,7 +89,9 @@ pub fn verify_parsed(
         });
         let m = match parsed {
             Some(parsed) => Ok(parsed),
-            None => manifest.manifest_checked(),
+            None => manifest
+                .manifest_checked()
+                .map(|(m, t)| (Arc::new(m), Arc::new(t))),
         };
         let l = live_job.map(|j| match j.join() {
             Ok(r) => r,
@@ -280,8 +284,8 @@ fn verify_grouped(
     });
     let (_, manifest, tables) = manifests.next().expect("grouping gives at least one rank");
     Ok(Verified {
-        manifest,
-        tables,
+        manifest: Arc::new(manifest),
+        tables: Arc::new(tables),
         live: None,
         report,
         other_ranks: manifests.map(|(rank, m, _)| (rank, m)).collect(),
@@ -322,7 +326,7 @@ impl Verified {
     /// manifest (the report's ranks are in rank order; `manifest` is the lowest's).
     fn render_ranks_normalized(&self, format: Format, width: Option<u16>) -> String {
         let lowest = self.report.ranks.first().map_or(0, |r| r.rank);
-        let manifests = std::iter::once((lowest, &self.manifest))
+        let manifests = std::iter::once((lowest, &*self.manifest))
             .chain(self.other_ranks.iter().map(|(rank, m)| (*rank, m)));
         let ranks =
             RankSymbolizer::new(manifests.map(|(rank, m)| (rank, Symbolizer::for_manifest(m))));
