@@ -101,6 +101,35 @@ def walked(*nodes):
     )
 
 
+def fake_unowned_block(monkeypatch, tensor, pool=(1, 2)):
+    """Puts ``tensor``'s storage in a faked allocator block of torch pool ``pool`` (the
+    caching allocator's snapshot, ``graphcheck._caching_allocator.memory_segments``) and
+    digests ranges from host memory where they are (``graphcheck._digest.range_digests``),
+    recording each call's ranges. Returns ``((base, size), calls)``."""
+    import ctypes
+
+    import graphcheck._caching_allocator
+    import graphcheck._digest
+    from graphcheck import _native
+
+    base, size = tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()
+    segment = {
+        "address": base,
+        "total_size": size,
+        "segment_pool_id": pool,
+        "blocks": [{"address": base, "size": size, "state": "active_allocated"}],
+    }
+    monkeypatch.setattr(graphcheck._caching_allocator, "memory_segments", lambda: [segment])
+    calls = []
+
+    def digester(ranges):
+        calls.append(list(ranges))
+        return [_native.gc128_bytes(ctypes.string_at(a, n)) for a, n in ranges]
+
+    monkeypatch.setattr(graphcheck._digest, "range_digests", digester)
+    return (base, size), calls
+
+
 def save_gpu_document(name, doc):
     """Writes a manifest or live snapshot a GPU test made into $GRAPHCHECK_GPU_OUT, if set
     (how fixtures/gpu/ was recorded)."""

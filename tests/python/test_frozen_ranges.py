@@ -9,12 +9,10 @@ import ctypes
 import pytest
 
 import graphcheck
-import graphcheck._caching_allocator
-import graphcheck._digest
 import graphcheck.torch as gt
 import test_torch_instrument as ti
 from graphcheck import _native
-from conftest import kernel, walked
+from conftest import fake_unowned_block, kernel, walked
 from test_torch_instrument import fake, fake_torch_graph, make_model, replays  # noqa: F401 - fixture
 
 
@@ -23,21 +21,7 @@ def cache(torch, monkeypatch):
     """A module-global cache no owner reaches, in a faked allocator block of pool (1, 2),
     and a digester of host memory that records what it is asked."""
     cache = torch.randn(64)
-    base, size = cache.untyped_storage().data_ptr(), cache.untyped_storage().nbytes()
-    segment = {
-        "address": base,
-        "total_size": size,
-        "segment_pool_id": (1, 2),
-        "blocks": [{"address": base, "size": size, "state": "active_allocated"}],
-    }
-    monkeypatch.setattr(graphcheck._caching_allocator, "memory_segments", lambda: [segment])
-    calls = []
-
-    def digester(ranges):
-        calls.append(list(ranges))
-        return [_native.gc128_bytes(ctypes.string_at(a, n)) for a, n in ranges]
-
-    monkeypatch.setattr(graphcheck._digest, "range_digests", digester)
+    (base, size), calls = fake_unowned_block(monkeypatch, cache)
     return cache, (base, size), calls
 
 

@@ -15,7 +15,7 @@ import graphcheck._caching_allocator
 import graphcheck._digest
 import graphcheck.torch as gt
 from graphcheck import _native
-from conftest import kernel, walked
+from conftest import fake_unowned_block, kernel, walked
 
 
 @pytest.fixture
@@ -24,21 +24,7 @@ def cache_setup(torch, monkeypatch):
     driver allocation the walk saw), and a digester of host memory that counts its calls."""
     model = torch.nn.Linear(4, 4)
     cache = torch.randn(64)  # a module-global cos/sin cache
-    base, size = cache.untyped_storage().data_ptr(), cache.untyped_storage().nbytes()
-    segment = {
-        "address": base,
-        "total_size": size,
-        "segment_pool_id": (1, 2),
-        "blocks": [{"address": base, "size": size, "state": "active_allocated"}],
-    }
-    monkeypatch.setattr(graphcheck._caching_allocator, "memory_segments", lambda: [segment])
-    calls = []
-
-    def digester(ranges):
-        calls.append(list(ranges))
-        return [_native.gc128_bytes(ctypes.string_at(a, n)) for a, n in ranges]
-
-    monkeypatch.setattr(graphcheck._digest, "range_digests", digester)
+    (base, size), calls = fake_unowned_block(monkeypatch, cache)
     node = kernel(0, "rope", model.weight, cache)
     node["words"][1]["allocation"] = [hex(base), size]
     return model, cache, walked(node), (base, size), calls
