@@ -71,6 +71,9 @@ def parse():
                          "the first instrumented capture of everything")
     ap.add_argument("--memory-mode", choices=["dir", "check", "all"], default="all",
                     help="the instrumented child measured against the plain one (default all)")
+    ap.add_argument("--split", action="store_true",
+                    help="time the stages of each capture (stage_timer.py): per mode, the "
+                         "median over runs of each stage's total and calls")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -131,11 +134,15 @@ def child(args):
     ``all`` child's minus the ``plain`` child's)."""
     import graphcheck.torch as gt
 
+    import proc_memory
+
     _, eng = engine_of(args)
     before = rss_mib()
+    split = {"before": proc_memory.sample()}
     d = tempfile.mkdtemp(prefix="gc-scale-mem-")
     _, _, graphs, ins = capture(gt, eng, args.child, d)
     after = rss_mib()
+    split["captured"] = proc_memory.sample()
     if ins is not None:
         from graphcheck._instrument.patch import check_before_replay
         from graphcheck.torch import ReplayCheckError
@@ -143,8 +150,10 @@ def child(args):
         gt.mark_transition("wake", "preserved")
         clear_all(graphs, check_before_replay, ReplayCheckError)
     checked = rss_mib()
+    split["checked"] = proc_memory.sample()
     out = {"graphs": len(graphs), "rss_before": before, "rss_captured": after,
-           "rss_checked": checked, "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+           "rss_checked": checked, "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "split": split, "mappings_checked": proc_memory.all_mappings()}
     if ins is not None and args.device == "cuda":
         held = [ins]
         del ins
@@ -172,15 +181,21 @@ def attribute(gt, held, graphs):
         libc.malloc_trim(0)
         return rss_mib()
 
-    out = {"rss_trimmed": settled()}
+    import proc_memory
+
+    out = {"rss_trimmed": settled(), "split_trimmed": proc_memory.sample()}
     gt.uninstrument()
     held.clear()
+    for _, g, _ in graphs:  # what the replay check kept on each graph
+        g._graphcheck_state = None
     out["rss_graphcheck_released"] = settled()
+    out["split_released"] = proc_memory.sample()
     cuda = ctypes.CDLL("libcuda.so.1")
     failed = 0
     for _, g, _ in graphs:
         failed += cuda.cuGraphDestroy(ctypes.c_void_p(g.raw_cuda_graph())) != 0
     out["rss_templates_destroyed"] = settled()
+    out["split_templates_destroyed"] = proc_memory.sample()
     out["templates_not_destroyed"] = failed
     return out
 
@@ -199,6 +214,11 @@ def memory(args):
         if res.returncode != 0:
             raise SystemExit(f"the {mode} child failed:\n{res.stderr}")
         out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+    import proc_memory
+
+    plain, other = out["plain"].pop("mappings_checked"), out[args.memory_mode].pop("mappings_checked")
+    # Resident MiB by mapping, instrumented child minus plain child, after the check.
+    out["mappings_delta"] = proc_memory.by_mapping_delta(plain, other)
     return out
 
 
@@ -231,6 +251,13 @@ def main():
     from graphcheck.torch import ReplayCheckError
 
     engine_model, eng = engine_of(args)
+    stages = None
+    if args.split:
+        import stage_timer
+
+        stages = stage_timer.Stages()
+        stage_timer.install(stages, torch, cpu=args.device == "cpu")
+    split = {}
     modes = [m for m in args.modes.split(",") if m]
     for m in modes:
         if m not in MODES:
@@ -247,6 +274,8 @@ def main():
     # what later ones reuse (cuBLAS, the dispatch machinery on CPU).
     eng.capture_all()
     gc.collect()
+    if stages is not None:
+        stages.take()
     for run in range(args.runs):
         for m in modes:
             d = tempfile.mkdtemp(dir=tmp)
@@ -255,6 +284,8 @@ def main():
             else:
                 secs, times, graphs, ins = capture(gt, eng, m, d)
             n_graphs = len(graphs)
+            if stages is not None:
+                split.setdefault(m, []).append(stages.take())
             res[m].append(secs)
             per_graph[m].append(times)
             print(f"run {run + 1}/{args.runs} {m}: {n_graphs} graphs in {secs:.3f} s", file=sys.stderr, flush=True)
@@ -267,6 +298,8 @@ def main():
                 kept = True
             if ins is not None:
                 gt.uninstrument(ins)
+            if stages is not None:
+                stages.take()  # the checks' builds are not the capture's
             del graphs, ins
             gc.collect()
             if args.device == "cuda":
@@ -289,6 +322,14 @@ def main():
         m: {"first_100": med([med(t[head]) for t in v]) * 1e3, "last_100": med([med(t[tail]) for t in v]) * 1e3}
         for m, v in per_graph.items() if v and v[0]
     }
+    if split:
+        # Per mode and stage: median over runs of the stage's total ms, and its calls.
+        out["split_ms"] = {
+            m: {k: {"ms": med([r[k]["ms"] for r in runs if k in r]),
+                    "calls": med([r[k]["calls"] for r in runs if k in r])}
+                for k in sorted({k for r in runs for k in r})}
+            for m, runs in split.items()
+        }
     if checks["cleared"]:
         out["cleared_ms"] = med(checks["cleared"]) * 1e3
         out["cleared_all_ms"] = [x * 1e3 for x in checks["cleared"]]

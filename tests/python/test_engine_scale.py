@@ -25,7 +25,7 @@ def dry_run(tmp_path_factory):
     res = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--layers", "3", "--sizes", "1,2,4,8",
          "--full", "2", "--runs", "2", "--checks", "2", "--json", str(out / "r.json"),
-         "--keep", str(out / "run")],
+         "--keep", str(out / "run"), "--split"],
         capture_output=True, text=True, timeout=600,
     )
     assert res.returncode == 0, res.stderr
@@ -65,3 +65,28 @@ def test_memory_is_measured_in_two_child_processes(dry_run):
     mem = r["memory"]
     assert mem["plain"]["graphs"] == mem["all"]["graphs"] == r["graphs"]
     assert isinstance(r["graphcheck_mib"], float)
+
+
+def test_the_split_times_each_stage_of_every_instrumented_capture(dry_run):
+    r, _ = dry_run
+    split = r["split_ms"]
+    assert split["plain"] == {}  # on CPU torch's capture_end is the stand-in's: not timed
+    for mode in ("dir", "check", "all"):
+        stages = split[mode]
+        for stage in ("graphcheck: on_capture (all of it)", "walk (driver, Rust)", "record: add_graph"):
+            assert stages[stage]["calls"] == r["graphs"], (mode, stage)
+        # Inclusive stages nest: the whole capture path holds the walk and the record.
+        whole = stages["graphcheck: on_capture (all of it)"]["ms"]
+        assert stages["walk (driver, Rust)"]["ms"] + stages["record"]["ms"] <= whole
+    assert "record: freeze: range digests" in split["all"]
+    assert "record: freeze: range digests" not in split["check"]
+
+
+def test_memory_is_split_into_anonymous_file_backed_and_heap(dry_run):
+    r, _ = dry_run
+    for child in ("plain", "all"):
+        for phase in ("before", "captured", "checked"):
+            sample = r["memory"][child]["split"][phase]
+            assert {"RssAnon", "RssFile", "heap_in_use", "py_blocks"} <= set(sample)
+            assert sample["RssAnon"] + sample["RssFile"] <= sample["VmRSS"] + 1
+    assert r["memory"]["mappings_delta"]
