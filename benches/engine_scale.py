@@ -322,6 +322,28 @@ def main():
         m: {"first_100": med([med(t[head]) for t in v]) * 1e3, "last_100": med([med(t[tail]) for t in v]) * 1e3}
         for m, v in per_graph.items() if v and v[0]
     }
+    if split and args.device == "cuda":
+        # What reading the allocator costs here, with the last run's graphs freed and its
+        # pool's segments in the cache: the snapshot each freeze takes, against the
+        # counters that could say whether anything changed.
+        from graphcheck import _caching_allocator
+
+        def cost_us(fn, n=21):
+            ts = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return med(ts) * 1e6
+
+        _, _, held, _ = capture(gt, eng, "plain", None)
+        out["allocator_read_us"] = {
+            "segments": len(_caching_allocator.memory_segments()),
+            "memory_snapshot": cost_us(_caching_allocator.memory_segments),
+            "memory_stats": cost_us(torch.cuda.memory_stats),
+            "memory_reserved": cost_us(torch.cuda.memory_reserved),
+        }
+        del held
     if split:
         # Per mode and stage: median over runs of the stage's total ms, and its calls.
         out["split_ms"] = {
