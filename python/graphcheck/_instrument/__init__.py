@@ -156,8 +156,8 @@ def instrument(
         verify_on_replay=on_replay,
         discover=_args.flag("discover", discover),
     )
-    atexit.register(ins.flush)
     with LOCK:
+        _flush_at_exit_once()
         for r, ref in _PENDING_ROOTS:
             obj = ref() if isinstance(ref, weakref.ref) else ref
             if obj is not None and (model is None or r != root):
@@ -166,6 +166,28 @@ def instrument(
             ins.register_model(model, root)
         start(ins, with_replay_check=on_replay is not None)
     return ins
+
+
+_AT_EXIT: list = []
+
+
+def _flush_at_exit_once() -> None:
+    """Registers :func:`_flush_live` with ``atexit``, at the first :func:`instrument` of the
+    process. One hook for them all, not one bound ``flush`` each: a bound method held by
+    ``atexit`` kept every instrumentation, stopped or not, and all it recorded (walked
+    graphs, manifests, the registry) alive until the process exited."""
+    if not _AT_EXIT:
+        _AT_EXIT.append(True)
+        atexit.register(_flush_live)
+
+
+def _flush_live() -> None:
+    """At interpreter exit: flushes every instrumentation still live (a stopped one was
+    flushed when it stopped)."""
+    with LOCK:
+        live = list(ACTIVE)
+    for ins in live:
+        ins.flush()
 
 
 def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:
