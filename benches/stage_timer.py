@@ -35,6 +35,23 @@ class Stages:
         setattr(owner, attr, timed)
         self._undo.append((owner, attr, original))
 
+    def watch_gc(self) -> None:
+        """Times the garbage collector's passes as stage ``gc: generation N``."""
+        import gc
+
+        acc, clock, started = self.acc, time.perf_counter, []
+
+        def callback(phase, info):
+            if phase == "start":
+                started.append(clock())
+            elif started:
+                label = f"gc: generation {info.get('generation')}"
+                n, s = acc.get(label, (0, 0.0))
+                acc[label] = (n + 1, s + clock() - started.pop())
+
+        gc.callbacks.append(callback)
+        self._undo.append((gc.callbacks, None, callback))
+
     def take(self) -> dict:
         """{stage: {"calls": n, "ms": total}} since the last take, and reset."""
         out = {k: {"calls": n, "ms": s * 1e3} for k, (n, s) in sorted(self.acc.items())}
@@ -43,7 +60,10 @@ class Stages:
 
     def restore(self) -> None:
         for owner, attr, original in reversed(self._undo):
-            setattr(owner, attr, original)
+            if attr is None:
+                owner.remove(original)
+            else:
+                setattr(owner, attr, original)
         self._undo.clear()
 
 
@@ -62,6 +82,8 @@ CAPTURE_PATH = [
     ("graphcheck._ranges", "", "frozen_digests", "record: freeze: range digests"),
     ("graphcheck._instrument.instrumentation", "Instrumentation", "_write_later", "record: hand to writer"),
     ("graphcheck._instrument.instrumentation", "", "_built", "build (writer thread or check)"),
+    ("graphcheck._instrument.patch", "", "tree_node_of", "capture_begin: tree node lookup"),
+    ("graphcheck._instrument.patch", "", "force_keep_graph", "new/init: keep_graph forced"),
 ]
 
 
@@ -77,3 +99,4 @@ def install(stages: Stages, torch, cpu: bool) -> None:
         for part in filter(None, path.split(".")):
             owner = getattr(owner, part)
         stages.wrap(owner, attr, label)
+    stages.watch_gc()
