@@ -46,6 +46,10 @@ import tempfile
 import time
 
 MODES = ("plain", "dir", "check", "all")
+#: Memory children that isolate what instrument() does to the driver: ``keep`` captures
+#: plainly with keep_graph=True (the templates kept), ``walk`` also walks every template
+#: and keeps the walked graphs (no recorder).
+BARE = ("keep", "walk")
 
 
 def rss_mib():
@@ -69,12 +73,14 @@ def parse():
     ap.add_argument("--cprofile", choices=["cleared", "rebuilt", "capture"],
                     help="print a cProfile (by own time) of the first check of that kind, or of "
                          "the first instrumented capture of everything")
-    ap.add_argument("--memory-mode", choices=["dir", "check", "all"], default="all",
-                    help="the instrumented child measured against the plain one (default all)")
+    ap.add_argument("--memory-mode", default="all",
+                    help="the instrumented child measured against the plain one (default all; "
+                         "comma-separated for several, of dir, check, all, and keep and walk: "
+                         "keep_graph=True alone, and with every template walked)")
     ap.add_argument("--split", action="store_true",
                     help="time the stages of each capture (stage_timer.py): per mode, the "
                          "median over runs of each stage's total and calls")
-    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=MODES + BARE, help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
@@ -115,7 +121,7 @@ def capture(gt, eng, mode, directory):
     if STAGES is not None:
         STAGES.take()  # what came before the clock starts (the collection above) is not its
     t0 = time.perf_counter()
-    ins = None if mode == "plain" else instrumented(gt, eng, mode, directory)
+    ins = None if mode in ("plain",) + BARE else instrumented(gt, eng, mode, directory)
     graphs = eng.capture_all(times)
     if ins is not None and ins.directory is not None:
         ins.flush()
@@ -143,6 +149,9 @@ def child(args):
     import proc_memory
 
     _, eng = engine_of(args)
+    walked: list = []
+    if args.child in BARE:
+        bare_class(args.child == "walk", walked)
     before = rss_mib()
     split = {"before": proc_memory.sample()}
     d = tempfile.mkdtemp(prefix="gc-scale-mem-")
@@ -160,6 +169,20 @@ def child(args):
     out = {"graphs": len(graphs), "rss_before": before, "rss_captured": after,
            "rss_checked": checked, "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "split": split, "mappings_checked": proc_memory.all_mappings()}
+    if walked:
+        out["walked_words"] = sum(w.words for w in walked)
+        out["walked_nodes"] = sum(len(w) for w in walked)
+        walked.clear()
+        out["split_walked_released"] = proc_memory.sample()
+    if args.child in BARE and args.device == "cuda":
+        import ctypes
+
+        cuda = ctypes.CDLL("libcuda.so.1")
+        for _, g, _ in graphs:
+            cuda.cuGraphDestroy(ctypes.c_void_p(g.raw_cuda_graph()))
+        out["split_templates_destroyed"] = proc_memory.sample()
+        print(json.dumps(out), flush=True)
+        os._exit(0)
     if ins is not None and args.device == "cuda":
         held = [ins]
         del ins
@@ -170,6 +193,31 @@ def child(args):
     print(json.dumps(out), flush=True)
     if "rss_templates_destroyed" in out:
         os._exit(0)  # torch would destroy the templates again at exit
+
+
+def bare_class(walk: bool, walked: list) -> None:
+    """``torch.cuda.CUDAGraph`` replaced by a subclass that keeps the template
+    (keep_graph=True) and instantiates after capture_end, as instrument() does, and with
+    ``walk`` walks it there (``graphcheck._native.walk``) into ``walked``."""
+    import torch
+    from graphcheck import _native
+
+    base = torch.cuda.CUDAGraph
+
+    class Kept(base):
+        def __new__(cls, *a, **k):
+            return super().__new__(cls, True)
+
+        def __init__(self, *a, **k):
+            super().__init__(True)
+
+        def capture_end(self):
+            super().capture_end()
+            if walk:
+                walked.append(_native.walk(self.raw_cuda_graph()))
+            self.instantiate()
+
+    torch.cuda.CUDAGraph = torch.cuda.graphs.CUDAGraph = Kept
 
 
 def attribute(gt, held, graphs):
@@ -189,12 +237,16 @@ def attribute(gt, held, graphs):
 
     import proc_memory
 
+    import weakref
+
     out = {"rss_trimmed": settled(), "split_trimmed": proc_memory.sample()}
+    refs = [weakref.ref(held[0]), weakref.ref(held[0].recorder)]
     gt.uninstrument()
     held.clear()
     for _, g, _ in graphs:  # what the replay check kept on each graph
         g._graphcheck_state = None
     out["rss_graphcheck_released"] = settled()
+    out["graphcheck_freed"] = all(r() is None for r in refs)
     out["split_released"] = proc_memory.sample()
     cuda = ctypes.CDLL("libcuda.so.1")
     failed = 0
@@ -208,7 +260,11 @@ def attribute(gt, held, graphs):
 
 def memory(args):
     out = {}
-    for mode in ("plain", args.memory_mode):
+    others = [m for m in args.memory_mode.split(",") if m]
+    for m in others:
+        if m not in MODES[1:] + BARE:
+            raise SystemExit(f"--memory-mode: {m!r} is not one of {', '.join(MODES[1:] + BARE)}")
+    for mode in ["plain"] + others:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--device", args.device,
                "--layers", str(args.layers), "--hidden", str(args.hidden)]
         if args.sizes:
@@ -222,8 +278,11 @@ def memory(args):
         out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
     import proc_memory
 
-    plain, other = out["plain"].pop("mappings_checked"), out[args.memory_mode].pop("mappings_checked")
-    # Resident MiB by mapping, instrumented child minus plain child, after the check.
+    plain = out["plain"].pop("mappings_checked")
+    # Resident MiB by mapping, the (last) instrumented child minus the plain child, after
+    # the check.
+    for m in others:
+        other = out[m].pop("mappings_checked")
     out["mappings_delta"] = proc_memory.by_mapping_delta(plain, other)
     return out
 
@@ -371,7 +430,9 @@ def main():
         mem = memory(args)
         out["memory"] = mem
         out["memory_mode"] = args.memory_mode
-        out["graphcheck_mib"] = mem[args.memory_mode]["rss_checked"] - mem["plain"]["rss_checked"]
+        first = args.memory_mode.split(",")[0]
+        out["memory_mode"] = first
+        out["graphcheck_mib"] = mem[first]["rss_checked"] - mem["plain"]["rss_checked"]
     print(json.dumps(out, indent=1))
     if args.json:
         with open(args.json, "w") as f:
