@@ -70,7 +70,8 @@ def test_memory_is_measured_in_two_child_processes(dry_run):
 def test_the_split_times_each_stage_of_every_instrumented_capture(dry_run):
     r, _ = dry_run
     split = r["split_ms"]
-    assert split["plain"] == {}  # on CPU torch's capture_end is the stand-in's: not timed
+    # On CPU torch's capture_end is the stand-in's (not timed): only the collector's passes.
+    assert all(k.startswith("gc: generation ") for k in split["plain"]), split["plain"]
     for mode in ("dir", "check", "all"):
         stages = split[mode]
         for stage in ("graphcheck: on_capture (all of it)", "walk (driver, Rust)", "record: add_graph"):
