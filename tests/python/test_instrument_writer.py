@@ -211,3 +211,30 @@ assert not list(__import__("pathlib").Path({str(tmp_path)!r}).iterdir()), "writt
     files = list(tmp_path.iterdir())
     assert len(files) == 1, files
     assert len(graphcheck.load(files[0], expect="manifest")["graphs"]) == 2
+
+
+def test_a_stopped_instrumentation_with_a_directory_is_freed_without_waiting_for_its_writer(
+    torch, fake, tmp_path
+):
+    """The writer thread holds its instrumentation while it waits for the next ask (5 s
+    idle); a stop ends it, so the instrumentation is freed at once."""
+    import gc
+    import time
+    import weakref
+
+    model = make_model(torch)
+    ins = gt.instrument(tmp_path, model=model)
+    for _ in range(2):
+        capture(torch, model)
+    thread = ins._writer._thread
+    assert thread is not None and thread.is_alive()
+    ref = weakref.ref(ins)
+    t0 = time.perf_counter()
+    gt.uninstrument(ins)
+    del ins
+    thread.join(timeout=4.0)
+    gc.collect()
+    assert not thread.is_alive() and time.perf_counter() - t0 < 4.0
+    assert ref() is None
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and len(graphcheck.load(files[0], expect="manifest")["graphs"]) == 2

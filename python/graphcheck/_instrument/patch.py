@@ -192,6 +192,7 @@ def stop(instrumentation=None) -> None:
         stopping = list(ACTIVE) if instrumentation is None else [instrumentation]
     for ins in stopping:
         ins.flush()
+        ins._writer.close()
     with LOCK:
         if instrumentation is None:
             ACTIVE.clear()

@@ -32,12 +32,14 @@ class ManifestWriter:
         # Manifests of the first `_want` captures asked for, of the first `_done` written.
         self._want = self._done = 0
         self._urgent = False
+        self._closed = False
 
     def ask(self, captures: int) -> None:
         """Has the thread write the manifest of the first ``captures`` captures (or a
         later one); raises where no thread could be started."""
         with self._cv:
             self._want = max(self._want, captures)
+            self._closed = False
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="graphcheck-writer", daemon=True
@@ -55,7 +57,9 @@ class ManifestWriter:
         while True:
             with self._cv:
                 while self._want <= self._done:
-                    if not self._cv.wait(timeout=5.0) and self._want <= self._done:
+                    if self._closed or (
+                        not self._cv.wait(timeout=5.0) and self._want <= self._done
+                    ):
                         self._thread = None  # idle: the next ask starts another
                         return
                 # Captures come in bursts (a batch size after another): the write waits
@@ -72,6 +76,14 @@ class ManifestWriter:
             with self._cv:
                 self._done = max(self._done, asked if wrote is None else wrote)
                 self._cv.notify_all()
+
+    def close(self) -> None:
+        """Has the thread end once it has written what it was asked (the instrumentation
+        stopped): an idle thread holds its instrumentation, and all it recorded, for the
+        5 s it waits otherwise. A later :meth:`ask` starts another."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Has the thread write what it was asked to now, and waits until it did (at most
