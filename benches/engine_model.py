@@ -240,6 +240,8 @@ class _CpuCapture:
 
 #: Walked graphs of the CPU captures, by handle (CpuGraph.raw_cuda_graph).
 WALKED: dict = {}
+#: The CpuGraph whose capture is open, if any (what instrument() walks before capture_end).
+OPEN: list = [None]
 
 
 class _Record(TorchDispatchMode):
@@ -304,11 +306,17 @@ class CpuGraph:
         self._pool = pool
         self._mode = _Record()
         self._mode.__enter__()
+        OPEN[0] = self
 
     def capture_end(self):
         self._mode.__exit__(None, None, None)
+        OPEN[0] = None
+        if not getattr(self, "_walked_open", False):  # else walked already, while open
+            WALKED[id(self)] = self.walked_json()
+
+    def walked_json(self):
         nodes = self._mode.nodes
-        WALKED[id(self)] = json.dumps({"node_counts": {"kernel": len(nodes)}, "unread": [], "nodes": nodes})
+        return json.dumps({"node_counts": {"kernel": len(nodes)}, "unread": [], "nodes": nodes})
 
     def raw_cuda_graph(self):
         return id(self)
@@ -329,6 +337,23 @@ def install_cpu_stand_in():
     subclasses the class it finds)."""
     from graphcheck import _native
 
+    import graphcheck._instrument.patch as patch
+
     torch.cuda.CUDAGraph = CpuGraph
     torch.cuda.graphs.CUDAGraph = CpuGraph
-    _native.walk = lambda handle: _native.Walked.from_json(WALKED.pop(handle))
+
+    def walk(handle):
+        g = OPEN[0]
+        if g is not None and id(g) == handle:  # the capture still open
+            g._walked_open = True
+            return _native.Walked.from_json(g.walked_json())
+        return _native.Walked.from_json(WALKED.pop(handle))
+
+    def capturing_graph(stream):
+        if OPEN[0] is None:
+            raise RuntimeError(f"stream {stream:#x} has no capture open")
+        return id(OPEN[0])
+
+    _native.walk = walk
+    _native.capturing_graph = capturing_graph
+    patch.current_stream = lambda: 0

@@ -71,6 +71,7 @@ class Stages:
 CAPTURE_PATH = [
     ("graphcheck._instrument.patch", "", "on_capture", "graphcheck: on_capture (all of it)"),
     ("graphcheck._instrument.patch", "", "walk_graph", "walk (driver, Rust)"),
+    ("graphcheck._instrument.patch", "", "walk_open_capture", "walk of the open capture (before capture_end)"),
     ("graphcheck._instrument.instrumentation", "Instrumentation", "_record", "record"),
     ("graphcheck._recorder", "Recorder", "add_graph", "record: add_graph"),
     ("graphcheck._recorder", "Recorder", "_keep_current", "record: add_graph: owners current"),
@@ -92,7 +93,7 @@ def install(stages: Stages, torch, cpu: bool) -> None:
     it does) and graphcheck's capture path."""
     cls = torch.cuda.CUDAGraph
     if not cpu:
-        stages.wrap(cls, "capture_end", "torch: capture_end (instantiates when plain)")
+        stages.wrap(cls, "capture_end", "torch: capture_end (instantiates unless the template is kept)")
         stages.wrap(cls, "instantiate", "torch: instantiate")
     for module, path, attr, label in CAPTURE_PATH:
         owner = importlib.import_module(module)

@@ -66,6 +66,52 @@ pub fn init() -> Result<i32, Error> {
     Ok(v)
 }
 
+/// What `cuStreamGetCaptureInfo` says of a stream: not capturing, capturing into a graph,
+/// or a capture the driver invalidated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureState {
+    /// `CU_STREAM_CAPTURE_STATUS_NONE`.
+    None,
+    /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
+    Active {
+        /// The graph being built, as a handle integer.
+        graph: u64,
+    },
+    /// `CU_STREAM_CAPTURE_STATUS_INVALIDATED`, or a status this code does not know (the
+    /// number the driver gave).
+    Other(u32),
+}
+
+/// The capture state of `stream` (a `CUstream` as an integer, torch's
+/// `torch.cuda.Stream.cuda_stream`): while a capture is open, the graph it builds, which
+/// can be read before `cuStreamEndCapture` hands it over. Needs the stream's context
+/// current.
+pub fn capture_state(stream: u64) -> Result<CaptureState, DriverError> {
+    let (mut status, mut id, mut graph) = (0u32, 0, std::ptr::null_mut());
+    let (mut deps, mut count) = (std::ptr::null(), 0usize);
+    // SAFETY: writes a status, an id, a graph handle and a borrowed dependency array
+    // (not kept); a stream the caller names is asked about, and a bad handle is an error
+    // code, not a read.
+    unsafe {
+        raw::cuStreamGetCaptureInfo_v2(
+            stream as usize as sys::CUstream,
+            &mut status,
+            &mut id,
+            &mut graph,
+            &mut deps,
+            &mut count,
+        )
+    }
+    .check("cuStreamGetCaptureInfo_v2")?;
+    Ok(match status {
+        0 => CaptureState::None,
+        1 if !graph.is_null() => CaptureState::Active {
+            graph: graph as usize as u64,
+        },
+        other => CaptureState::Other(other),
+    })
+}
+
 /// Whether the calling thread has a current context (`cuMemGetAddressRange` needs one).
 pub fn has_current_context() -> Result<bool, DriverError> {
     result::ctx::get_current()

@@ -131,6 +131,15 @@ calls! {
     fn cuFuncGetParamInfo(func: sys::CUfunction, index: usize, offset: *mut usize, size: *mut usize);
     /// `cuKernelGetParamInfo`.
     fn cuKernelGetParamInfo(kernel: sys::CUkernel, index: usize, offset: *mut usize, size: *mut usize);
+    /// `cuStreamGetCaptureInfo_v2`, the status written as the 4-byte integer it is.
+    fn cuStreamGetCaptureInfo_v2(
+        stream: sys::CUstream,
+        status: *mut u32,
+        id: *mut c_ulonglong,
+        graph: *mut sys::CUgraph,
+        dependencies: *mut *const sys::CUgraphNode,
+        count: *mut usize,
+    );
     /// `cuMemGetAddressRange_v2`.
     fn cuMemGetAddressRange_v2(base: *mut sys::CUdeviceptr, size: *mut usize, dptr: sys::CUdeviceptr);
     /// `cuPointerGetAttribute`.

@@ -161,6 +161,13 @@ def retarget(
                 f"no torch.cuda.CUDAGraph (keep_graph=True) given for {name!r} (graphs={{name: graph}})"
             )
             continue
+        if getattr(cuda_graph, "_graphcheck_template", True) is False:
+            refused[name] = (
+                f"graph {name!r} kept no template to patch through: instrument() walked it "
+                "while its capture was open and torch destroyed the template at instantiate "
+                "(instrument(keep_templates=True), or verify_on_replay='retarget', keeps it)"
+            )
+            continue
         if torch is None:
             torch = import_torch("graphcheck.torch.retarget")
             torch.cuda.synchronize()

@@ -637,6 +637,31 @@ fn walk(py: Python<'_>, handle: u64) -> PyResult<Walked> {
     })
 }
 
+/// The graph a capture still open on `stream` (a `CUstream` as an integer:
+/// `torch.cuda.Stream.cuda_stream`) is building, as a handle `walk` takes: read before
+/// `capture_end`, the graph is walked without keeping the template torch would otherwise
+/// destroy at instantiate. A stream with no capture open, or one the driver invalidated,
+/// raises `GraphcheckError`; so do a missing driver and no current context.
+#[pyfunction]
+fn capturing_graph(py: Python<'_>, stream: u64) -> PyResult<u64> {
+    detached(py, move || {
+        use graphcheck::cuda::driver::{CaptureState, capture_state, has_current_context};
+        graphcheck::cuda::walk::driver_version()?;
+        if !has_current_context().map_err(graphcheck::cuda::CudaError::from)? {
+            return Err(NativeError::from(graphcheck::cuda::CudaError::NoContext));
+        }
+        match capture_state(stream).map_err(graphcheck::cuda::CudaError::from)? {
+            CaptureState::Active { graph } => Ok(graph),
+            CaptureState::None => Err(format!("stream {stream:#x} has no capture open").into()),
+            CaptureState::Other(status) => Err(format!(
+                "the capture on stream {stream:#x} is not active (capture status {status}: \
+                 invalidated)"
+            )
+            .into()),
+        }
+    })
+}
+
 /// Walks a captured CUDA graph and returns what its nodes hold, as WalkedGraph JSON (the
 /// input of `build_manifest`'s `graphs`). `handle` is a `cudaGraph_t`, as
 /// `torch.cuda.CUDAGraph(keep_graph=True).raw_cuda_graph()` returns it.
@@ -680,6 +705,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_function(wrap_pyfunction!(walk_graph, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
+    m.add_function(wrap_pyfunction!(capturing_graph, m)?)?;
     m.add_class::<Walked>()?;
     m.add_function(wrap_pyfunction!(glob_match, m)?)?;
     m.add_function(wrap_pyfunction!(check_path, m)?)?;

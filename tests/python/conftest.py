@@ -166,7 +166,8 @@ class FakeCUDAGraph:
         pass
 
     def capture_end(self):
-        pass
+        if not self.keep_graph:  # torch instantiates here and drops the template
+            self.instantiated = True
 
     def raw_cuda_graph(self):
         return 0x1000
@@ -196,4 +197,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
     monkeypatch.setattr(_native, "walk_graph", fake_walk, raising=False)
     monkeypatch.setattr(_native, "walk", lambda h: _native.Walked.from_json(fake_walk(h)), raising=False)
+    # The capture instrument() walks before it ends (no template kept): the same handle.
+    import graphcheck._instrument.patch
+    monkeypatch.setattr(_native, "capturing_graph", lambda stream: 0x1000)
+    monkeypatch.setattr(graphcheck._instrument.patch, "current_stream", lambda: 0)
 """

@@ -199,6 +199,9 @@ import test_torch_instrument as t
 t.WALKS = t.Walks()
 torch.cuda.CUDAGraph = torch.cuda.graphs.CUDAGraph = t.FakeCUDAGraph
 _native.walk = lambda h: _native.Walked.from_json(t.WALKS(h))
+_native.capturing_graph = t.WALKS.capturing_graph
+import graphcheck._instrument.patch as patch
+patch.current_stream = lambda: t.FAKE_STREAM
 model = t.make_model(torch)
 ins = gt.instrument({str(tmp_path)!r}, model=model, write_every=100)
 t.capture(torch, model)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import graphcheck
+import graphcheck._instrument.patch
 import graphcheck._recorder
 import graphcheck.torch as gt
 from graphcheck import _native
@@ -36,9 +37,11 @@ class FakeCUDAGraph:
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         self.calls.append(("capture_begin", pool))
+        WALKS.open = self.handle
 
     def capture_end(self):
         self.calls.append(("capture_end",))
+        WALKS.open = None
         if not self.init_keep_graph:  # torch instantiates here and drops the template
             self.calls.append(("instantiate (torch)",))
 
@@ -63,6 +66,14 @@ class Walks:
         self.next = None
         self.captured = []
         self.fail = None
+        self.open = None  # the handle of the graph whose capture is open
+
+    def capturing_graph(self, stream):
+        """The fake ``_native.capturing_graph``: the open capture's handle, on the one
+        stream the fake ``current_stream`` names."""
+        if stream != FAKE_STREAM or self.open is None:
+            raise graphcheck.GraphcheckError(f"stream {stream:#x} has no capture open")
+        return self.open
 
     def __call__(self, handle):
         if isinstance(self.fail, BaseException):
@@ -74,6 +85,8 @@ class Walks:
 
 
 WALKS = Walks()
+#: The CUstream the fake current_stream gives.
+FAKE_STREAM = 0x5000
 
 
 def fake_torch_graph(torch, g, pool=None):
@@ -98,10 +111,19 @@ def fake(torch, monkeypatch):
     monkeypatch.setattr(torch.cuda.graphs, "CUDAGraph", FakeCUDAGraph)
     monkeypatch.setattr(_native, "walk_graph", WALKS, raising=False)
     monkeypatch.setattr(_native, "walk", lambda h: _native.Walked.from_json(WALKS(h)), raising=False)
+    monkeypatch.setattr(_native, "capturing_graph", WALKS.capturing_graph)
+    monkeypatch.setattr(graphcheck._instrument.patch, "current_stream", lambda: FAKE_STREAM)
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", gt.ENV_DIR):
         monkeypatch.delenv(var, raising=False)
     yield WALKS
     gt.uninstrument()
+
+
+def made_ready(g) -> bool:
+    """The graph was instantiated once, last: by torch in capture_end (no template kept)
+    or by graphcheck after its walk of the kept template."""
+    ready = [c for c in g.calls if c[0] in ("instantiate", "instantiate (torch)")]
+    return len(ready) == 1 and g.calls[-1] == ready[0]
 
 
 def make_model(torch):
@@ -120,16 +142,19 @@ def capture(torch, model, pool=None, **kwargs):
     return g
 
 
-def test_subclass_forces_keep_graph_walks_at_capture_end_then_instantiates(torch, fake, tmp_path):
+def test_subclass_walks_the_open_capture_and_leaves_the_template_to_torch(torch, fake, tmp_path):
     model = make_model(torch)
     ins = gt.instrument(tmp_path, model=model)
+    assert ins.keep_templates is False
     assert torch.cuda.CUDAGraph is not FakeCUDAGraph
     assert torch.cuda.graphs.CUDAGraph is torch.cuda.CUDAGraph
     g = capture(torch, model)
     assert isinstance(g, FakeCUDAGraph)
-    assert g.new_keep_graph is True and g.init_keep_graph is True  # both, as on the H200
-    # Walked after torch's capture_end (the template exists), instantiated after the walk.
-    assert g.calls == [("capture_begin", None), ("capture_end",), ("raw_cuda_graph",), ("instantiate",)]
+    # No template kept: torch instantiates in capture_end and destroys it, as unpatched.
+    assert g.new_keep_graph is False and g.init_keep_graph is False
+    # Walked before torch's capture_end, while the capture was open (the fake's open
+    # handle is only there between capture_begin and capture_end).
+    assert g.calls == [("capture_begin", None), ("capture_end",), ("instantiate (torch)",)]
     assert fake.captured == [g.handle]
     # The manifest is written by the writer thread, named by rank and pid; flush waits.
     ins.flush()
@@ -160,7 +185,8 @@ def test_keep_graph_asked_by_the_caller_is_left_to_the_caller(torch, fake):
     g = capture(torch, model, keep_graph=True)
     assert g.calls == [("capture_begin", None), ("capture_end",), ("raw_cuda_graph",)]
     g2 = capture(torch, model, keep_graph=False)
-    assert g2.calls[-1] == ("instantiate",) and g2.init_keep_graph is True
+    # Not asked: torch's capture_end instantiates it, and drops the template.
+    assert g2.calls[-1] == ("instantiate (torch)",) and g2.init_keep_graph is False
 
 
 def test_manifest_rewritten_atomically_after_every_capture(torch, fake, tmp_path, monkeypatch):
@@ -299,13 +325,13 @@ def test_a_failed_walk_warns_and_the_capture_still_completes(torch, fake):
     fake.fail = "no CUDA driver"
     with pytest.warns(RuntimeWarning, match="no CUDA driver"):
         g = capture(torch, model)
-    assert g.calls[-1] == ("instantiate",)
+    assert made_ready(g)
     assert ins.captures == 0 and len(ins.errors) == 1
     strict = gt.instrument(model=model, strict=True)
     gt.uninstrument(ins)
     with pytest.raises(graphcheck.GraphcheckError, match="no CUDA driver"):
         g = capture(torch, model)
-    assert g.calls[-1] == ("instantiate",)
+    assert made_ready(g)
     assert strict.errors == []
 
 
@@ -321,7 +347,7 @@ def test_the_failure_warning_never_raises_into_the_engine(torch, fake, action):
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter(action)
         g = capture(torch, model)
-    assert g.calls[-1] == ("instantiate",)
+    assert made_ready(g)
     assert ins.captures == 0 and [str(e) for e in ins.errors] == ["no CUDA driver"]
     expected = ["graphcheck: a capture was not recorded: no CUDA driver"] if action == "error" else []
     assert [(w.category, str(w.message)) for w in shown] == [(RuntimeWarning, m) for m in expected]
@@ -346,7 +372,7 @@ def test_a_failed_owner_walk_keeps_the_graph_and_says_so(torch, fake, monkeypatc
     with pytest.warns(RuntimeWarning, match=stale):
         with fake_torch_graph(torch, g):
             pass
-    assert g.calls[-1] == ("instantiate",)
+    assert made_ready(g)
     assert ins.captures == 2 and len(ins.errors) == 1
     assert isinstance(ins.errors[0], graphcheck.GraphcheckError)
     assert isinstance(ins.errors[0].__cause__, RuntimeError)
@@ -390,7 +416,7 @@ def test_a_panic_warns_and_never_reaches_the_engine(torch, fake, monkeypatch, wh
         monkeypatch.setattr(ins.recorder, "add_graph", panic)
     with pytest.warns(RuntimeWarning, match="zero-initialize"):
         g = capture(torch, model)
-    assert g.calls[-1] == ("instantiate",)
+    assert made_ready(g)
     assert ins.captures == 0 and [type(e) for e in ins.errors] == [PanicException]
 
 
@@ -402,7 +428,7 @@ def test_an_interrupt_during_recording_is_not_swallowed(torch, fake):
         g = torch.cuda.CUDAGraph()
         with fake_torch_graph(torch, g):
             pass
-    assert g.calls[-1] == ("instantiate",)  # the graph is still made ready
+    assert made_ready(g)  # the graph is still made ready
     assert ins.errors == []
 
 
@@ -857,3 +883,84 @@ def test_graphcheck_digests_turns_digests_on_for_an_instrumentation_that_does_no
     monkeypatch.setenv(ENV_DIGESTS, "md5-of-nothing")
     with pytest.raises(graphcheck.GraphcheckError, match="GRAPHCHECK_DIGESTS is 1, on, true.*not 'md5-of-nothing'"):
         gt.instrument(None)
+
+
+def test_keep_templates_keeps_the_template_walks_it_after_capture_end_then_instantiates(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(False, model=model, keep_templates=True)
+    assert ins.keep_templates is True
+    g = capture(torch, model)
+    assert g.new_keep_graph is True and g.init_keep_graph is True  # both, as on the H200
+    # Walked after torch's capture_end (the template exists), instantiated after the walk.
+    assert g.calls == [("capture_begin", None), ("capture_end",), ("raw_cuda_graph",), ("instantiate",)]
+    assert fake.captured == [g.handle]
+    assert [x["name"] for x in ins.manifest()["graphs"]] == ["capture0"]
+
+
+def test_the_retarget_replay_check_keeps_templates_and_refuses_keep_templates_false(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(False, model=model, verify_on_replay="retarget")
+    assert ins.keep_templates is True
+    g = capture(torch, model)
+    assert g.init_keep_graph is True and ("raw_cuda_graph",) in g.calls
+    gt.uninstrument(ins)
+    with pytest.raises(graphcheck.GraphcheckError, match=r"^keep_templates=False with verify_on_replay='retarget'"):
+        gt.instrument(False, model=model, verify_on_replay="retarget", keep_templates=False)
+    with pytest.raises(graphcheck.GraphcheckError, match=r"^keep_templates is True or False, not 1"):
+        gt.instrument(False, model=model, keep_templates=1)
+    assert torch.cuda.CUDAGraph is FakeCUDAGraph  # refused before torch was patched
+
+
+def test_templates_are_kept_while_any_live_instrumentation_keeps_them(torch, fake):
+    model = make_model(torch)
+    a = gt.instrument(False, model=model)
+    g1 = capture(torch, model)
+    b = gt.instrument(False, model=model, keep_templates=True)
+    g2 = capture(torch, model)
+    gt.uninstrument(b)
+    g3 = capture(torch, model)
+    assert [g.init_keep_graph for g in (g1, g2, g3)] == [False, True, False]
+    assert a.captures == 3 and b.captures == 1 and not a.errors and not b.errors
+
+
+def test_a_walk_of_the_open_capture_that_fails_is_reported_and_the_capture_completes(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(False, model=model)
+    fake.fail = "the driver said no"
+    with pytest.warns(RuntimeWarning, match="a capture was not recorded: the driver said no"):
+        g = capture(torch, model)
+    assert g.calls == [("capture_begin", None), ("capture_end",), ("instantiate (torch)",)]
+    assert ins.captures == 0 and len(ins.errors) == 1
+    fake.fail = None
+    capture(torch, model)
+    assert ins.captures == 1
+
+
+def test_a_graph_whose_capture_began_before_instrument_is_reported_not_walked(torch, fake):
+    model = make_model(torch)
+    gt.instrument(False, model=model)
+    g = torch.cuda.CUDAGraph()  # made while instrumented, keeps no template
+    gt.uninstrument()
+    gt.instrument(False, model=model)
+    WALKS.next = walked(kernel(0, "gemv", model.proj.weight))
+    # Began while the class was patched but no instrumentation was live: no stream noted.
+    import graphcheck._instrument.patch as patch
+
+    live = list(patch.ACTIVE)
+    patch.ACTIVE.clear()
+    g.capture_begin()
+    patch.ACTIVE.extend(live)
+    with pytest.warns(RuntimeWarning, match="the capture began before instrument"):
+        g.capture_end()
+    assert live[0].captures == 0 and "instantiate (torch)" in [c[0] for c in g.calls]
+
+
+def test_retarget_refuses_a_graph_that_kept_no_template(torch, fake):
+    model = make_model(torch)
+    ins = gt.instrument(False, model=model)
+    g = capture(torch, model)
+    model.proj.weight = torch.nn.Parameter(model.proj.weight.detach().clone())
+    res = gt.retarget(ins.recorder, graphs={"capture0": g})
+    assert res.retargeted == ()
+    assert "kept no template to patch through" in res.refused["capture0"], res.refused
+    assert ("raw_cuda_graph",) not in g.calls

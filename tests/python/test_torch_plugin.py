@@ -40,7 +40,7 @@ def engine():
             g = torch.cuda.CUDAGraph()
             g.capture_begin()
             g.capture_end()
-            assert g.keep_graph is True and g.instantiated
+            assert g.instantiated
             return g
 
         def reload_in_place(self):

@@ -62,13 +62,21 @@ def instrument(
     write_every: int = 1,
     verify_on_replay: Union[None, bool, str] = None,
     discover: bool = True,
+    keep_templates: Optional[bool] = None,
 ) -> Instrumentation:
     """Records every CUDA graph capture of the process, with no change to the engine's
     code: ``torch.cuda.CUDAGraph`` (and ``torch.cuda.graphs.CUDAGraph``) become a subclass
-    that keeps the graph template (``keep_graph=True``), walks it at ``capture_end`` and
-    then instantiates it, so ``with torch.cuda.graph(g, pool=pool):`` and direct
-    ``capture_begin``/``capture_end`` callers work unchanged. Code that bound the class
-    before (``from torch.cuda import CUDAGraph``) is not reached: instrument first.
+    that walks the graph at ``capture_end``, while its capture is still open, and then
+    lets torch end it and instantiate it as before, so ``with torch.cuda.graph(g,
+    pool=pool):`` and direct ``capture_begin``/``capture_end`` callers work unchanged.
+    Code that bound the class before (``from torch.cuda import CUDAGraph``) is not
+    reached: instrument first.
+
+    ``keep_templates`` keeps each graph's template (``keep_graph=True``) for
+    :func:`retarget`, which patches through it: the default keeps them where
+    ``verify_on_replay`` is ``"retarget"`` only. A kept template costs host memory (about
+    126 KiB a graph, 217 MiB for 1,718 graphs on the H200) for as long as its graph lives;
+    without one, retarget refuses the graph and says why.
 
     ``directory`` (``None``, the default: ``$GRAPHCHECK_DIR`` where it is set, else the
     manifest is kept in memory; ``False``: in memory whatever that variable says)
@@ -142,6 +150,15 @@ def instrument(
     strict = _args.flag("strict", strict)
     digests = digests_arg(digests)
     on_replay = replay_check.on_findings_arg(verify_on_replay)
+    if keep_templates is None:
+        keep_templates = on_replay == "retarget"
+    else:
+        keep_templates = _args.flag("keep_templates", keep_templates)
+        if not keep_templates and on_replay == "retarget":
+            raise GraphcheckError(
+                "keep_templates=False with verify_on_replay='retarget': the retarget patches "
+                "each graph through its template (pass keep_templates=True, or leave it out)"
+            )
     ins = Instrumentation(
         directory,
         name=name,
@@ -155,6 +172,7 @@ def instrument(
         write_every=write_every,
         verify_on_replay=on_replay,
         discover=_args.flag("discover", discover),
+        keep_templates=keep_templates,
     )
     with LOCK:
         _flush_at_exit_once()

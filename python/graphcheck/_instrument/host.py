@@ -15,6 +15,7 @@ from .._torch_import import import_torch
 
 __all__ = [
     "claim_manifest_path",
+    "current_stream",
     "each_sink",
     "force_keep_graph",
     "rank_and_world",
@@ -105,16 +106,23 @@ def claim_manifest_path(directory: str) -> tuple:
         n += 1
 
 
-def force_keep_graph(args: tuple, kwargs: dict) -> tuple:
-    """``CUDAGraph(...)``'s arguments with ``keep_graph=True``, and what the caller asked."""
+def force_keep_graph(args: tuple, kwargs: dict, keep: bool = True) -> tuple:
+    """``CUDAGraph(...)``'s arguments with ``keep_graph=True`` where ``keep`` (else as the
+    caller gave them), and what the caller asked."""
     kwargs = dict(kwargs)
     if args:
         asked = bool(args[0])
-        args = (True,) + tuple(args[1:])
+        args = (asked or keep,) + tuple(args[1:])
     else:
         asked = bool(kwargs.pop("keep_graph", False))
-        args = (True,)
+        args = (asked or keep,)
     return args, kwargs, asked
+
+
+def current_stream() -> int:
+    """torch's current CUDA stream on the current device, as the ``CUstream`` integer the
+    driver takes (``torch.cuda.Stream.cuda_stream``): where ``capture_begin`` captures."""
+    return int(import_torch().cuda.current_stream().cuda_stream)
 
 
 _MISSING = object()

@@ -69,6 +69,7 @@ class Instrumentation:
         write_every: int = 1,
         verify_on_replay: Optional[str] = None,
         discover: bool = True,
+        keep_templates: bool = False,
     ):
         write_every = _args.integer("write_every", write_every, minimum=1)
         self.directory = None if directory is None else _args.path("directory", directory)
@@ -111,6 +112,10 @@ class Instrumentation:
         self._frozen: Optional[list] = None
         self._writer = ManifestWriter(self._write_latest)
         self.discover = discover
+        #: Whether graphs made while this instrumentation is live keep their templates
+        #: (``keep_graph=True``, for retarget); else each is walked while its capture is
+        #: open and torch destroys the template at instantiate.
+        self.keep_templates = keep_templates
         #: Root names discovery chose (zero-code attach), empty where roots were named.
         self.discovered: list = []
 

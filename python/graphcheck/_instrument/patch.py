@@ -7,16 +7,27 @@ from __future__ import annotations
 
 import threading
 
-from .. import _sleep_state
+from .. import _native, _sleep_state
+from .._native import GraphcheckError
 from .._recorder import fatal, walk_graph
 from .._torch_import import import_torch
 from . import transitions
-from .host import each_sink, force_keep_graph, restore, warn
+from .host import current_stream, each_sink, force_keep_graph, restore, warn
 from .replay_check import GraphState, ReplayCheckError, before_replay
 from .transitions import epoch
 from .trees import tree_graph_name, tree_input_shapes, tree_node_of, tree_static_ptrs
 
-__all__ = ["ACTIVE", "LOCK", "PATCHED", "instrumented_class", "patch_torch", "start", "stop"]
+__all__ = [
+    "ACTIVE",
+    "LOCK",
+    "PATCHED",
+    "instrumented_class",
+    "keeps_templates",
+    "patch_torch",
+    "start",
+    "stop",
+    "walk_open_capture",
+]
 
 #: The live instrumentations, in order; the patch stays while any is live.
 ACTIVE: list = []
@@ -26,31 +37,51 @@ PATCHED: list = []
 LOCK = threading.RLock()
 
 
-def instrumented_class(base: type) -> type:
-    """A subclass of ``base`` (``torch.cuda.CUDAGraph``) that keeps the graph template,
-    records every capture at ``capture_end`` and then instantiates as ``base`` would have.
+def keeps_templates() -> bool:
+    """Whether a graph made now keeps its template for graphcheck: where a live
+    instrumentation retargets (``keep_templates``); the others walk the graph while its
+    capture is still open and leave the template to torch, which destroys it at
+    instantiate (about 126 KiB of host memory a graph on the H200)."""
+    return any(getattr(ins, "keep_templates", True) for ins in list(ACTIVE))
 
-    ``__new__`` and ``__init__`` both pass ``keep_graph=True``: torch's ``CUDAGraph.__new__``
-    takes it for the Python side and the C++ ``_CUDAGraph.__init__`` for the graph itself
-    (seen on the H200; passing it to one alone is not enough)."""
+
+def instrumented_class(base: type) -> type:
+    """A subclass of ``base`` (``torch.cuda.CUDAGraph``) that records every capture at
+    ``capture_end``.
+
+    A graph walks its own capture before it ends (``_native.capturing_graph`` on the
+    stream ``capture_begin`` captured on), and torch then instantiates it and destroys the
+    template as it would have. Where an instrumentation keeps templates (for retarget),
+    ``__new__`` and ``__init__`` both pass ``keep_graph=True`` instead: torch's
+    ``CUDAGraph.__new__`` takes it for the Python side and the C++ ``_CUDAGraph.__init__``
+    for the graph itself (seen on the H200; passing it to one alone is not enough); the
+    kept template is walked after ``capture_end`` and then instantiated."""
 
     class CUDAGraph(base):
         __doc__ = base.__doc__
         _graphcheck_base = base
 
         def __new__(cls, *args, **kwargs):
-            args, kwargs, _ = force_keep_graph(args, kwargs)
+            keep = keeps_templates()
+            args, kwargs, _ = force_keep_graph(args, kwargs, keep)
             parent = super().__new__
-            if parent is object.__new__:
-                return parent(cls)
-            return parent(cls, *args, **kwargs)
+            obj = parent(cls) if parent is object.__new__ else parent(cls, *args, **kwargs)
+            obj._graphcheck_template = keep  # __init__ passes the same
+            return obj
 
         def __init__(self, *args, **kwargs):
-            args, kwargs, asked = force_keep_graph(args, kwargs)
+            keep = getattr(self, "_graphcheck_template", None)
+            if keep is None:
+                keep = self._graphcheck_template = keeps_templates()
+            args, kwargs, asked = force_keep_graph(args, kwargs, keep)
             super().__init__(*args, **kwargs)
             # keep_graph=True asked by the caller: they instantiate (or replay does).
             self._graphcheck_keep = asked
+            # The template is torch's to keep (asked), or graphcheck's (kept for retarget):
+            # else it is walked while the capture is open.
+            self._graphcheck_template = keep or asked
             self._graphcheck_pool = None
+            self._graphcheck_stream = None
             # The transition epoch this graph was last checked at (replay_check), and what
             # the check keeps of it (None: not recorded).
             self._graphcheck_epoch = epoch()
@@ -63,6 +94,7 @@ def instrumented_class(base: type) -> type:
             # once on the calling frames, and the shapes of its batch inputs (cleared from
             # the node by capture_end); held until capture_end only.
             self._graphcheck_tree: tuple = (None, None)
+            self._graphcheck_stream = None
             try:
                 if ACTIVE:
                     node, inputs = tree_node_of(self)
@@ -70,15 +102,27 @@ def instrumented_class(base: type) -> type:
                         self._graphcheck_tree = (node, tree_input_shapes(node, inputs))
             except Exception:  # noqa: BLE001 - a name without shapes, never a failed capture
                 pass
+            if ACTIVE and not getattr(self, "_graphcheck_template", True):
+                try:  # torch captures on the current stream
+                    self._graphcheck_stream = current_stream()
+                except Exception as e:  # noqa: BLE001 - said at capture_end, as not walked
+                    self._graphcheck_stream = e
             return super().capture_begin(*args, **kwargs)
 
         def capture_end(self):
-            super().capture_end()
+            walked = None
             try:
-                on_capture(self)
+                if ACTIVE and not getattr(self, "_graphcheck_template", True):
+                    walked = walk_open_capture(self)
+            finally:  # the capture ends whatever the walk did (an interrupt included)
+                super().capture_end()
+            try:
+                on_capture(self, walked)
             finally:
                 self._graphcheck_epoch = epoch()
-                if not getattr(self, "_graphcheck_keep", False):
+                if getattr(self, "_graphcheck_template", True) and not getattr(
+                    self, "_graphcheck_keep", False
+                ):
                     self.instantiate()
 
         def replay(self):
@@ -89,6 +133,23 @@ def instrumented_class(base: type) -> type:
 
     CUDAGraph.__qualname__ = f"graphcheck.{base.__qualname__}"
     return CUDAGraph
+
+
+def walk_open_capture(cuda_graph):
+    """The walk of the graph ``cuda_graph`` is capturing, before its capture ends: a
+    ``_native.Walked``, or the exception that stopped it (reported by :func:`on_capture`
+    once the capture has ended; never raised into the capture)."""
+    stream = getattr(cuda_graph, "_graphcheck_stream", None)
+    try:
+        if isinstance(stream, BaseException):
+            raise GraphcheckError(f"the capture's stream could not be read at capture_begin: {stream}")
+        if stream is None:
+            raise GraphcheckError("the capture began before instrument(): its stream is not known")
+        return walk_graph(_native.capturing_graph(stream))
+    except BaseException as e:  # noqa: BLE001 - reported after the capture ends
+        if fatal(e):
+            raise
+        return e
 
 
 def check_before_replay(cuda_graph) -> None:
@@ -114,8 +175,10 @@ def check_before_replay(cuda_graph) -> None:
         warn(f"graphcheck: the check before replay failed, replaying unchecked: {e}")
 
 
-def on_capture(cuda_graph) -> None:
-    """Walks a graph at ``capture_end`` and hands it to every live instrumentation."""
+def on_capture(cuda_graph, walked=None) -> None:
+    """Hands a graph to every live instrumentation at ``capture_end``: ``walked`` as
+    :func:`walk_open_capture` gave it (a walk, or why there is none), else the kept
+    template walked now."""
     with LOCK:
         sinks = list(ACTIVE)
         if any(ins._checker is not None for ins in sinks):
@@ -140,7 +203,15 @@ def on_capture(cuda_graph) -> None:
         except Exception:  # noqa: BLE001 - a graph without a pool: none recorded
             pool = None
     try:
-        walked = walk_graph(cuda_graph.raw_cuda_graph())
+        if isinstance(walked, BaseException):
+            raise walked
+        if walked is None:
+            if not getattr(cuda_graph, "_graphcheck_template", True):
+                raise GraphcheckError(
+                    "the graph was not walked while its capture was open (instrument() "
+                    "began during the capture), and torch keeps no template to walk"
+                )
+            walked = walk_graph(cuda_graph.raw_cuda_graph())
     except BaseException as e:  # noqa: BLE001 - reported by each sink
         if fatal(e):
             raise
