@@ -1,7 +1,7 @@
 """The walk of a capture still open (issue 32: instrument() keeps no template by default).
-On a real GPU, torch captures graphs of every parameter shape the walker reads (cuBLAS
-GEMMs, elementwise and reduction kernels, a Triton kernel, memset, memcpy between device
-and pinned host memory); each is walked twice, through ``_native.capturing_graph`` on the
+On a real GPU, torch captures graphs of the parameter shapes the walker reads (cuBLAS
+GEMMs, elementwise and reduction kernels, a Triton kernel, a driver memset, memcpy between
+device and pinned host memory); each is walked twice, through ``_native.capturing_graph`` on the
 capture stream just before ``capture_end`` and through the kept template after it, and
 the two walks must be the same, then the graph replays right. Then ``instrument()``
 records with no template kept (torch refuses ``raw_cuda_graph()``), replays right, and its
@@ -9,6 +9,8 @@ replay check still refuses a rebound tensor; ``keep_templates=True`` keeps them.
 
 Opt-in: GRAPHCHECK_GPU_TESTS=1 on a machine with CUDA (CI has none).
 """
+
+import ctypes
 
 import pytest
 
@@ -39,7 +41,7 @@ def decode_model(torch, d=256):
             super().__init__()
             self.norm = nn.RMSNorm(d, device="cuda", dtype=torch.bfloat16)
             self.proj = nn.Linear(d, d, bias=False, device="cuda", dtype=torch.bfloat16)
-            self.W_UV = (self.proj.weight.detach().t() * 0.5).contiguous()
+            self.register_buffer("W_UV", (self.proj.weight.detach().t() * 0.5).contiguous(), persistent=False)
 
         def forward(self, x):
             h = self.norm(x)
@@ -63,8 +65,13 @@ def workloads(torch):
     def decode():
         out["decode"] = m.layer(x)
 
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    libcuda.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+
     def copies():
-        dst.zero_()  # memset
+        # A memset node (torch 2.11 lowers zero_ to a fill kernel): the driver's own call.
+        stream = torch.cuda.current_stream().cuda_stream
+        assert libcuda.cuMemsetD32Async(dst.data_ptr(), 0, dst.numel(), stream) == 0
         dst.copy_(src)  # device to device
         dst.add_(pinned.to("cuda", non_blocking=True))  # pinned host to device
         back.copy_(dst, non_blocking=True)  # device to pinned host
