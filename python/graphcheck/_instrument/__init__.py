@@ -75,7 +75,7 @@ def instrument(
     ``keep_templates`` keeps each graph's template (``keep_graph=True``) for
     :func:`retarget`, which patches through it: the default keeps them where
     ``verify_on_replay`` is ``"retarget"`` only. A kept template costs host memory (about
-    126 KiB a graph, 217 MiB for 1,718 graphs on the H200) for as long as its graph lives;
+    129 KiB a graph, 217 MiB for 1,718 graphs on the H200) for as long as its graph lives;
     without one, retarget refuses the graph and says why.
 
     ``directory`` (``None``, the default: ``$GRAPHCHECK_DIR`` where it is set, else the

@@ -41,7 +41,7 @@ def keeps_templates() -> bool:
     """Whether a graph made now keeps its template for graphcheck: where a live
     instrumentation retargets (``keep_templates``); the others walk the graph while its
     capture is still open and leave the template to torch, which destroys it at
-    instantiate (about 126 KiB of host memory a graph on the H200)."""
+    instantiate (about 129 KiB of host memory a graph on the H200)."""
     return any(getattr(ins, "keep_templates", True) for ins in list(ACTIVE))
 
 
