@@ -654,8 +654,13 @@ fn capturing_graph(py: Python<'_>, stream: u64) -> PyResult<u64> {
             CaptureState::Active { graph } => Ok(graph),
             CaptureState::None => Err(format!("stream {stream:#x} has no capture open").into()),
             CaptureState::Other(status) => Err(format!(
-                "the capture on stream {stream:#x} is not active (capture status {status}: \
-                 invalidated)"
+                "the capture on stream {stream:#x} is not active: capture status {status} \
+                 ({})",
+                match status {
+                    1 => "active, but the driver gave no graph",
+                    2 => "invalidated",
+                    _ => "a status this build does not know",
+                }
             )
             .into()),
         }

@@ -47,6 +47,8 @@ class FakeCUDAGraph:
 
     def raw_cuda_graph(self):
         self.calls.append(("raw_cuda_graph",))
+        if not self.init_keep_graph:  # as torch 2.11 refuses it (seen on the H200)
+            raise RuntimeError("You cannot access the raw cudaGraph_t unless keep_graph=True")
         return self.handle
 
     def instantiate(self):
@@ -964,3 +966,19 @@ def test_retarget_refuses_a_graph_that_kept_no_template(torch, fake):
     assert res.retargeted == ()
     assert "kept no template to patch through" in res.refused["capture0"], res.refused
     assert ("raw_cuda_graph",) not in g.calls
+
+
+def test_a_graph_made_keeping_its_template_is_instantiated_once_when_captured_after_the_stop(torch, fake):
+    """Made while an instrumentation kept templates (keep_graph=True told torch, not asked
+    by the caller), captured after it stopped: nobody records it, and graphcheck still
+    instantiates it once, as torch would have in capture_end."""
+    model = make_model(torch)
+    ins = gt.instrument(False, model=model, keep_templates=True)
+    g = torch.cuda.CUDAGraph()
+    gt.uninstrument(ins)
+    WALKS.next = walked(kernel(0, "gemv", model.proj.weight))
+    with fake_torch_graph(torch, g):
+        pass
+    assert g.init_keep_graph is True and made_ready(g)
+    assert g.calls == [("capture_begin", None), ("capture_end",), ("instantiate",)]
+    assert ins.captures == 0

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Optional, Union
 
 from .. import _args, _native
 from .._native import GraphcheckError
+from .._recorder import fatal
 from .._walk import DEFAULT_MAX_DEPTH, root_arg
 from . import replay_check
 from .instrumentation import DEFAULT_NAME, Instrumentation
@@ -76,7 +77,9 @@ def instrument(
     :func:`retarget`, which patches through it: the default keeps them where
     ``verify_on_replay`` is ``"retarget"`` only. A kept template costs host memory (about
     129 KiB a graph, 217 MiB for 1,718 graphs on the H200) for as long as its graph lives;
-    without one, retarget refuses the graph and says why.
+    without one, retarget refuses the graph and says why. Whether a graph keeps its
+    template is decided when the graph object is made: it does while any live
+    instrumentation keeps templates.
 
     ``directory`` (``None``, the default: ``$GRAPHCHECK_DIR`` where it is set, else the
     manifest is kept in memory; ``False``: in memory whatever that variable says)
@@ -205,7 +208,16 @@ def _flush_live() -> None:
     with LOCK:
         live = list(ACTIVE)
     for ins in live:
-        ins.flush()
+        try:
+            ins.flush()
+        except BaseException as e:  # noqa: BLE001 - a strict one's failure, the others flushed
+            if fatal(e):
+                raise
+            warnings.warn(
+                f"graphcheck: an instrumentation's manifest could not be flushed at exit: {e}",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
 
 def uninstrument(instrumentation: Optional[Instrumentation] = None) -> None:

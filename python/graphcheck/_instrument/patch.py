@@ -1,6 +1,7 @@
 """Patching torch and putting it back: ``torch.cuda.CUDAGraph`` becomes a subclass that
-keeps the graph template, hands every capture to the live instrumentations at
-``capture_end`` and checks a replay after a transition; and the process-wide state of
+walks each capture while it is open (or its kept template, where an instrumentation keeps
+templates), hands it to the live instrumentations at ``capture_end`` and checks a replay
+after a transition; and the process-wide state of
 that patch (the live instrumentations, what it replaced, the lock over them)."""
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def instrumented_class(base: type) -> type:
                 try:  # torch captures on the current stream
                     self._graphcheck_stream = current_stream()
                 except Exception as e:  # noqa: BLE001 - said at capture_end, as not walked
-                    self._graphcheck_stream = e
+                    # The message, not the exception: its traceback would hold the graph.
+                    self._graphcheck_stream = f"{type(e).__name__}: {e}"
             return super().capture_begin(*args, **kwargs)
 
         def capture_end(self):
@@ -115,6 +117,7 @@ def instrumented_class(base: type) -> type:
                 if ACTIVE and not getattr(self, "_graphcheck_template", True):
                     walked = walk_open_capture(self)
             finally:  # the capture ends whatever the walk did (an interrupt included)
+                self._graphcheck_stream = None
                 super().capture_end()
             try:
                 on_capture(self, walked)
@@ -141,7 +144,7 @@ def walk_open_capture(cuda_graph):
     once the capture has ended; never raised into the capture)."""
     stream = getattr(cuda_graph, "_graphcheck_stream", None)
     try:
-        if isinstance(stream, BaseException):
+        if isinstance(stream, str):
             raise GraphcheckError(f"the capture's stream could not be read at capture_begin: {stream}")
         if stream is None:
             raise GraphcheckError("the capture began before instrument(): its stream is not known")
@@ -262,8 +265,10 @@ def stop(instrumentation=None) -> None:
     with LOCK:
         stopping = list(ACTIVE) if instrumentation is None else [instrumentation]
     for ins in stopping:
-        ins.flush()
-        ins._writer.close()
+        try:
+            ins.flush()
+        finally:  # its writer thread lets go of it, even where a strict flush raised
+            ins._writer.close()
     with LOCK:
         if instrumentation is None:
             ACTIVE.clear()
