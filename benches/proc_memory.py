@@ -37,7 +37,7 @@ def _status_mib():
     return out
 
 
-def _mappings_mib():
+def all_mappings() -> dict:
     """Resident MiB per mapping name (a file's path, ``[heap]``, ``[anon]`` for the nameless)."""
     out: dict = {}
     name = None
@@ -56,7 +56,7 @@ def sample(top: int = 0) -> dict:
     """The figures of now; ``top``: the largest mappings too (name -> MiB)."""
     out = {**_status_mib(), "heap_in_use": _heap_mib(), "py_blocks": sys.getallocatedblocks()}
     if top:
-        maps = _mappings_mib()
+        maps = all_mappings()
         out["mappings"] = dict(sorted(maps.items(), key=lambda kv: -kv[1])[:top])
     return out
 
@@ -66,10 +66,6 @@ def by_mapping_delta(a: dict, b: dict, top: int = 12) -> dict:
     names = set(a) | set(b)
     d = {n: b.get(n, 0.0) - a.get(n, 0.0) for n in names}
     return dict(sorted(d.items(), key=lambda kv: -abs(kv[1]))[:top])
-
-
-def all_mappings() -> dict:
-    return _mappings_mib()
 
 
 if __name__ == "__main__":

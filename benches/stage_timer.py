@@ -10,7 +10,6 @@ import time
 class Stages:
     def __init__(self):
         self.acc: dict = {}
-        self._undo: list = []
 
     def wrap(self, owner, attr: str, label: str) -> None:
         if isinstance(owner, type):  # the class in the MRO that defines it
@@ -33,7 +32,6 @@ class Stages:
         timed.__wrapped__ = original
         timed.__doc__ = getattr(original, "__doc__", None)
         setattr(owner, attr, timed)
-        self._undo.append((owner, attr, original))
 
     def watch_gc(self) -> None:
         """Times the garbage collector's passes as stage ``gc: generation N``."""
@@ -50,21 +48,12 @@ class Stages:
                 acc[label] = (n + 1, s + clock() - started.pop())
 
         gc.callbacks.append(callback)
-        self._undo.append((gc.callbacks, None, callback))
 
     def take(self) -> dict:
         """{stage: {"calls": n, "ms": total}} since the last take, and reset."""
         out = {k: {"calls": n, "ms": s * 1e3} for k, (n, s) in sorted(self.acc.items())}
         self.acc.clear()
         return out
-
-    def restore(self) -> None:
-        for owner, attr, original in reversed(self._undo):
-            if attr is None:
-                owner.remove(original)
-            else:
-                setattr(owner, attr, original)
-        self._undo.clear()
 
 
 #: (module, object path or "", attribute, stage) of graphcheck's capture path and torch's.

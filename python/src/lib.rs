@@ -645,13 +645,10 @@ fn walk(py: Python<'_>, handle: u64) -> PyResult<Walked> {
 #[pyfunction]
 fn capturing_graph(py: Python<'_>, stream: u64) -> PyResult<u64> {
     detached(py, move || {
-        use graphcheck::cuda::driver::{CaptureState, capture_state, has_current_context};
-        graphcheck::cuda::walk::driver_version()?;
-        if !has_current_context().map_err(graphcheck::cuda::CudaError::from)? {
-            return Err(NativeError::from(graphcheck::cuda::CudaError::NoContext));
-        }
+        use graphcheck::cuda::driver::{CaptureState, capture_state};
+        graphcheck::cuda::walk::ready()?;
         match capture_state(stream).map_err(graphcheck::cuda::CudaError::from)? {
-            CaptureState::Active { graph } => Ok(graph),
+            CaptureState::Active { graph } => Ok::<_, NativeError>(graph),
             CaptureState::None => Err(format!("stream {stream:#x} has no capture open").into()),
             CaptureState::Other(status) => Err(format!(
                 "the capture on stream {stream:#x} is not active: capture status {status} \

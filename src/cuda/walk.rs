@@ -307,13 +307,20 @@ impl<'a> Node<'a> for NodeRef<'a> {
     }
 }
 
-/// Walks a captured graph. Needs a current CUDA context on this thread (the one the
-/// graph's allocations belong to).
-pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError> {
+/// What every read of a graph needs first: a driver new enough, and a current CUDA
+/// context on this thread (the one the graph's allocations belong to).
+pub fn ready() -> Result<(), CudaError> {
     driver_version()?;
     if !driver::has_current_context()? {
         return Err(CudaError::NoContext);
     }
+    Ok(())
+}
+
+/// Walks a captured graph. Needs a current CUDA context on this thread (the one the
+/// graph's allocations belong to).
+pub fn walk_graph(g: GraphRef<'_>) -> Result<(WalkedGraph, WalkStats), CudaError> {
+    ready()?;
     walk_tree(g)
 }
 

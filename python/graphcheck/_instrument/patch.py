@@ -72,8 +72,8 @@ def instrumented_class(base: type) -> type:
 
         def __init__(self, *args, **kwargs):
             keep = getattr(self, "_graphcheck_template", None)
-            if keep is None:
-                keep = self._graphcheck_template = keeps_templates()
+            if keep is None:  # no __new__ of ours ran
+                keep = keeps_templates()
             args, kwargs, asked = force_keep_graph(args, kwargs, keep)
             super().__init__(*args, **kwargs)
             # keep_graph=True asked by the caller: they instantiate (or replay does).
@@ -82,7 +82,6 @@ def instrumented_class(base: type) -> type:
             # else it is walked while the capture is open.
             self._graphcheck_template = keep or asked
             self._graphcheck_pool = None
-            self._graphcheck_stream = None
             # The transition epoch this graph was last checked at (replay_check), and what
             # the check keeps of it (None: not recorded).
             self._graphcheck_epoch = epoch()
