@@ -94,7 +94,8 @@ def instrumented_class(base: type) -> type:
             # once on the calling frames, and the shapes of its batch inputs (cleared from
             # the node by capture_end); held until capture_end only.
             self._graphcheck_tree: tuple = (None, None)
-            self._graphcheck_stream = None
+            # The capture's stream, or why it could not be read (capture_end walks there).
+            self._graphcheck_stream: int | str | None = None
             try:
                 if ACTIVE:
                     node, inputs = tree_node_of(self)
