@@ -23,6 +23,7 @@ __all__ = [
     "Text",
     "load",
     "load_objects",
+    "manifest_facts",
     "verify",
     "verify_pairs",
     "Verified",
@@ -127,6 +128,9 @@ def load_objects(
     name: str | None = None,
     format_version: int = 1,
 ) -> tuple[str, dict]: ...
+def manifest_facts(
+    document: _Source, name: str | None = None, keep: bool = False
+) -> tuple[dict[str, int], str | None]: ...
 def verify(
     manifest: _Source,
     live: _Source | None = None,

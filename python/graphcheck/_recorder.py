@@ -261,11 +261,18 @@ class Recorder:
         """Walks the model (and every root) now, keeping the owners earlier walks found
         that this one no longer reaches (:meth:`Registry.absorb`). A recorder without a
         model or root records graphs whose every address is bare."""
-        fresh = walk_roots(
-            self.roots() or [(self.root, None)],
-            max_depth=self.max_depth,
-            runtime_state=self.runtime_state,
+        return self._take_walk(
+            walk_roots(
+                self.roots() or [(self.root, None)],
+                max_depth=self.max_depth,
+                runtime_state=self.runtime_state,
+            )
         )
+
+    def _take_walk(self, fresh: Registry) -> Registry:
+        """:meth:`rewalk` with ``fresh``, a walk of this recorder's roots made just now as
+        it walks them (the snapshot :func:`graphcheck.torch.retarget` took, nothing
+        changed since but the patched graphs), instead of walking again."""
         if self.registry is not None:
             fresh.absorb(self.registry)
         self.registry = fresh

@@ -19,13 +19,13 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from . import _args, _native
 from ._api import Allow, Document, document_source
 from ._native import GraphcheckError
 from ._recorder import Recorder, walk_graph
-from ._snapshot import live_text
+from ._snapshot import forget_facts, live_text
 from ._torch_import import import_torch
 
 __all__ = ["RetargetResult", "plan", "retarget"]
@@ -39,15 +39,28 @@ class RetargetResult:
     the graphs patched, every edit made and read back. ``refused``: graph name → why it was
     not patched (the plan's refusals, a graph not given, or the driver's refusal; the graph
     is as it was unless the reason says it must not be replayed). ``manifest``: the manifest
-    after applying (the recorder's where nothing was patched). ``outcomes``: graph name →
-    the native outcome (``applied``, ``edits``, ``why``, ``restored``) of each graph tried.
+    after applying (the recorder's where nothing was patched), made from the documents the
+    plan was made from when it is first read (the replay check never reads it: at the
+    anchor model's size, making it and reading it into a dict was a fifth of a retarget).
+    ``outcomes``: graph name → the native outcome (``applied``, ``edits``, ``why``,
+    ``restored``) of each graph tried.
     """
 
     plan: dict
     retargeted: tuple = ()
     refused: dict = field(default_factory=dict)
-    manifest: dict = field(default_factory=dict)
     outcomes: dict = field(default_factory=dict)
+    #: Makes the manifest after applying (its JSON text); called once, by ``manifest``.
+    _after: Optional[Callable[[], str]] = field(default=None, repr=False, compare=False)
+
+    @property
+    def manifest(self) -> dict:
+        """The manifest after applying, as a dict (made when first read, then kept)."""
+        made = self.__dict__.get("_manifest")
+        if made is None:
+            made = json.loads(self._after()) if self._after is not None else {}
+            object.__setattr__(self, "_manifest", made)
+        return made
 
     @property
     def ok(self) -> bool:
@@ -101,6 +114,25 @@ def _apply_cuda(plan_text: str, name: str, cuda_graph) -> dict:
     return outcome
 
 
+def _snapshot_text(recorder: Recorder, m_doc: Document, own: bool, walked: list) -> Any:
+    """The live snapshot of ``recorder``'s roots against ``m_doc``, as the core's text,
+    walked as the recorder walks (a weight past the default depth is no vanished owner,
+    nor runtime state a persistent tensor); its walk's registry is put in ``walked``.
+    ``own``: ``m_doc`` is the Text made for this call, so the core keeps its parse for the
+    plan, and nothing holds it after."""
+    try:
+        return _native.Text(
+            live_text(
+                None, m_doc, roots=recorder.roots(), root=recorder.root, recorder=recorder,
+                max_depth=recorder.max_depth, runtime_state=recorder.runtime_state,
+                _keep_parsed=own, _walked=walked,
+            )
+        )
+    finally:
+        if own:
+            forget_facts(m_doc)
+
+
 def retarget(
     recorder: Recorder,
     live: Optional[Document] = None,
@@ -136,10 +168,13 @@ def retarget(
     m_doc: Document = (
         manifest if manifest is not None else _native.Text(recorder.manifest_json())
     )
+    # The registry of the snapshot's walk, where retarget took the snapshot: the recorder
+    # takes it after the patch instead of walking the same roots again.
+    walked: list = []
     if live is None:
-        live = _native.Text(
-            live_text(None, m_doc, roots=recorder.roots(), root=recorder.root, recorder=recorder)
-        )
+        # The manifest's parse is kept with its Text, for the plan after the snapshot (a
+        # Text made here, let go with this call).
+        live = _snapshot_text(recorder, m_doc, manifest is None, walked)
     m_src = document_source(m_doc, "manifest")
     l_src = document_source(live, "live")
     plan_text = _native.retarget_plan(m_src, l_src, **_allow_args(allow))
@@ -177,7 +212,18 @@ def retarget(
             done.append(name)
         else:
             refused[name] = outcome["why"]
-    after = json.loads(_native.retargeted_manifest(m_src, l_src, plan_text, done))
+    patched = list(done)
+    if isinstance(m_src, _native.Text) and isinstance(l_src, _native.Text):
+        # Both documents are text held here: the manifest after is made when first read.
+        def after() -> str:
+            return _native.retargeted_manifest(m_src, l_src, plan_text, patched)
+    else:
+        # A path (or text the caller passed) is read now, while it says what was planned.
+        text = _native.retargeted_manifest(m_src, l_src, plan_text, patched)
+
+        def after() -> str:
+            return text
+
     if done and manifest is None:
         # The recorder describes the patched graphs from now on: each is walked again (its
         # template holds the new words), and the roots are walked for the owners of what
@@ -188,7 +234,10 @@ def retarget(
             recorder.note_retarget(
                 name, {"event": event, "edits": outcomes[name]["edits"], "time": now}
             )
-        recorder.rewalk()
+        if walked:
+            recorder._take_walk(walked[0])
+        else:
+            recorder.rewalk()
         recorder.retargets.append(
             {
                 "graphs": list(done),
@@ -198,5 +247,5 @@ def retarget(
             }
         )
     return RetargetResult(
-        plan=p, retargeted=tuple(done), refused=refused, manifest=after, outcomes=outcomes
+        plan=p, retargeted=tuple(done), refused=refused, outcomes=outcomes, _after=after
     )

@@ -14,14 +14,14 @@ import json
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from . import _args, _caching_allocator, _digest, _native, _sleep_state
-from ._api import FORMAT_VERSION, document_source, load_as, version_arg
+from ._api import FORMAT_VERSION, document_source, version_arg
 from ._caching_allocator import AllocSites, pool_key
 from ._digest import DEFAULT_DIGEST, digests_choice
 from ._native import GraphcheckError
 from ._producer import producer as producer_block
 from ._walk import DEFAULT_MAX_DEPTH, root_pairs, walk, walk_roots
 
-__all__ = ["live_text", "snapshot"]
+__all__ = ["forget_facts", "live_text", "snapshot"]
 
 
 # -- snapshot -----------------------------------------------------------------------------
@@ -46,21 +46,29 @@ def _algorithm(digests: Union[bool, str], recorded: Optional[str]) -> Optional[s
 _FACTS: list = [(None, None, None)]
 
 
-def _manifest_facts(manifest) -> tuple:
+def _manifest_facts(manifest, keep: bool = False) -> tuple:
     """``(pool id by name, digest algorithm or None)`` of ``manifest``, loaded (and so
-    checked) once per manifest object where it is text."""
+    checked) once per manifest object where it is text; ``keep`` keeps the core's parse
+    with a :class:`Text` for the calls of it that follow (``build_live``, ``verify``, the
+    retarget plan)."""
     text = isinstance(manifest, (str, bytes, _native.Text))
     held, pools, algorithm = _FACTS[0]
     if text and held is manifest:
         return pools, algorithm
-    m = load_as(manifest, "manifest", "<manifest>", "manifest", 1)
-    pools = {p["name"]: p["id"] for p in m.get("pools", [])}
-    algorithm = next(
-        (t["digest"].split(":", 1)[0] for t in m["tensors"] if t.get("digest")), None
+    # The core reads (and checks) the manifest for the two facts, making no dict of it.
+    pools, algorithm = _native.manifest_facts(
+        document_source(manifest, "manifest"), "<manifest>", keep=keep
     )
     if text:
         _FACTS[0] = (manifest, pools, algorithm)
     return pools, algorithm
+
+
+def forget_facts(manifest) -> None:
+    """Lets go of ``manifest`` where :func:`live_text` holds its facts (with the parse the
+    core kept with it): a manifest made for one call (a retarget's) is not held after."""
+    if _FACTS[0][0] is manifest:
+        _FACTS[0] = (None, None, None)
 
 
 def snapshot(
@@ -122,10 +130,12 @@ def live_text(
     recorder: Any = None,
     _rewritten: frozenset = frozenset(),
     _keep_parsed: bool = False,
+    _walked: Optional[list] = None,
 ) -> str:
     """:func:`snapshot`, as the core's JSON text: for a caller that only hands the snapshot
     back to the core (:func:`graphcheck.torch.retarget`), which a dict would cost a read and
-    a write more."""
+    a write more. ``_walked``, a list, gets the registry of the walk (the retarget's
+    recorder takes it as its next walk)."""
     version = version_arg(format_version)
     event = _args.text("event", event)
     contents = _args.choice("contents", contents, ("preserved", "updated"))
@@ -141,10 +151,12 @@ def live_text(
         for path, value in reference.items():
             _args.text("reference: an owner path", path)
             _args.text(f"reference[{path!r}]", value)
-    pool_ids, recorded = _manifest_facts(manifest)
+    pool_ids, recorded = _manifest_facts(manifest, keep=_keep_parsed)
     pairs = [] if model is None and roots else [(root, model)]
     pairs.extend(root_pairs("roots", roots) if roots is not None else [])
     registry = walk_roots(pairs, max_depth=max_depth, runtime_state=runtime_state)
+    if _walked is not None:
+        _walked.append(registry)
     if digests is None:
         # A manifest recorded with digests is compared: without live digests a preserved
         # tensor whose contents changed would verify clean.

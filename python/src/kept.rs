@@ -1,9 +1,10 @@
 //! A manifest's parse, kept with its `Text`: the replay check snapshots the live model
 //! against the manifest and then verifies the two, at every transition, and the manifest
 //! (megabytes at engine scale, parsed and checked in tens of milliseconds) stays the same
-//! text until the next capture. A `build_live(keep=True)` of a `Text` keeps the parse it
-//! made with that `Text`; later `build_live` and `verify` calls of the same `Text` take it
-//! instead of parsing again. It goes with the `Text`: the instrumentation holds one per
+//! text until the next capture. A `build_live(keep=True)` (or `manifest_facts(keep=True)`)
+//! of a `Text` keeps the parse it made with that `Text`; later `manifest_facts`,
+//! `build_live`, `verify` and `retarget_plan` calls of the same `Text` take it instead of
+//! parsing again. It goes with the `Text`: the instrumentation holds one per
 //! frozen manifest and lets it go when a capture freezes the next.
 
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,13 @@ impl ParseCell {
     pub(crate) fn keep(&self, parsed: Parsed) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(parsed);
     }
+}
+
+/// The parse kept with `doc` where it is a `Text` that holds one.
+pub(crate) fn kept_parse(doc: &pyo3::Bound<'_, pyo3::PyAny>) -> Option<Parsed> {
+    doc.cast::<crate::args::Text>()
+        .ok()
+        .and_then(|t| t.get().parsed.get())
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! one that cannot be encoded (a lone surrogate); nothing here panics on bad input.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use graphcheck::app::commands::{self, Format};
 use graphcheck::app::folder;
@@ -135,6 +136,50 @@ fn load_objects<'py>(
     Ok((kind, obj?))
 }
 
+/// What a live snapshot needs of its manifest, loaded and checked, with no Python object
+/// made of the rest: `(pool id by name, the digest algorithm of its first digested tensor
+/// or None)`. Making the manifest's dict for these two facts was a fifth of a retarget at
+/// the anchor model's size (`benches/retarget_bench.py`).
+///
+/// `keep`, with `document` a `Text`: the parse made here is kept with it, for the
+/// `build_live`, `verify` and `retarget_plan` calls of the same `Text` that follow
+/// (`kept.rs`); one kept already is taken instead of parsing again.
+#[pyfunction]
+#[pyo3(signature = (document, name=None, keep=false))]
+fn manifest_facts<'py>(
+    py: Python<'py>,
+    document: &Bound<'_, PyAny>,
+    name: Option<&str>,
+    keep: bool,
+) -> PyResult<(Bound<'py, pyo3::types::PyDict>, Option<String>)> {
+    let text = document.cast::<args::Text>().ok();
+    let kept = kept::kept_parse(document);
+    let src = source(document, name)?;
+    let (pools, algorithm, parsed) = interruptible(py, move || {
+        let (m, t) = match kept {
+            Some(parsed) => parsed,
+            None => {
+                let (m, t) = src.manifest_checked()?;
+                (Arc::new(m), Arc::new(t))
+            }
+        };
+        let pools: Vec<(String, u32)> = m.pools.iter().map(|p| (p.name.clone(), p.id.0)).collect();
+        let algorithm = m
+            .tensors
+            .iter()
+            .find_map(|t| t.digest.as_ref().map(|d| d.algorithm().to_owned()));
+        Ok::<_, NativeError>((pools, algorithm, (m, t)))
+    })?;
+    if keep && let Some(text) = text {
+        text.get().parsed.keep(parsed);
+    }
+    let out = pyo3::types::PyDict::new(py);
+    for (name, id) in pools {
+        out.set_item(name, id)?;
+    }
+    Ok((out, algorithm))
+}
+
 /// The document `src` holds, loaded and checked; `expect` ("manifest" or "live") makes the
 /// other kind an error.
 fn loaded(src: &Source, expect: Option<&str>) -> Result<Document, NativeError> {
@@ -168,10 +213,7 @@ fn verify(
     deny_unused_allow: bool,
 ) -> PyResult<Verified> {
     // The manifest a `build_live(keep=True)` of this very `Text` parsed (kept.rs).
-    let parsed = manifest
-        .cast::<args::Text>()
-        .ok()
-        .and_then(|t| t.get().parsed.get());
+    let parsed = kept::kept_parse(manifest);
     let m_src = source(manifest, Some("<manifest>"))?;
     let l_src = live.map(|l| source(l, Some("<live>"))).transpose()?;
     let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
@@ -696,6 +738,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Text>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(load_objects, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest_facts, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(verify_pairs, m)?)?;
     m.add_class::<Verified>()?;

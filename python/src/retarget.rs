@@ -11,6 +11,7 @@ use graphcheck::plan::{GraphPlan, Plan};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::kept::kept_parse;
 use crate::{NativeError, allowlist, detached, interruptible, path_arg, source};
 
 /// The plan that makes each graph of `manifest` read what its owners hold in `live`, as
@@ -26,12 +27,15 @@ fn retarget_plan(
     allow: Option<&Bound<'_, PyAny>>,
     allow_entries: Option<String>,
 ) -> PyResult<String> {
+    // The manifest a `build_live(keep=True)` or `manifest_facts(keep=True)` of this very
+    // `Text` parsed (kept.rs).
+    let parsed = kept_parse(manifest);
     let m = source(manifest, Some("<manifest>"))?;
     let l = source(live, Some("<live>"))?;
     let allow = allow.map(|a| path_arg(a, "allow")).transpose()?;
     interruptible(py, move || -> Result<String, NativeError> {
         let allow = allowlist(allow, allow_entries, false)?;
-        let plan = app_retarget::retarget(&m, &l, &allow)?;
+        let plan = app_retarget::retarget_parsed(&m, parsed, &l, &allow)?;
         Ok(serde_json::to_string(&plan)?)
     })
 }

@@ -214,3 +214,33 @@ def test_a_plan_that_contradicts_itself_is_refused_before_any_word_is_written():
     p["edits"] += 1
     with pytest.raises(GraphcheckError, match=r"contradicts itself at edits: "):
         _native.retargeted_manifest(docs(MARLIN)[0], docs(MARLIN)[1], json.dumps(p), p["retarget"])
+
+
+def test_the_retarget_snapshot_walks_the_model_as_its_recorder_does(torch):
+    # A recorder that walks deeper than the default (max_depth) and sets some owners aside
+    # as runtime state: the snapshot retarget takes by itself must walk the same way, or a
+    # weight nested past the default depth reads as gone and its graph is planned for a
+    # recapture though nothing moved.
+    from conftest import kernel, walked
+
+    from graphcheck._walk import DEFAULT_MAX_DEPTH
+
+    class Box:  # a plain object: the depth limit is on attribute hops, not modules
+        pass
+
+    model = torch.nn.Module()
+    node = model.cfg = Box()
+    for _ in range(DEFAULT_MAX_DEPTH + 2):
+        node.inner = Box()
+        node = node.inner
+    node.w = torch.ones(8)
+    model.kv = torch.zeros(16)
+    rec = gt.Recorder(model, max_depth=DEFAULT_MAX_DEPTH + 4, runtime_state=["model.kv"])
+    rec.add_graph("bs1", _native.Walked.from_json(walked(kernel(0, "k", node.w, model.kv))))
+    assert "model.cfg" + ".inner" * (DEFAULT_MAX_DEPTH + 2) + ".w" in {
+        o["path"] for o in graphcheck.load(rec.manifest())["owners"]
+    }
+    res = gt.retarget(rec, apply=False)
+    (g,) = res.plan["graphs"]
+    assert g["action"] == "keep", g
+    assert res.ok and res.plan["edits"] == 0
