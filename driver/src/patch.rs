@@ -12,6 +12,8 @@
 //! types are enums, is never materialized: its fields are read and written through raw
 //! pointers, the enums as integers.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
@@ -89,6 +91,10 @@ impl Aligned {
 pub struct GraphMut<'a> {
     graph: sys::CUgraph,
     exec: Option<sys::CUgraphExec>,
+    /// Each kernel node's parameter layout, read once: a write changes a node's
+    /// parameter bytes, never its function (a word's read, write and read back each
+    /// asked the driver for every parameter's offset and size again).
+    layouts: RefCell<HashMap<NodeId, Vec<(usize, usize)>>>,
     _life: PhantomData<&'a mut ()>,
 }
 
@@ -119,6 +125,7 @@ impl<'a> GraphMut<'a> {
         Ok(f(GraphMut {
             graph: graph as usize as sys::CUgraph,
             exec: exec.map(|e| e as usize as sys::CUgraphExec),
+            layouts: RefCell::default(),
             _life: PhantomData,
         }))
     }
@@ -144,7 +151,15 @@ impl<'a> GraphMut<'a> {
     /// walker reads them: `kernelParams` where the node has it, else the packed buffer.
     pub fn kernel_args(&self, id: NodeId) -> Result<KernelArgs, DriverError> {
         let k = self.node(id).kernel()?;
-        let layout = k.param_layout()?;
+        let known = self.layouts.borrow().get(&id).cloned();
+        let layout = match known {
+            Some(l) => l,
+            None => {
+                let l = k.param_layout()?;
+                self.layouts.borrow_mut().insert(id, l.clone());
+                l
+            }
+        };
         let bytes = if k.has_kernel_params() {
             ArgBytes::PerParam(
                 layout

@@ -37,7 +37,7 @@ def test_the_recorded_cases_are_here():
     # Every seed class, parameter shape and refusal the GPU test proves (a case the GPU
     # run skipped has no documents, and is named in the fixture README).
     assert {"marlin_workspace", "cutlass_strides", "rebound_parameter", "rebind_chain", "triton",
-            "memcpy_device", "memcpy_host", "reshape", "mla_w_uv", "nccl"} <= set(CASES), CASES
+            "memcpy_device", "memcpy_host", "reshape", "mla_w_uv", "nccl", "tree"} <= set(CASES), CASES
 
 
 @pytest.mark.parametrize("case", CASES)
