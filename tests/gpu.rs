@@ -907,3 +907,53 @@ fn a_graph_with_an_unread_conditional_node_is_not_retargeted_and_stays_as_it_was
     }
     Ok(())
 }
+
+#[test]
+#[ignore = "GPU test (opt-in): GRAPHCHECK_GPU_TESTS=1 cargo test --features cuda --test gpu -- --include-ignored"]
+fn many_graphs_patched_in_one_call_each_all_or_nothing_and_a_bad_handle_refused_alone()
+-> Result<(), CudaError> {
+    // apply_plans (a retarget of 1,667 graphs in one call): a graph whose handle cannot be
+    // read is refused untouched, and the graph after it is still patched; its replay then
+    // reads the tensor model.x moved to.
+    require_gpu();
+    let g = gpu();
+    let s = &g.stream;
+    let n = 256usize;
+    let x = s.clone_htod(&vec![1.0f32; n])?;
+    let x_new = s.clone_htod(&vec![5.0f32; n])?;
+    let out = s.alloc_zeros::<f32>(n)?;
+    let (px, px_new, pout) = (ptr(&x, s), ptr(&x_new, s), ptr(&out, s));
+    s.synchronize()?;
+    let scale = g.module.load_function("scale")?;
+    let graph = OwnedGraph::capture(s, || Ok(launch_scale(s, &scale, pout, px, 2.0, n)?))?;
+    g.ctx.bind_to_thread()?;
+    let registry = vec![
+        NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
+        NamedAllocation::contiguous("model.out", pout, "float32", 4, n as u64),
+    ];
+    let graphs = [("scale", graph.graph_ref())];
+    let (m, _) =
+        graphcheck::cuda::capture::manifest_of_graphs(&graphs, &registry, "graphcheck gpu test")?;
+    let live = live_with_moved(&m, "model.x", px_new);
+    let r = graphcheck::check::verify::verify(&m, Some(&live), &Allowlist::default())
+        .expect("consistent documents");
+    let p = graphcheck::plan::plan(&m, &live, &r).expect("a plan");
+    let gp = p.graph("scale").expect("the graph's plan");
+    assert_eq!(gp.action, graphcheck::plan::Action::Retarget, "{gp:?}");
+    let outcomes = graphcheck::cuda::retarget::apply_plans(&[
+        (0, None, gp),
+        (graph.graph_ref().handle(), None, gp),
+    ])?;
+    eprintln!("outcomes: {outcomes:?}");
+    assert!(
+        matches!(&outcomes[0], graphcheck::plan::apply::Outcome::Refused { restored: true, why } if why.contains("could not be read")),
+        "{:?}",
+        outcomes[0]
+    );
+    assert!(outcomes[1].applied(), "{:?}", outcomes[1]);
+    // Only the template was patched: instantiated again (each replay here instantiates), the
+    // graph reads x_new (5 * 2).
+    graph.replay(s, 1)?;
+    assert!(s.clone_dtoh(&out)?.iter().all(|&v| v == 10.0));
+    Ok(())
+}

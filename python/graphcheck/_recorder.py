@@ -1,15 +1,14 @@
 """Recording: :class:`Recorder` collects the walked graphs of one model (one per batch
 size, say) and builds their manifest in the core, keeping the owners current as graphs
-are added; :func:`graph` is ``torch.cuda.graph`` that records into one.
+are added (``_capture.graph`` is ``torch.cuda.graph`` that records into one).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Union
 
 from . import _args, _caching_allocator, _native, _ranges, _sleep_state
 from ._caching_allocator import AllocSites, pool_key, pool_segments
@@ -22,7 +21,7 @@ from ._registry import Registry
 from ._torch_import import import_torch
 from ._walk import DEFAULT_MAX_DEPTH, root_arg, walk_roots
 
-__all__ = ["Frozen", "OwnersNotCurrent", "Recorder", "fatal", "graph", "walk_graph"]
+__all__ = ["Frozen", "OwnersNotCurrent", "Recorder", "fatal", "tensors_arg", "walk_graph"]
 
 
 def walk_graph(handle: int):
@@ -228,34 +227,59 @@ class Recorder:
         was recorded with: after a retarget patched the graph (``graphcheck.torch.retarget``)
         the manifest describes what it reads now. Raises :class:`GraphcheckError` for a
         name the recorder has not recorded."""
+        self._replace_walks({name: walked})
+
+    def _replace_walks(self, walks: Mapping[str, Any]) -> None:
+        """:meth:`replace_walked` of each graph name → walk, in one pass over the graphs
+        (one call per graph copied every list each time: quadratic at 1,700 graphs); none
+        is replaced where one name is unknown."""
+        at = self._first_entries(walks)
+        # New lists and new entries: a freeze may hold the old ones (Frozen).
+        moved = set(at.values())
+        graphs = [e for i, e in enumerate(self._graphs) if i not in moved]
+        epochs = [x for i, x in enumerate(self._epochs) if i not in moved]
+        self._walked = list(self._walked)
+        for name, walked in walks.items():
+            entry = {k: v for k, v in self._graphs[at[name]].items() if k != "walked"}
+            if "walked_index" in entry:
+                self._walked[entry["walked_index"]] = walked
+            else:
+                entry["walked_index"] = len(self._walked)
+                self._walked.append(walked)
+            # A graph event of its own: its words name what is alive now, not what was at
+            # its capture (a storage born since is what it reads; one that died since is
+            # not), so it moves to the end, as a graph captured now.
+            graphs.append(entry)
+            epochs.append(self._epoch)
+            self._epoch += 1
+        self._graphs, self._epochs = graphs, epochs
+        for walked in walks.values():
+            self._note_unexplained(walked)
+
+    def _first_entries(self, names: Iterable[str]) -> dict:
+        """Name → index of the first graph entry of that name, for every name, or a
+        :class:`GraphcheckError` naming one the recorder has not recorded."""
+        want, at = set(names), {}
         for i, entry in enumerate(self._graphs):
-            if entry["name"] == name:
-                # New lists and a new entry: a freeze may hold the old ones (Frozen).
-                entry = {k: v for k, v in entry.items() if k != "walked"}
-                if "walked_index" in entry:
-                    self._walked = list(self._walked)
-                    self._walked[entry["walked_index"]] = walked
-                else:
-                    entry["walked_index"] = len(self._walked)
-                    self._walked.append(walked)
-                # A graph event of its own: its words name what is alive now, not what
-                # was at its capture (a storage born since is what it reads; one that died
-                # since is not), so it moves to the end, as a graph captured now.
-                self._graphs = [*self._graphs[:i], *self._graphs[i + 1 :], entry]
-                self._epochs = [*self._epochs[:i], *self._epochs[i + 1 :], self._epoch]
-                self._epoch += 1
-                self._note_unexplained(walked)
-                return
-        raise GraphcheckError(f"the recorder has no graph named {name!r}")
+            if entry["name"] in want and entry["name"] not in at:
+                at[entry["name"]] = i
+        for name in names:
+            if name not in at:
+                raise GraphcheckError(f"the recorder has no graph named {name!r}")
+        return at
 
     def note_retarget(self, name: str, record: dict) -> None:
         """Notes a retarget applied to graph ``name`` (``{"event", "edits", "time"}``): the
         manifest's ``retargets`` of that graph."""
-        for i, entry in enumerate(self._graphs):
-            if entry["name"] == name:
-                self._replace_entry(i, {**entry, "retargets": [*entry.get("retargets", ()), dict(record)]})
-                return
-        raise GraphcheckError(f"the recorder has no graph named {name!r}")
+        self._note_retargets({name: record})
+
+    def _note_retargets(self, records: Mapping[str, dict]) -> None:
+        """:meth:`note_retarget` of each graph name → record, in one new list."""
+        graphs = list(self._graphs)
+        for name, i in self._first_entries(records).items():
+            entry = graphs[i]
+            graphs[i] = {**entry, "retargets": [*entry.get("retargets", ()), dict(records[name])]}
+        self._graphs = graphs
 
     def rewalk(self) -> Registry:
         """Walks the model (and every root) now, keeping the owners earlier walks found
@@ -525,8 +549,8 @@ class Recorder:
         :class:`GraphcheckError` says so."""
         name = _args.text("name", name)
         extras = [
-            ("inputs", _tensors_arg("inputs", inputs)),
-            ("outputs", _tensors_arg("outputs", outputs)),
+            ("inputs", tensors_arg("inputs", inputs)),
+            ("outputs", tensors_arg("outputs", outputs)),
         ]
         entry: dict = {"name": name, "pool": self._pool_id(pool)}
         if isinstance(walked, _native.Walked):
@@ -704,68 +728,6 @@ class Recorder:
         _native.write_atomic(path, self.manifest_json().encode())
 
 
-@contextlib.contextmanager
-def graph(
-    cuda_graph,
-    *,
-    model=None,
-    name: str,
-    recorder: Optional[Recorder] = None,
-    pool=None,
-    stream=None,
-    capture_error_mode: str = "global",
-    inputs: Optional[Mapping[str, Any]] = None,
-    outputs: Optional[Mapping[str, Any]] = None,
-) -> Iterator[Recorder]:
-    """``torch.cuda.graph`` that also records: captures into ``cuda_graph`` (made with
-    ``torch.cuda.CUDAGraph(keep_graph=True)``), walks the captured graph, adds it to
-    ``recorder`` (a new one over ``model`` when not given), then instantiates it. Yields the
-    recorder.
-
-    The graph is instantiated whether or not recording succeeds: a recording failure
-    raises :class:`GraphcheckError` (its cause chained) after the graph is ready to
-    replay. An empty capture (torch only warns) is recorded as a graph with no node. A
-    wrong argument is a :class:`GraphcheckError` before anything is captured."""
-    torch = import_torch()
-    name = _args.text("name", name)
-    _tensors_arg("inputs", inputs)
-    _tensors_arg("outputs", outputs)
-    if recorder is not None and not isinstance(recorder, Recorder):
-        raise GraphcheckError(
-            f"recorder is a graphcheck.torch.Recorder, not {_args.show(recorder)}"
-        )
-    # Duck-typed: under instrument() torch.cuda.CUDAGraph is a subclass, and a graph made
-    # before is an instance of the class it replaced.
-    if not hasattr(cuda_graph, "raw_cuda_graph"):
-        raise GraphcheckError(
-            "cuda_graph is a torch.cuda.CUDAGraph (made with keep_graph=True), "
-            f"not {_args.show(cuda_graph)}"
-        )
-    if recorder is None:
-        if model is None:
-            raise GraphcheckError("graph() needs a model or a recorder")
-        recorder = Recorder(model)
-    if not hasattr(_native, "walk"):
-        walk_graph(0)  # raises the message that says why
-    with torch.cuda.graph(
-        cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
-    ):
-        yield recorder
-    try:
-        graph_pool = pool if pool is not None else cuda_graph.pool()
-        recorder.record(cuda_graph, name, pool=graph_pool, inputs=inputs, outputs=outputs)
-    except GraphcheckError:
-        raise
-    except BaseException as e:
-        if fatal(e):
-            raise
-        raise GraphcheckError(f"recording graph {name!r} failed: {type(e).__name__}: {e}") from e
-    finally:
-        instantiate: Optional[Callable] = getattr(cuda_graph, "instantiate", None)
-        if instantiate is not None:
-            instantiate()
-
-
 def fatal(e: BaseException) -> bool:
     """Whether an exception must reach the caller as it is: an interrupt or an exit. Any
     other failure of a recording (``pyo3_runtime.PanicException`` included, a
@@ -773,7 +735,7 @@ def fatal(e: BaseException) -> bool:
     return isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit))
 
 
-def _tensors_arg(name: str, tensors) -> Mapping:
+def tensors_arg(name: str, tensors) -> Mapping:
     """``inputs``/``outputs``: ``None`` or a mapping of name to tensor."""
     if tensors is None:
         return {}

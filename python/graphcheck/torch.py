@@ -29,7 +29,8 @@ from ._instrument import (
 )
 from ._instrument.replay_check import ENV_VERIFY_ON_REPLAY, ReplayCheckError
 from ._instrument.transitions import mark_transition
-from ._recorder import OwnersNotCurrent, Recorder, graph
+from ._capture import graph
+from ._recorder import OwnersNotCurrent, Recorder
 from ._registry import OwnerRecord, Registry, TensorRecord
 from ._retarget import RetargetResult, retarget
 from ._snapshot import snapshot

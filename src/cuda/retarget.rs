@@ -1,6 +1,7 @@
 //! Retargeting a captured graph in place: [`ExecPatcher`], the driver's
 //! [`Patcher`](crate::plan::apply::Patcher) for one instantiated graph, and [`apply_plan`],
-//! which patches one graph all or nothing (`crate::plan::apply::apply_graph`).
+//! which patches one graph all or nothing (`crate::plan::apply::apply_graph`);
+//! [`apply_plans`] patches many in one call.
 //!
 //! The plan names nodes by their manifest index, the walker's order (`walk.rs`: depth
 //! first, a child graph's and a conditional's bodies numbered right after their node).
@@ -292,10 +293,41 @@ pub fn apply_plan(
     exec: Option<u64>,
     plan: &GraphPlan,
 ) -> Result<Outcome, CudaError> {
+    ready_to_patch()?;
+    patch_one(template, exec, plan)
+}
+
+/// [`apply_plan`] of each graph of `graphs` (template, executable graph, its part of the
+/// plan), each all or nothing, the driver and the context checked once: a retarget at
+/// engine scale patches 1,667 graphs in one call. A graph whose nodes cannot be read (a
+/// null handle, a driver error before any write) is refused untouched, and the graphs
+/// after it are still patched: an error would lose the outcomes of those patched before.
+/// The outcomes are in the order given. The caller's promise is [`apply_plan`]'s, for every
+/// graph.
+pub fn apply_plans(graphs: &[(u64, Option<u64>, &GraphPlan)]) -> Result<Vec<Outcome>, CudaError> {
+    ready_to_patch()?;
+    Ok(graphs
+        .iter()
+        .map(|&(template, exec, plan)| {
+            patch_one(template, exec, plan).unwrap_or_else(|e| Outcome::Refused {
+                why: format!("its nodes could not be read to patch: {e}"),
+                restored: true,
+            })
+        })
+        .collect())
+}
+
+/// A driver that reads parameter layouts, and a current context.
+fn ready_to_patch() -> Result<(), CudaError> {
     driver_version()?;
     if !driver::has_current_context()? {
         return Err(CudaError::NoContext);
     }
+    Ok(())
+}
+
+/// One graph patched, the driver ready. An error comes before any write.
+fn patch_one(template: u64, exec: Option<u64>, plan: &GraphPlan) -> Result<Outcome, CudaError> {
     GraphMut::with_raw_handles(template, exec, |g| {
         let mut p = ExecPatcher::new(g)?;
         Ok(apply_graph(&mut p, plan))

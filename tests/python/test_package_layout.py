@@ -37,6 +37,7 @@ ORDER = [
     "_walk",
     "_snapshot",
     "_recorder",
+    "_capture",
     "_retarget",
     "_discover",
     "_instrument.host",

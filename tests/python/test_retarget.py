@@ -157,7 +157,7 @@ def test_bad_arguments_are_graphcheck_errors_not_internal_ones():
         lambda: _native.apply_plan_host("{}", "bs1", {}),
         lambda: _native.retargeted_manifest(m, l, "not json", []),
         lambda: _native.retarget_plan(l, m),  # the documents swapped
-        lambda: _native.apply_plan_cuda(text, "no such graph", 1, None),
+        lambda: _native.apply_plan_cuda(text, [("no such graph", 1, None)]),
     ):
         with pytest.raises(GraphcheckError) as e:
             call()
@@ -244,3 +244,85 @@ def test_the_retarget_snapshot_walks_the_model_as_its_recorder_does(torch):
     (g,) = res.plan["graphs"]
     assert g["action"] == "keep", g
     assert res.ok and res.plan["edits"] == 0
+
+
+def test_the_recorder_takes_a_retargets_walks_in_one_pass_as_one_call_a_graph_would(torch):
+    # retarget hands the recorder every patched graph's new walk at once (one call per
+    # graph copied every list each time: quadratic at engine scale): the manifest is the
+    # one a call per graph gives, and an unknown name changes nothing.
+    from conftest import kernel, walked
+
+    model = torch.nn.Module()
+    model.a, model.b, model.c = torch.zeros(4), torch.ones(4), torch.full((4,), 2.0)
+    recs = []
+    for _ in range(2):
+        rec = gt.Recorder(model)
+        for name, t in (("g0", model.a), ("g1", model.b), ("g2", model.c)):
+            rec.add_graph(name, _native.Walked.from_json(walked(kernel(0, name, t))))
+        recs.append(rec)
+    new = {n: walked(kernel(0, n, model.b, model.c)) for n in ("g2", "g0")}
+    for n, w in new.items():
+        recs[0].replace_walked(n, _native.Walked.from_json(w))
+        recs[0].note_retarget(n, {"event": "e", "edits": 1, "time": 1.0})
+    recs[1]._replace_walks({n: _native.Walked.from_json(w) for n, w in new.items()})
+    recs[1]._note_retargets({n: {"event": "e", "edits": 1, "time": 1.0} for n in new})
+    one, batch = (graphcheck.load(r.manifest()) for r in recs)
+    assert [g["name"] for g in batch["graphs"]] == ["g1", "g2", "g0"]
+    for key in ("graphs", "tensors", "owners"):
+        assert one[key] == batch[key], key
+    before = recs[1].manifest()
+    with pytest.raises(GraphcheckError, match="no graph named 'g9'"):
+        recs[1]._replace_walks({"g1": _native.Walked.from_json(new["g0"]), "g9": _native.Walked.from_json(new["g0"])})
+    with pytest.raises(GraphcheckError, match="no graph named 'g9'"):
+        recs[1]._note_retargets({"g1": {"event": "e"}, "g9": {"event": "e"}})
+    assert recs[1].manifest() == before
+
+
+def test_retarget_patches_every_graph_in_one_native_call_and_sorts_the_outcomes(torch, monkeypatch):
+    # gt.retarget hands every graph to patch to one _native.apply_plan_cuda call (the plan
+    # parsed once: at engine scale a call per graph was most of the retarget), here a
+    # host-backed stand-in: each graph's outcome lands under its own name, a graph the
+    # patcher refuses is refused with its reason, and only a patched graph that has no
+    # executable graph to patch is instantiated again.
+    text, p = plan_of(MARLIN)
+    m, l = docs(MARLIN)
+    names = p["retarget"]
+    assert len(names) == 2, names
+    words = {i + 1: words_of(m, n) for i, n in enumerate(names)}
+    calls = []
+
+    def apply_plan_cuda(plan, handles):
+        calls.append([h[0] for h in handles])
+        out = []
+        for name, template, exec_handle in handles:
+            fail = 0 if name == names[1] else None
+            outcome, words[template] = _native.apply_plan_host(plan, name, words[template], fail_write=fail)
+            out.append(outcome)
+        return out
+
+    class Graph:
+        def __init__(self, template, has_exec):
+            self.template, self.instantiated = template, 0
+            if has_exec:
+                self.raw_cuda_graph_exec = lambda: 1000 + template
+
+        def raw_cuda_graph(self):
+            return self.template
+
+        def instantiate(self):
+            self.instantiated += 1
+
+    monkeypatch.setattr(_native, "apply_plan_cuda", apply_plan_cuda)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    graphs = {names[0]: Graph(1, has_exec=False), names[1]: Graph(2, has_exec=True)}
+    before = {k: dict(v) for k, v in words.items()}
+    res = gt.retarget(gt.Recorder(torch.nn.Module()), l, graphs=graphs, manifest=m)
+    assert calls == [[g["graph"] for g in p["graphs"] if g["action"] == "retarget"]], calls
+    assert res.retargeted == (names[0],), res
+    assert set(res.refused) == {names[1]} and "edit 1 of" in res.refused[names[1]], res.refused
+    assert res.outcomes[names[0]]["applied"] and not res.outcomes[names[1]]["applied"]
+    assert graphs[names[0]].instantiated == 1 and graphs[names[1]].instantiated == 0
+    assert words[2] == before[2], "the refused graph's words changed"
+    assert words[1] != before[1]
+    for key, _, new in edits_of(p, names[0]):
+        assert words[1][key] == new

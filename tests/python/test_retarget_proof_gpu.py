@@ -433,7 +433,8 @@ def test_an_edit_the_driver_rejects_partway_leaves_the_graph_as_it_was(cuda):
     words = words_of(g)
     before = replay(torch, g, out)
     exec_handle = int(g.raw_cuda_graph_exec())
-    outcome = dict(_native.apply_plan_cuda(json.dumps(p), "atomic", g.raw_cuda_graph(), exec_handle))
+    (outcome,) = _native.apply_plan_cuda(json.dumps(p), [("atomic", g.raw_cuda_graph(), exec_handle)])
+    outcome = dict(outcome)
     assert not outcome["applied"], outcome
     assert words_of(g) == words, "the template's words changed"
     assert torch.equal(replay(torch, g, out), before), "the executable graph's replay changed"
