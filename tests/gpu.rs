@@ -820,6 +820,46 @@ fn live_with_moved(m: &Manifest, path: &str, to: u64) -> graphcheck::model::form
     l
 }
 
+/// The retarget tests' graph: one `scale` kernel, `out = 2 * x`, over `n` floats, x all
+/// 1.0, and `x_new` (all 5.0) for a reload to move model.x to. The buffers live as long
+/// as the case.
+struct ScaleCase {
+    n: usize,
+    _x: CudaSlice<f32>,
+    _x_new: CudaSlice<f32>,
+    out: CudaSlice<f32>,
+    px: u64,
+    px_new: u64,
+    pout: u64,
+    scale: cudarc::driver::CudaFunction,
+    graph: OwnedGraph,
+}
+
+impl ScaleCase {
+    fn capture(g: &Gpu) -> Result<ScaleCase, CudaError> {
+        let s = &g.stream;
+        let n = 256usize;
+        let x = s.clone_htod(&vec![1.0f32; n])?;
+        let x_new = s.clone_htod(&vec![5.0f32; n])?;
+        let out = s.alloc_zeros::<f32>(n)?;
+        let (px, px_new, pout) = (ptr(&x, s), ptr(&x_new, s), ptr(&out, s));
+        s.synchronize()?;
+        let scale = g.module.load_function("scale")?;
+        let graph = OwnedGraph::capture(s, || Ok(launch_scale(s, &scale, pout, px, 2.0, n)?))?;
+        Ok(ScaleCase {
+            n,
+            _x: x,
+            _x_new: x_new,
+            out,
+            px,
+            px_new,
+            pout,
+            scale,
+            graph,
+        })
+    }
+}
+
 #[test]
 #[ignore = "GPU test (opt-in): GRAPHCHECK_GPU_TESTS=1 cargo test --features cuda --test gpu -- --include-ignored"]
 fn a_graph_with_an_unread_conditional_node_is_not_retargeted_and_stays_as_it_was()
@@ -832,17 +872,14 @@ fn a_graph_with_an_unread_conditional_node_is_not_retargeted_and_stays_as_it_was
     require_gpu();
     let g = gpu();
     let s = &g.stream;
-    let n = 256usize;
-    let x = s.clone_htod(&vec![1.0f32; n])?;
-    let x_new = s.clone_htod(&vec![5.0f32; n])?;
-    let out = s.alloc_zeros::<f32>(n)?;
+    let c = ScaleCase::capture(&g)?;
+    let (n, px, px_new, pout) = (c.n, c.px, c.px_new, c.pout);
+    let (out, outer, scale) = (&c.out, &c.graph, &c.scale);
     let flag = s.clone_htod(&vec![1.0f32; n])?;
-    let (px, px_new, pout, pflag) = (ptr(&x, s), ptr(&x_new, s), ptr(&out, s), ptr(&flag, s));
+    let pflag = ptr(&flag, s);
     s.synchronize()?;
-    let scale = g.module.load_function("scale")?;
-    let outer = OwnedGraph::capture(s, || Ok(launch_scale(s, &scale, pout, px, 2.0, n)?))?;
     let body = outer.add_if_node(&g.ctx)?;
-    body.capture(s, || Ok(launch_scale(s, &scale, pflag, pflag, 1.0, n)?))?;
+    body.capture(s, || Ok(launch_scale(s, scale, pflag, pflag, 1.0, n)?))?;
     g.ctx.bind_to_thread()?;
     let registry = vec![
         NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
@@ -869,7 +906,7 @@ fn a_graph_with_an_unread_conditional_node_is_not_retargeted_and_stays_as_it_was
     let p = graphcheck::plan::plan(&m, &live, &r).expect("a plan");
     let gp = p.graph("conditional").expect("the graph's plan").clone();
     outer.replay(s, 1)?;
-    let before = s.clone_dtoh(&out)?;
+    let before = s.clone_dtoh(out)?;
     let outcome = graphcheck::cuda::retarget::apply_plan(outer.graph_ref().handle(), None, &gp)?;
     let (again, _) =
         graphcheck::cuda::capture::manifest_of_graphs(&graphs, &registry, "graphcheck gpu test")?;
@@ -899,7 +936,7 @@ fn a_graph_with_an_unread_conditional_node_is_not_retargeted_and_stays_as_it_was
         assert_eq!(words(&again), words(&m), "a refused graph's words changed");
         outer.replay(s, 1)?;
         assert_eq!(
-            s.clone_dtoh(&out)?,
+            s.clone_dtoh(out)?,
             before,
             "a refused graph's replay changed"
         );
@@ -918,14 +955,8 @@ fn many_graphs_patched_in_one_call_each_all_or_nothing_and_a_bad_handle_refused_
     require_gpu();
     let g = gpu();
     let s = &g.stream;
-    let n = 256usize;
-    let x = s.clone_htod(&vec![1.0f32; n])?;
-    let x_new = s.clone_htod(&vec![5.0f32; n])?;
-    let out = s.alloc_zeros::<f32>(n)?;
-    let (px, px_new, pout) = (ptr(&x, s), ptr(&x_new, s), ptr(&out, s));
-    s.synchronize()?;
-    let scale = g.module.load_function("scale")?;
-    let graph = OwnedGraph::capture(s, || Ok(launch_scale(s, &scale, pout, px, 2.0, n)?))?;
+    let c = ScaleCase::capture(&g)?;
+    let (n, px, px_new, pout, graph) = (c.n, c.px, c.px_new, c.pout, &c.graph);
     g.ctx.bind_to_thread()?;
     let registry = vec![
         NamedAllocation::contiguous("model.x", px, "float32", 4, n as u64),
@@ -954,6 +985,6 @@ fn many_graphs_patched_in_one_call_each_all_or_nothing_and_a_bad_handle_refused_
     // Only the template was patched: instantiated again (each replay here instantiates), the
     // graph reads x_new (5 * 2).
     graph.replay(s, 1)?;
-    assert!(s.clone_dtoh(&out)?.iter().all(|&v| v == 10.0));
+    assert!(s.clone_dtoh(&c.out)?.iter().all(|&v| v == 10.0));
     Ok(())
 }
