@@ -357,3 +357,49 @@ def install_cpu_stand_in():
     _native.walk = walk
     _native.capturing_graph = capturing_graph
     patch.current_stream = lambda: 0
+
+
+#: Every CpuGraph captured once :func:`install_cpu_patcher` is in place (the retarget dry
+#: run), by handle: its template, kept as long as the run.
+TEMPLATES: dict = {}
+
+
+def install_cpu_patcher():
+    """For the retarget dry run (``engine_retarget.py --device cpu``), after
+    :func:`install_cpu_stand_in`: each CpuGraph keeps what its capture read as its
+    template; walking a closed graph reads that template, and ``_native.apply_plan_cuda``
+    patches its words through the core's host patcher (``_native.apply_plan_host``: the
+    same all-or-nothing patch of one graph's words the driver's patcher makes). torch's
+    ``cuda.synchronize``, which a retarget calls first, does nothing (no CUDA)."""
+    from graphcheck import _native
+
+    walk_stand_in, capture_end = _native.walk, CpuGraph.capture_end
+
+    def kept_capture_end(self):
+        capture_end(self)
+        TEMPLATES[id(self)] = self
+
+    def walk(handle):
+        g = TEMPLATES.get(handle)
+        if g is None or OPEN[0] is g:
+            return walk_stand_in(handle)
+        WALKED.pop(handle, None)
+        return _native.Walked.from_json(g.walked_json())
+
+    def apply_plan_cuda(plan, graphs):
+        outcomes = []
+        for name, template, _exec in graphs:
+            nodes = TEMPLATES[template]._mode.nodes
+            key = lambda n, w: (n["index"], w["param"], w["offset"])  # noqa: E731
+            words = {key(n, w): int(w["addr"], 16) for n in nodes for w in n["words"]}
+            outcome, after = _native.apply_plan_host(plan, name, words)
+            for n in nodes:
+                for w in n["words"]:
+                    w["addr"] = hex(after[key(n, w)])
+            outcomes.append(outcome)
+        return outcomes
+
+    CpuGraph.capture_end = kept_capture_end
+    _native.walk = walk
+    _native.apply_plan_cuda = apply_plan_cuda
+    torch.cuda.synchronize = lambda device=None: None
