@@ -236,8 +236,8 @@ def retarget(
         # The recorder describes the patched graphs from now on: each is walked again (its
         # template holds the new words), and the roots are walked for the owners of what
         # they read now.
-        # All in one pass over the recorder's graphs each (one call per graph was
-        # quadratic: at 1,667 of 1,718 graphs, seconds).
+        # All in one pass over the recorder's graphs each (a call per graph copies every
+        # list each time: quadratic in the graphs).
         now = time.time()
         recorder._replace_walks({name: walk_graph(given[name].raw_cuda_graph()) for name in done})
         recorder._note_retargets(
