@@ -198,6 +198,20 @@ class Engine:
             layer.qkv_scale = layer.qkv_scale.clone()
 
 
+def engine_from_args(args):
+    """The warmed-up :class:`Engine` a bench's arguments ask for (``--layers``,
+    ``--hidden``, ``--sizes``, ``--full``, ``--device``), with the CPU stand-in installed
+    for ``--device cpu``."""
+    if args.device == "cpu":
+        install_cpu_stand_in()
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else VLLM_SIZES
+    full = FULL_GRAPHS if args.full is None else args.full
+    eng = Engine(layers=args.layers, hidden=args.hidden, sizes=sizes,
+                 full=min(full, len(sizes)), device=args.device)
+    eng.warm_up()
+    return eng
+
+
 def replay_all(graphs):
     """Replays every graph in capture order, the eager attention after each piece."""
     with torch.no_grad():

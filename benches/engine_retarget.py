@@ -58,14 +58,9 @@ def main():
     from graphcheck import _native
 
     cuda = args.device == "cuda"
+    eng = engine_model.engine_from_args(args)
     if not cuda:
-        engine_model.install_cpu_stand_in()
         engine_model.install_cpu_patcher()
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else engine_model.VLLM_SIZES
-    full = engine_model.FULL_GRAPHS if args.full is None else args.full
-    eng = engine_model.Engine(layers=args.layers, hidden=args.hidden, sizes=sizes,
-                              full=min(full, len(sizes)), device=args.device)
-    eng.warm_up()
 
     from graphcheck import _retarget
     from graphcheck._recorder import Recorder
@@ -126,7 +121,7 @@ def main():
                       "edits": res.plan["edits"]}
             # Every graph that reads a qkv_scale: each piece but the last of each size, and
             # each full graph.
-            readers = len(sizes) * args.layers + len(eng.full_sizes)
+            readers = len(eng.sizes) * args.layers + len(eng.full_sizes)
             if len(res.retargeted) != readers:
                 print(f"run {run + 1}: {len(res.retargeted)} graphs retargeted, not the {readers} "
                       "that read a rebuilt qkv_scale", file=sys.stderr)

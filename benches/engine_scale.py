@@ -87,14 +87,7 @@ def parse():
 def engine_of(args):
     import engine_model  # benches/, first on sys.path when run as a script
 
-    if args.device == "cpu":
-        engine_model.install_cpu_stand_in()
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else engine_model.VLLM_SIZES
-    full = engine_model.FULL_GRAPHS if args.full is None else args.full
-    eng = engine_model.Engine(layers=args.layers, hidden=args.hidden, sizes=sizes,
-                              full=min(full, len(sizes)), device=args.device)
-    eng.warm_up()
-    return engine_model, eng
+    return engine_model, engine_model.engine_from_args(args)
 
 
 def instrumented(gt, eng, mode, directory):
